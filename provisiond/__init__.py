@@ -1,0 +1,3 @@
+"""provisiond: a stateless provisioning server for HPC clusters."""
+
+__version__ = "0.1.0"

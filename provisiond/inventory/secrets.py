@@ -1,0 +1,86 @@
+"""Secrets (BMC passwords, tokens) apart from the inventory: a 0600 YAML file.
+
+Values are never printed, returned by the API, logged or put in an argv.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from provisiond.atomic import locked, write_atomic
+from provisiond.config import Config
+from provisiond.errors import InvalidInput
+from provisiond.inventory.merge import Node
+from provisiond.inventory.store import dump_yaml
+
+BMC_PASSWORD = "bmc_password"
+
+
+class SecretStore:
+    """`<state>/secrets.yaml`: {nodes: {NAME: {KEY: VALUE}}, profiles: {...}}."""
+
+    def __init__(self, config: Config):
+        self.path = config.secrets_path
+        self.lock_path = config.state_dir / "secrets.lock"
+
+    def read(self) -> dict:
+        try:
+            data = yaml.safe_load(self.path.read_text()) or {}
+        except FileNotFoundError:
+            return {}
+        except yaml.YAMLError:
+            raise InvalidInput(f"{self.path}: not valid YAML") from None
+        return data if isinstance(data, dict) else {}
+
+    def get(self, kind: str, name: str, key: str) -> str | None:
+        return (self.read().get(kind) or {}).get(name, {}).get(key)
+
+    def set(self, kind: str, names: list[str], key: str, value: str | None) -> None:
+        """Set (or with None, remove) `key` for each name of `kind` (nodes or profiles)."""
+        with locked(self.lock_path):
+            data = self.read()
+            group = data.setdefault(kind, {})
+            for name in names:
+                entry = group.setdefault(name, {})
+                if value is None:
+                    entry.pop(key, None)
+                else:
+                    entry[key] = value
+                if not entry:
+                    group.pop(name)
+            write_atomic(self.path, dump_yaml(data), mode=0o600)
+
+    def forget(self, kind: str, names: list[str]) -> None:
+        with locked(self.lock_path):
+            data = self.read()
+            group = data.get(kind) or {}
+            if any(name in group for name in names):
+                for name in names:
+                    group.pop(name, None)
+                write_atomic(self.path, dump_yaml(data), mode=0o600)
+
+
+def bmc_password(config: Config, node: Node) -> str | None:
+    """The node's BMC password: its own secret, else its profiles' (right wins), else the
+    content of bmc.password_file."""
+    store = SecretStore(config)
+    data = store.read()
+    own = (data.get("nodes") or {}).get(node.name, {}).get(BMC_PASSWORD)
+    if own is not None:
+        return own
+    for profile in reversed(node.record.profiles or []):
+        value = (data.get("profiles") or {}).get(profile, {}).get(BMC_PASSWORD)
+        if value is not None:
+            return value
+    bmc = node.record.bmc
+    if bmc and bmc.password_file:
+        try:
+            return Path(os.path.expanduser(bmc.password_file)).read_text().strip()
+        except OSError as exc:
+            raise InvalidInput(
+                f"node {node.name}: bmc.password_file: cannot read {bmc.password_file}: "
+                f"{exc.strerror}") from None
+    return None

@@ -1,0 +1,61 @@
+"""Node boot phases as reported by the servers and the node agent.
+
+One small JSON file per node under `<state>/status/`, replaced atomically under a lock, so
+DHCP, every HTTP worker and the CLI can share it without a database. A `dhcp` phase starts a
+new boot and clears the previous boot's timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from provisiond.atomic import locked, write_atomic
+from provisiond.config import Config
+from provisiond.states import NodePhase
+
+
+def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") -> dict:
+    """Note that `node` reached `phase` now; returns the node's new status."""
+    path = _status_path(config, node)
+    now = time.time()
+    with locked(path.with_suffix(".lock")):
+        status = _read(path)
+        if phase is NodePhase.DHCP or not status:
+            status = {"node": node, "boot_started": now, "phases": {}}
+        status["phases"][phase.value] = now
+        status["phase"] = phase.value
+        status["updated"] = now
+        status["detail"] = detail[:500]
+        write_atomic(path, json.dumps(status, sort_keys=True))
+    return status
+
+
+def read_status(config: Config, node: str) -> dict | None:
+    return _read(_status_path(config, node)) or None
+
+
+def read_all_status(config: Config) -> dict[str, dict]:
+    result = {}
+    if config.status_dir.is_dir():
+        for path in config.status_dir.glob("*.json"):
+            status = _read(path)
+            if status:
+                result[path.stem] = status
+    return result
+
+
+def clear_status(config: Config, node: str) -> None:
+    _status_path(config, node).unlink(missing_ok=True)
+
+
+def _status_path(config: Config, node: str) -> Path:
+    return config.status_dir / f"{node}.json"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
