@@ -1,0 +1,3 @@
+from provisiond.cli import entry
+
+entry()

@@ -1,0 +1,56 @@
+"""Shared fixtures: a state dir per test, and the CLI run in-process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from provisiond.cli import main
+from provisiond.config import Config, load_config, write_default_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def state_dir(tmp_path) -> Path:
+    path = tmp_path / "state"
+    write_default_config(path)
+    return path
+
+
+@pytest.fixture
+def config(state_dir) -> Config:
+    return load_config(state_dir)
+
+
+@pytest.fixture
+def cli(state_dir, capsys):
+    """Run `provisiond --state-dir STATE ARGS...` in-process; returns CliResult."""
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        code = main(["--state-dir", str(state_dir), *args])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def run_provisiond(state_dir: Path, *args: str, input: str | None = None,
+                   timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the real console entry point in a child process."""
+    env = dict(os.environ, PROVISIOND_STATE_DIR=str(state_dir))
+    return subprocess.run([sys.executable, "-m", "provisiond", *args], input=input,
+                          capture_output=True, text=True, env=env, timeout=timeout)
