@@ -1,0 +1,54 @@
+"""`provisiond init`: a working state directory with a commented provisiond.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from provisiond.config import CONFIG_NAME, REPO_ROOT, load_config, write_default_config
+from provisiond.errors import InvalidInput
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import Record
+
+SHIPPED_PROFILES = REPO_ROOT / "profiles"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "init", help="create the state directory, provisiond.yaml and the shipped profiles")
+    parser.add_argument("--address", help="server.address to write into a new provisiond.yaml")
+    parser.add_argument("--no-profiles", action="store_true",
+                        help="do not import the shipped example profiles")
+    parser.set_defaults(func=run)
+
+
+def run(args, ctx) -> None:
+    existed = (ctx.state_dir / CONFIG_NAME).exists()
+    path = write_default_config(ctx.state_dir)
+    if args.address and not existed:
+        text = path.read_text().replace("  address: 127.0.0.1", f"  address: {args.address}", 1)
+        path.write_text(text)
+    config = load_config(ctx.state_dir)
+    for sub in ("blobs/sha256", "images", "overlays", "status"):
+        (ctx.state_dir / sub).mkdir(parents=True, exist_ok=True)
+    imported = [] if args.no_profiles else import_profiles(config, SHIPPED_PROFILES)
+    print(f"{'kept' if existed else 'wrote'} {path}")
+    if imported:
+        print(f"imported profiles: {', '.join(imported)}")
+
+
+def import_profiles(config, folder: Path) -> list[str]:
+    """Add each `<folder>/<name>.yaml` as a profile unless one of that name exists."""
+    imported = []
+    with InventoryStore(config).edit() as inventory:
+        for path in sorted(folder.glob("*.yaml")):
+            if path.stem in inventory.profiles:
+                continue
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+                inventory.profiles[path.stem] = Record.model_validate(data)
+            except (yaml.YAMLError, ValueError) as exc:
+                raise InvalidInput(f"{path}: {' '.join(str(exc).split())}") from None
+            imported.append(path.stem)
+    return imported

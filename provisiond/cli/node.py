@@ -1,0 +1,49 @@
+"""`provisiond node add|set|list|show|delete|status|reprovision`."""
+
+from __future__ import annotations
+
+import time
+
+from provisiond.cli.records import Kind, register_verbs
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import node_sort_key
+from provisiond.states import NodePhase
+from provisiond.status import read_all_status
+
+KIND = Kind("node")
+PHASE_ORDER = [p.value for p in NodePhase if p is not NodePhase.FAILED]
+
+
+def register(subparsers) -> None:
+    verbs = register_verbs(subparsers, KIND)
+    status = verbs.add_parser("status", help="each node's boot phase and when it was reached")
+    status.add_argument("names", nargs="?", metavar="NAMES", help="node range")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=show_status)
+    try:
+        from provisiond.power import add_reprovision_parser
+    except ImportError:
+        return
+    add_reprovision_parser(verbs)
+
+
+def show_status(args, ctx) -> None:
+    inventory = InventoryStore(ctx.config).read()
+    names = KIND.existing(inventory, args.names) if args.names else sorted(
+        inventory.nodes, key=node_sort_key)
+    statuses = read_all_status(ctx.config)
+    if args.json:
+        return ctx.print_json({name: statuses.get(name) for name in names})
+    ctx.print_table(["NODE", "PHASE", "UPDATED", "BOOT TIMELINE (s since dhcp)", "DETAIL"],
+                    [_status_row(name, statuses.get(name)) for name in names])
+    return None
+
+
+def _status_row(name: str, status: dict | None) -> list:
+    if not status:
+        return [name, "unknown", None, None, None]
+    start = status.get("boot_started", 0)
+    phases = status.get("phases", {})
+    timeline = " ".join(f"{p}+{phases[p] - start:.1f}" for p in PHASE_ORDER if p in phases)
+    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.get("updated", 0)))
+    return [name, status.get("phase"), updated, timeline, status.get("detail") or None]

@@ -1,0 +1,181 @@
+"""The record flags shared by `node add|set` and `profile add|set`, turned into edits."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from provisiond.errors import InvalidInput, InvalidInventory
+from provisiond.inventory.model import Record, normalise_mac
+from provisiond.inventory.ranges import consecutive_ipv4, consecutive_macs
+from provisiond.inventory.store import describe_validation_error
+from provisiond.states import BmcDriver
+
+# flag dest -> (dotted field, how to read it). Netdev fields go under netdevs.<--netdev>.
+NETDEV_FLAGS = {"mac": str, "ipaddr": str, "netmask": str, "gateway": str,
+                "ipaddr6": str, "prefix6": int, "mtu": int, "type": str}
+BMC_FLAGS = {"driver": str, "address": str, "port": int, "system_id": str, "username": str,
+             "password_file": str, "scheme": str, "cipher_suite": int, "ca_file": str,
+             "timeout": float}
+SCALAR_FLAGS = {"image": "image", "comment": "comment",
+                "nomad_datacenter": "nomad.datacenter", "nomad_node_class": "nomad.node_class",
+                "nomad_node_pool": "nomad.node_pool", "ansible_repo": "ansible.repo",
+                "ansible_branch": "ansible.branch", "ansible_playbook": "ansible.playbook"}
+LIST_FLAGS = {"kernel_arg": "kernel_args", "system_overlay": "system_overlays",
+              "runtime_overlay": "runtime_overlays", "ssh_key": "ssh_authorized_keys",
+              "nomad_server": "nomad.servers"}
+MAP_FLAGS = {"tag": "tags", "nomad_meta": "nomad.meta", "ansible_var": "ansible.extra_vars"}
+
+
+def add_record_flags(parser: argparse.ArgumentParser, for_node: bool, editing: bool) -> None:
+    """Flags for every record field; lists given on `set` replace the record's own list."""
+    if for_node:
+        parser.add_argument("--profile", "-P", action="append", metavar="NAME",
+                            help="profile to use (repeat or comma-separate; order matters: "
+                            "later profiles win)")
+    parser.add_argument("--image", help="image name")
+    parser.add_argument("--comment")
+    group = parser.add_argument_group("network device (applies to --netdev, default eth0)")
+    group.add_argument("--netdev", default="eth0", metavar="NAME")
+    group.add_argument("--mac", help="MAC address (a range gets consecutive MACs)")
+    group.add_argument("--ipaddr", help="IPv4 address (a range gets consecutive addresses)")
+    group.add_argument("--netmask")
+    group.add_argument("--gateway")
+    group.add_argument("--ipaddr6")
+    group.add_argument("--prefix6", type=int)
+    group.add_argument("--mtu", type=int)
+    group.add_argument("--type", help="ethernet, infiniband, ...")
+    group.add_argument("--primary", action="store_true", help="mark this netdev primary")
+    bmc = parser.add_argument_group("BMC")
+    bmc.add_argument("--bmc-driver", dest="bmc_driver", choices=[d.value for d in BmcDriver])
+    bmc.add_argument("--bmc-address", dest="bmc_address")
+    bmc.add_argument("--bmc-port", dest="bmc_port", type=int)
+    bmc.add_argument("--bmc-system-id", dest="bmc_system_id")
+    bmc.add_argument("--bmc-username", dest="bmc_username")
+    bmc.add_argument("--bmc-password-file", dest="bmc_password_file",
+                     help="file holding the BMC password (read when needed)")
+    bmc.add_argument("--bmc-password-stdin", action="store_true",
+                     help="read the BMC password from stdin into the secrets file")
+    bmc.add_argument("--bmc-scheme", dest="bmc_scheme", choices=["http", "https"])
+    bmc.add_argument("--bmc-cipher-suite", dest="bmc_cipher_suite", type=int,
+                     help="IPMI cipher suite (3 = SHA1 for older BMCs, 17 = SHA256)")
+    bmc.add_argument("--bmc-ca-file", dest="bmc_ca_file")
+    bmc.add_argument("--bmc-timeout", dest="bmc_timeout", type=float)
+    bmc.add_argument("--bmc-verify-tls", dest="bmc_verify_tls", action=argparse.BooleanOptionalAction)
+    bmc.add_argument("--bmc-boot-once", dest="bmc_boot_once", action=argparse.BooleanOptionalAction,
+                     help="--no-bmc-boot-once: the BMC lacks one-time boot override")
+    extra = parser.add_argument_group("lists and maps")
+    extra.add_argument("--kernel-arg", action="append", metavar="ARG")
+    extra.add_argument("--system-overlay", action="append", metavar="NAME")
+    extra.add_argument("--runtime-overlay", action="append", metavar="NAME")
+    extra.add_argument("--ssh-key", action="append", metavar="KEY", help="authorized public key")
+    extra.add_argument("--tag", action="append", metavar="KEY=VALUE")
+    nomad = parser.add_argument_group("Nomad and Ansible hand-off")
+    nomad.add_argument("--nomad-datacenter")
+    nomad.add_argument("--nomad-node-class")
+    nomad.add_argument("--nomad-node-pool")
+    nomad.add_argument("--nomad-server", action="append", metavar="ADDR")
+    nomad.add_argument("--nomad-meta", action="append", metavar="KEY=VALUE")
+    nomad.add_argument("--ansible-repo")
+    nomad.add_argument("--ansible-branch")
+    nomad.add_argument("--ansible-playbook")
+    nomad.add_argument("--ansible-var", action="append", metavar="KEY=VALUE")
+    if editing:
+        parser.add_argument("--unset", action="append", metavar="FIELD",
+                            help="remove a field, e.g. image, tags.rack, netdevs.eth1, bmc")
+
+
+def record_edits(args: argparse.Namespace, count: int) -> list[dict[str, object]]:
+    """Per target record (count of them), the dotted-field values the flags set."""
+    edits: dict[str, object] = {}
+    for dest, field in SCALAR_FLAGS.items():
+        if getattr(args, dest, None) is not None:
+            edits[field] = getattr(args, dest)
+    for dest, field in LIST_FLAGS.items():
+        if getattr(args, dest, None):
+            edits[field] = _split_list(getattr(args, dest))
+    for dest, field in MAP_FLAGS.items():
+        for item in getattr(args, dest, None) or []:
+            key, value = _split_pair(item, dest.replace("_", "-"))
+            edits[f"{field}.{key}"] = value
+    if getattr(args, "profile", None):
+        edits["profiles"] = _split_list(args.profile)
+    for key in BMC_FLAGS:
+        if getattr(args, f"bmc_{key}", None) is not None:
+            edits[f"bmc.{key}"] = getattr(args, f"bmc_{key}")
+    for key in ("verify_tls", "boot_once"):
+        if getattr(args, f"bmc_{key}", None) is not None:
+            edits[f"bmc.{key}"] = getattr(args, f"bmc_{key}")
+    if args.bmc_password_file:
+        edits["bmc.password_file"] = str(Path(args.bmc_password_file).expanduser().resolve())
+    dev = f"netdevs.{args.netdev}"
+    for key in NETDEV_FLAGS:
+        if getattr(args, key, None) is not None and key not in ("mac", "ipaddr"):
+            edits[f"{dev}.{key}"] = getattr(args, key)
+    if args.primary:
+        edits[f"{dev}.primary"] = True
+    per_target = [dict(edits) for _ in range(count)]
+    _spread(per_target, f"{dev}.mac", args.mac, _macs)
+    _spread(per_target, f"{dev}.ipaddr", args.ipaddr, _ips)
+    return per_target
+
+
+def apply_edits(record: Record, edits: dict[str, object], unset: list[str], what: str) -> Record:
+    """A new record: `record` with `unset` fields removed and `edits` set, validated."""
+    data = record.to_data()
+    for path in unset or []:
+        _remove(data, path.split("."), what)
+    for path, value in edits.items():
+        _assign(data, path.split("."), value)
+    try:
+        return Record.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInventory(f"{what}: {describe_validation_error(exc)}") from None
+
+
+def _spread(per_target, field, first, make) -> None:
+    if first is None:
+        return
+    for edits, value in zip(per_target, make(first, len(per_target))):
+        edits[field] = value
+
+
+def _macs(first: str, count: int) -> list[str]:
+    try:
+        return consecutive_macs(normalise_mac(first), count)
+    except ValueError as exc:
+        raise InvalidInput(f"--mac: {exc}") from None
+
+
+def _ips(first: str, count: int) -> list[str]:
+    try:
+        return consecutive_ipv4(first, count)
+    except ValueError:
+        raise InvalidInput(f"--ipaddr: invalid IPv4 address {first!r}") from None
+
+
+def _split_list(values: list[str]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _split_pair(item: str, flag: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise InvalidInput(f"--{flag}: expected KEY=VALUE, got {item!r}")
+    return key.strip(), value.strip()
+
+
+def _assign(data: dict, path: list[str], value) -> None:
+    for key in path[:-1]:
+        data = data.setdefault(key, {})
+    data[path[-1]] = value
+
+
+def _remove(data: dict, path: list[str], what: str) -> None:
+    for key in path[:-1]:
+        data = data.get(key) or {}
+    if path[-1] not in data:
+        raise InvalidInput(f"{what}: --unset {'.'.join(path)}: field is not set")
+    del data[path[-1]]

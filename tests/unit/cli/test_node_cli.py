@@ -1,0 +1,114 @@
+"""`provisiond node|profile ...` as a user runs them."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture
+def cluster(cli):
+    assert cli("init").code == 0
+    result = cli("node", "add", "n[001-004]", "--profile", "compute", "--netdev", "eth0",
+                 "--ipaddr", "10.10.0.11", "--netmask", "255.255.255.0",
+                 "--gateway", "10.10.0.1", "--image", "debian12")
+    assert result.code == 0, result.err
+    return cli
+
+
+def test_range_add_hands_out_consecutive_addresses(cluster):
+    nodes = json.loads(cluster("node", "list", "--json").out)
+    assert [n["name"] for n in nodes] == ["n001", "n002", "n003", "n004"]
+    assert [n["netdevs"]["eth0"]["ipaddr"] for n in nodes] == [
+        "10.10.0.11", "10.10.0.12", "10.10.0.13", "10.10.0.14"]
+    assert all(n["image"] == "debian12" for n in nodes)
+    assert nodes[0]["system_overlays"] == ["init", "hostname", "hosts", "network", "agent"]
+
+
+def test_set_mac_and_tags_on_a_range(cluster):
+    assert cluster("node", "set", "n002", "--mac", "52:54:00:00:00:02").code == 0
+    assert cluster("node", "set", "n[001-004]", "--tag", "rack=r1").code == 0
+    nodes = {n["name"]: n for n in json.loads(cluster("node", "list", "--json").out)}
+    assert nodes["n002"]["netdevs"]["eth0"]["mac"] == "52:54:00:00:00:02"
+    assert {n["tags"]["rack"] for n in nodes.values()} == {"r1"}
+    assert nodes["n001"]["tags"]["role"] == "compute"
+
+
+def test_list_table_and_range_filter(cluster):
+    out = cluster("node", "list", "n[002-003]").out.splitlines()
+    assert out[0].split() == ["NAME", "PROFILES", "IMAGE", "IPADDR", "MAC", "BMC"]
+    assert [line.split()[0] for line in out[1:]] == ["n002", "n003"]
+
+
+def test_show_all_names_the_source_of_each_field(cluster):
+    result = cluster("node", "show", "n001", "--all", "--json")
+    data = json.loads(result.out)
+    assert data["provenance"]["image"] == "node"
+    assert data["provenance"]["tags.role"] == "profile:compute"
+    table = cluster("node", "show", "n001", "--all").out
+    assert "profile:compute" in table and "netdevs.eth0.ipaddr" in table
+
+
+def test_unset_removes_a_field(cluster):
+    assert cluster("node", "set", "n001", "--unset", "image").code == 0
+    data = json.loads(cluster("node", "show", "n001", "--json").out)
+    assert "image" not in data
+
+
+def test_delete_needs_yes(cluster):
+    result = cluster("node", "delete", "n[001-002]")
+    assert result.code != 0 and "without --yes" in result.err
+    assert cluster("node", "delete", "n[001-002]", "--yes").code == 0
+    names = [n["name"] for n in json.loads(cluster("node", "list", "--json").out)]
+    assert names == ["n003", "n004"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["node", "add", "Bad_Name"], "invalid node name 'Bad_Name'"),
+    (["node", "add", "n001"], "node n001 already exists"),
+    (["node", "add", "n009", "--mac", "52:54:00:zz:00:09"], "--mac: invalid MAC"),
+    (["node", "add", "n009", "--ipaddr", "10.10.0.11"], "node n009: netdevs.eth0.ipaddr: "
+                                                        "10.10.0.11 is already used by node n001"),
+    (["node", "add", "n009", "--ipaddr", "10.10.1.9", "--gateway", "10.10.0.1"],
+     "node n009: netdevs.eth0.ipaddr: 10.10.1.9 is outside the network"),
+    (["node", "add", "n009", "--ipaddr", "10.10.0.999"], "--ipaddr: invalid IPv4"),
+    (["node", "add", "n009", "--profile", "nope"], "node n009: profiles: unknown profile"),
+    (["node", "set", "n100", "--image", "tiny"], "no such node: n100"),
+    (["node", "set", "n001", "--tag", "rack"], "--tag: expected KEY=VALUE"),
+    (["node", "set", "n001", "--mtu", "100"], "node n001: netdevs.eth0.mtu: mtu 100"),
+    (["node", "set", "n001", "--unset", "comment"], "comment: field is not set"),
+    (["profile", "delete", "compute", "--yes"], "profile compute is used by node n[001-004]"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(cluster, config, args, message):
+    before = config.inventory_path.read_bytes()
+    result = cluster(*args)
+    assert result.code != 0
+    assert message in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert "Traceback" not in result.err
+    assert config.inventory_path.read_bytes() == before
+
+
+def test_profile_verbs(cluster):
+    assert cluster("profile", "add", "ib", "--netdev", "ib0", "--type", "infiniband",
+                   "--mtu", "4092").code == 0
+    assert cluster("profile", "set", "ib", "--comment", "InfiniBand").code == 0
+    data = json.loads(cluster("profile", "show", "ib", "--json").out)
+    assert data["netdevs"]["ib0"] == {"type": "infiniband", "mtu": 4092}
+    assert data["comment"] == "InfiniBand"
+    assert "ib" in [p["name"] for p in json.loads(cluster("profile", "list", "--json").out)]
+    assert cluster("profile", "delete", "ib", "--yes").code == 0
+
+
+def test_bmc_password_goes_to_secrets_never_printed(cluster, config, monkeypatch):
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret-pw\n"))
+    result = cluster("node", "set", "n001", "--bmc-driver", "ipmi", "--bmc-address",
+                     "127.0.0.1", "--bmc-username", "admin", "--bmc-password-stdin")
+    assert result.code == 0
+    assert (config.secrets_path.stat().st_mode & 0o777) == 0o600
+    assert "s3cret-pw" in config.secrets_path.read_text()
+    assert "s3cret-pw" not in config.inventory_path.read_text()
+    outputs = [cluster("node", "show", "n001", "--all").out,
+               cluster("node", "list", "--json").out, cluster("secret", "list").out]
+    assert all("s3cret-pw" not in out for out in outputs)
+    assert "bmc_password" in outputs[2]

@@ -1,0 +1,65 @@
+"""Schema checks and node ranges."""
+
+import pytest
+from pydantic import ValidationError
+
+from provisiond.errors import InvalidInput, InvalidInventory
+from provisiond.inventory.model import Inventory, Record
+from provisiond.inventory.ranges import consecutive_ipv4, consecutive_macs, expand, fold
+from provisiond.inventory.validate import validate_inventory
+
+
+def test_expand_and_fold_ranges():
+    assert expand("n[001-003]") == ["n001", "n002", "n003"]
+    assert expand("n[1-2],gpu[1-2]") == ["gpu1", "gpu2", "n1", "n2"]
+    assert expand("n[9-10]") == ["n9", "n10"]
+    assert fold(["n001", "n002", "n003"]) == "n[001-003]"
+
+
+def test_bad_range_is_invalid_input():
+    with pytest.raises(InvalidInput, match="invalid node range"):
+        expand("n[3-")
+
+
+def test_consecutive_addresses_and_macs():
+    assert consecutive_ipv4("10.0.0.254", 3) == ["10.0.0.254", "10.0.0.255", "10.0.1.0"]
+    assert consecutive_macs("52:54:00:00:00:ff", 2) == ["52:54:00:00:00:ff", "52:54:00:00:01:00"]
+    with pytest.raises(InvalidInput):
+        consecutive_ipv4("255.255.255.255", 2)
+
+
+@pytest.mark.parametrize("data, text", [
+    ({"netdevs": {"eth0": {"mac": "52:54:00:zz:00:01"}}}, "invalid MAC"),
+    ({"netdevs": {"eth0": {"ipaddr": "10.0.0.300"}}}, "invalid IPv4"),
+    ({"netdevs": {"eth0": {"netmask": "255.0.255.0"}}}, "invalid netmask"),
+    ({"bmc": {"port": 70000}}, "outside 1-65535"),
+    ({"colour": "blue"}, "Extra inputs"),
+])
+def test_record_rejects_bad_values(data, text):
+    with pytest.raises(ValidationError, match=text):
+        Record.model_validate(data)
+
+
+def test_mac_is_normalised():
+    record = Record.model_validate({"netdevs": {"eth0": {"mac": "52-54-00-AB-00-01"}}})
+    assert record.netdevs["eth0"].mac == "52:54:00:ab:00:01"
+
+
+def test_validate_rejects_duplicates_and_foreign_networks():
+    inventory = Inventory(nodes={
+        "n1": Record(netdevs={"eth0": {"mac": "52:54:00:00:00:01", "ipaddr": "10.0.0.5"}}),
+        "n2": Record(netdevs={"eth0": {"mac": "52:54:00:00:00:01", "ipaddr": "10.0.0.6"}}),
+    })
+    with pytest.raises(InvalidInventory, match="node n2: netdevs.eth0.mac: .* used by node n1"):
+        validate_inventory(inventory)
+    inventory.nodes["n2"] = Record(netdevs={"eth0": {
+        "ipaddr": "10.0.1.6", "netmask": "255.255.255.0", "gateway": "10.0.0.1"}})
+    with pytest.raises(InvalidInventory, match="outside the network"):
+        validate_inventory(inventory)
+
+
+def test_validate_rejects_unknown_profile_and_nested_profiles():
+    with pytest.raises(InvalidInventory, match="unknown profile 'gpu'"):
+        validate_inventory(Inventory(nodes={"n1": Record(profiles=["gpu"])}))
+    with pytest.raises(InvalidInventory, match="cannot list profiles"):
+        validate_inventory(Inventory(profiles={"a": Record(profiles=["b"])}))
