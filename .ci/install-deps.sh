@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install every system and Python dependency of provisiond, its tests and its lab on a
+# Debian 12 machine (run as root). Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  # build and runtime
+  python3-venv gcc pkg-config libvirt-dev zstd cpio curl iproute2 openssh-client
+  # images: kernels from Debian, debootstrap, busybox for the tiny image
+  debootstrap busybox-static dpkg-dev
+  # boot: iPXE binaries served over TFTP/HTTP
+  ipxe
+  # tests: real DHCP/TFTP/DNS clients
+  dnsutils isc-dhcp-client tftp-hpa
+  # lab: QEMU, firmware, libvirt, RA sender
+  qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[lab,dev]"
+echo "dependencies ready: .venv/bin/provisiond"

@@ -1,0 +1,20 @@
+# provisiond: the two commands a fresh machine needs are `make demo` and `make test`.
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: deps test test-fast demo lab-up lab-down bench
+
+deps: .venv/.deps-done
+
+.venv/.deps-done: .ci/install-deps.sh pyproject.toml
+	bash .ci/install-deps.sh
+	touch $@
+
+# Every test: unit, integration (real servers in namespaces) and lab (real VMs).
+# pytest exits 5 when it collected no test; that fails this target too.
+test: deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Unit and integration tests only (no VMs, no debootstrap).
+test-fast: deps
+	$(PY) -m pytest -m "not lab and not slow" $(PYTEST_ARGS)
