@@ -1,0 +1,38 @@
+"""`provisiond firmware list|update RANGE`: firmware inventory and updates through BMCs."""
+
+from __future__ import annotations
+
+from provisiond.cli.power import add_range_command, run_and_print
+from provisiond.power import operations
+
+UPDATE_TIMEOUT = 1800.0
+COLUMNS = ["NODE", "RESULT", "COMPONENT", "VERSION"]
+
+
+def register(subparsers) -> None:
+    firmware = subparsers.add_parser("firmware", help="list or update firmware through BMCs")
+    verbs = firmware.add_subparsers(dest="verb", metavar="VERB", required=True)
+    add_range_command(verbs, "list", "list firmware components and versions").set_defaults(
+        func=list_handler)
+    update = add_range_command(
+        verbs, "update", "have each BMC fetch an image by URL and apply it (Redfish "
+        "SimpleUpdate), following the task to its end", default_timeout=f"{UPDATE_TIMEOUT:g}")
+    update.add_argument("--image", required=True, metavar="URL",
+                        help="http(s) URL of the firmware image, reachable by the BMCs")
+    update.set_defaults(func=update_handler)
+
+
+def list_handler(args, ctx) -> int:
+    return run_and_print(args, ctx, operations.firmware_list, "firmware list",
+                         rows=_firmware_rows, columns=COLUMNS)
+
+
+def update_handler(args, ctx) -> int:
+    args.timeout = args.timeout or UPDATE_TIMEOUT
+    return run_and_print(args, ctx, operations.firmware_update(args.image), "firmware update")
+
+
+def _firmware_rows(result) -> list[list]:
+    if not result.ok:
+        return [[result.node, "error", "-", result.detail]]
+    return [[result.node, "ok", c["name"], c["version"]] for c in result.value]

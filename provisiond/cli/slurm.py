@@ -1,0 +1,87 @@
+"""`provisiond slurm resume|suspend HOSTLIST`: Slurm's ResumeProgram/SuspendProgram.
+
+Slurm runs the program with a hostlist (`n[001-004]`) as its only argument and reads
+nothing from it but the exit status; each node's outcome goes to syslog or `--log FILE`.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+
+from provisiond.power import operations
+from provisiond.power.base import Driver
+from provisiond.power.report import exit_code
+from provisiond.states import BootDevice, PowerAction, PowerState
+
+SYSLOG_SOCKET = "/dev/log"
+
+
+def register(subparsers) -> None:
+    slurm = subparsers.add_parser("slurm", help="Slurm power saving (ResumeProgram, "
+                                  "SuspendProgram)")
+    verbs = slurm.add_subparsers(dest="verb", metavar="VERB", required=True)
+    resume = verbs.add_parser("resume", help="PXE boot the nodes: boot device pxe once, "
+                              "then power on (cycle if on)")
+    suspend = verbs.add_parser("suspend", help="power the nodes off")
+    for parser, handler in ((resume, resume_handler), (suspend, suspend_handler)):
+        parser.add_argument("hostlist", metavar="HOSTLIST", help="Slurm hostlist")
+        parser.add_argument("--log", metavar="FILE", help="append to FILE (default: syslog)")
+        parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                            help="per-BMC deadline (default: power.timeout)")
+        parser.set_defaults(func=handler)
+
+
+def resume_handler(args, ctx) -> int:
+    return _run(args, ctx, pxe_boot(ctx.config))
+
+
+def suspend_handler(args, ctx) -> int:
+    return _run(args, ctx, operations.power(PowerAction.OFF))
+
+
+def pxe_boot(config):
+    """Boot device PXE once, then power on, or cycle a node that is already on."""
+    set_pxe = operations.boot_device(config, BootDevice.PXE)
+
+    def operation(driver: Driver) -> str:
+        detail = set_pxe(driver)
+        was_on = driver.get_power_state() is PowerState.ON
+        driver.set_power(PowerAction.CYCLE if was_on else PowerAction.ON)
+        return f"boot {detail}, power {'cycled' if was_on else 'on'}"
+
+    return operation
+
+
+def _run(args, ctx, operation) -> int:
+    log = _logger(args.log)
+    try:
+        results = operations.run(ctx.config, args.hostlist, operation, args.timeout)
+    except Exception as exc:
+        log.error("slurm %s %s: %s", args.verb, args.hostlist, exc)
+        raise
+    for result in results:
+        level = logging.INFO if result.ok else logging.ERROR
+        log.log(level, "slurm %s %s: %s: %s", args.verb, result.node,
+                "ok" if result.ok else "error", result.detail)
+    return exit_code(results)
+
+
+def _logger(path: str | None) -> logging.Logger:
+    log = logging.getLogger("provisiond.slurm")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
+    if path:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s provisiond: %(message)s"))
+    elif os.path.exists(SYSLOG_SOCKET):
+        handler = logging.handlers.SysLogHandler(address=SYSLOG_SOCKET)
+        handler.setFormatter(logging.Formatter("provisiond: %(message)s"))
+    else:
+        handler = logging.StreamHandler()
+    log.addHandler(handler)
+    return log

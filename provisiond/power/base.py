@@ -1,0 +1,116 @@
+"""The BMC driver interface, split by capability (power, boot, firmware), and its settings.
+
+A driver is built from a node's resolved `BmcSettings`; `validate()` checks them without
+contacting the BMC. Drivers translate library errors into provisiond errors at their edge.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+
+from provisiond.errors import BmcError, BmcUnreachable, InvalidInput
+from provisiond.states import BmcDriver, BootDevice, PowerAction, PowerState
+
+BUSY_RETRY_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class BmcSettings:
+    """A node's BMC settings after the merge, with the password resolved (never printed)."""
+
+    node: str
+    driver: BmcDriver
+    address: str | None = None
+    port: int | None = None
+    system_id: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    verify_tls: bool = True
+    ca_file: str | None = None
+    scheme: str = "https"
+    cipher_suite: int | None = None
+    timeout: float = 20.0
+    boot_once: bool = True
+    state_dir: str = ""
+
+    def require(self, *names: str) -> None:
+        """Raise InvalidInput naming the first of `names` that is not set."""
+        for name in names:
+            if getattr(self, name) in (None, ""):
+                what = "password (secret bmc_password or bmc.password_file)" \
+                    if name == "password" else f"bmc.{name}"
+                raise InvalidInput(f"node {self.node}: {what} is not set")
+
+
+@dataclass(frozen=True)
+class FirmwareComponent:
+    """One line of a firmware inventory."""
+
+    name: str
+    version: str
+    updateable: bool | None = None
+
+    def to_data(self) -> dict:
+        return {"name": self.name, "version": self.version, "updateable": self.updateable}
+
+
+class PowerInterface(abc.ABC):
+    @abc.abstractmethod
+    def get_power_state(self) -> PowerState:
+        """The system's power state as the BMC reports it."""
+
+    @abc.abstractmethod
+    def set_power(self, action: PowerAction) -> None:
+        """Ask the BMC for `action`; returns once the BMC accepted it."""
+
+
+class BootInterface(abc.ABC):
+    @abc.abstractmethod
+    def set_boot_device(self, device: BootDevice, persistent: bool, uefi: bool | None) -> None:
+        """Boot from `device` next time (or always); uefi None keeps the BMC's mode."""
+
+
+class FirmwareInterface(abc.ABC):
+    @abc.abstractmethod
+    def list_firmware(self) -> list[FirmwareComponent]:
+        """The firmware components and versions the BMC reports."""
+
+    @abc.abstractmethod
+    def update_firmware(self, image_url: str) -> str:
+        """Have the BMC fetch and apply `image_url`; wait for the end; a one-line summary."""
+
+
+class Driver(PowerInterface, BootInterface, FirmwareInterface):
+    """Every capability of one BMC; a driver lacking one raises UnsupportedOperation."""
+
+    def __init__(self, settings: BmcSettings):
+        self.settings = settings
+        self.deadline = time.monotonic() + settings.timeout
+
+    def remaining(self) -> float:
+        """Seconds left before this driver's deadline (at least a tenth of a second)."""
+        return max(0.1, self.deadline - time.monotonic())
+
+    @abc.abstractmethod
+    def validate(self) -> None:
+        """Check the settings without contacting the BMC; raise InvalidInput if unusable."""
+
+    def close(self) -> None:
+        """Release sessions or sockets; the default has none."""
+
+
+class BmcBusy(BmcError):
+    """The BMC asked to be asked again later (HTTP 503, IPMI completion code 0xC0)."""
+
+
+def retry_busy(call, deadline: float):
+    """Run `call()` again while the BMC says it is busy, until `deadline` (monotonic)."""
+    while True:
+        try:
+            return call()
+        except BmcBusy as exc:
+            if time.monotonic() + BUSY_RETRY_DELAY >= deadline:
+                raise BmcUnreachable(f"BMC stayed busy: {exc}") from None
+            time.sleep(BUSY_RETRY_DELAY)

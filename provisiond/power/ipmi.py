@@ -1,0 +1,158 @@
+"""The IPMI driver, through pyghmi.
+
+Quirks are settings: `port`, and `cipher_suite`. pyghmi >= 1.5 proposes RAKP-HMAC-SHA256
+(suite 17) first and falls back to SHA1 only when the BMC refuses; a BMC that accepts but
+answers SHA1 (virtualbmc's pyghmi server) breaks the login. `cipher_suite: 3` proposes SHA1.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from functools import cached_property
+
+from pyghmi import exceptions as pyghmi_exc
+from pyghmi.ipmi import command as ipmi_command
+from pyghmi.ipmi.private import session as ipmi_session
+
+from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
+from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, retry_busy
+from provisiond.states import BootDevice, PowerAction, PowerState
+
+POWER_STATES = {"on": PowerState.ON, "off": PowerState.OFF}
+# PowerAction -> pyghmi set_power states; CYCLE is off (waited for) then on, because
+# virtualbmc and many BMCs lack chassis power cycle.
+POWER_REQUESTS = {
+    PowerAction.ON: ["on"],
+    PowerAction.OFF: ["off"],
+    PowerAction.SOFT_OFF: ["shutdown"],
+    PowerAction.RESET: ["reset"],
+    PowerAction.CYCLE: ["off", "on"],
+}
+BOOT_DEVICES = {BootDevice.PXE: "network", BootDevice.DISK: "hd"}
+# cipher suite -> pyghmi's `attemptedhash` for the first open-session proposal
+CIPHER_SUITES = {3: 1, 17: 256}
+DEFAULT_PORT = 623
+BUSY_CODES = {0xC0}
+UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
+
+
+def _bmc_call(method):
+    """Run a driver method with busy retries; pyghmi errors become provisiond errors."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        return retry_busy(lambda: _translated(self, method, args, kwargs), self.deadline)
+
+    return wrapper
+
+
+def _translated(driver: "IpmiDriver", method, args, kwargs):
+    try:
+        return method(driver, *args, **kwargs)
+    except (pyghmi_exc.PyghmiException, struct.error, OSError) as exc:
+        raise translate_error(exc, driver.where, driver.settings.cipher_suite) from None
+
+
+def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> BmcError:
+    """The provisiond error for a pyghmi exception (one line, no credentials)."""
+    message = " ".join(str(exc).split())[:300] or type(exc).__name__
+    if isinstance(exc, struct.error) and cipher_suite != 3:
+        return BmcError(f"{where}: the BMC answered the session handshake in another cipher "
+                        "suite: set bmc.cipher_suite: 3")
+    if isinstance(exc, pyghmi_exc.IpmiException) and exc.ipmicode in BUSY_CODES:
+        return BmcBusy(f"{where}: busy")
+    if isinstance(exc, (pyghmi_exc.UnsupportedFunctionality, pyghmi_exc.InvalidParameterValue)):
+        return UnsupportedOperation(f"{where}: {message}")
+    if isinstance(exc, OSError) or any(h in message.lower() for h in UNREACHABLE_HINTS):
+        return BmcUnreachable(f"{where}: {message}")
+    return BmcError(f"{where}: {message}")
+
+
+class Sha1Session(ipmi_session.Session):
+    """A pyghmi session that proposes cipher suite 3 (RAKP-HMAC-SHA1) first."""
+
+    def _initsession(self):
+        super()._initsession()
+        self.attemptedhash = CIPHER_SUITES[3]
+
+
+class IpmiDriver(Driver):
+    """One BMC over IPMI 2.0 (RMCP+)."""
+
+    def validate(self) -> None:
+        self.settings.require("address", "username", "password")
+        suite = self.settings.cipher_suite
+        if suite is not None and suite not in CIPHER_SUITES:
+            raise InvalidInput(f"node {self.settings.node}: bmc.cipher_suite {suite} is not "
+                               f"supported (use {' or '.join(map(str, CIPHER_SUITES))})")
+
+    @property
+    def where(self) -> str:
+        return f"ipmi {self.settings.address}:{self.settings.port or DEFAULT_PORT}"
+
+    @_bmc_call
+    def get_power_state(self) -> PowerState:
+        return POWER_STATES.get(self._command.get_power()["powerstate"], PowerState.UNKNOWN)
+
+    @_bmc_call
+    def set_power(self, action: PowerAction) -> None:
+        requests = POWER_REQUESTS[action]
+        if action is PowerAction.CYCLE and self.get_power_state() is PowerState.OFF:
+            requests = ["on"]
+        for state in requests:
+            wait = max(1, int(self.remaining())) if len(requests) > 1 and state == "off" else False
+            self._command.set_power(state, wait=wait)
+
+    @_bmc_call
+    def set_boot_device(self, device: BootDevice, persistent: bool, uefi: bool | None) -> None:
+        if uefi is None:
+            uefi = bool(self._command.get_bootdev().get("uefimode", False))
+        result = self._command.set_bootdev(BOOT_DEVICES[device], persist=persistent,
+                                           uefiboot=uefi)
+        if isinstance(result, dict) and "error" in result:
+            raise pyghmi_exc.IpmiException(result["error"])
+
+    @_bmc_call
+    def list_firmware(self) -> list[FirmwareComponent]:
+        return [FirmwareComponent(name, str(info.get("version", "-")))
+                for name, info in self._command.get_firmware()]
+
+    def update_firmware(self, image_url: str) -> str:
+        raise UnsupportedOperation(f"{self.where}: firmware update from a URL needs Redfish")
+
+    def close(self) -> None:
+        if "_command" in self.__dict__:
+            try:
+                self._command.ipmi_session.logout()
+            except Exception:  # noqa: BLE001 - a failed logout leaves nothing to undo
+                pass
+
+    @cached_property
+    def _command(self) -> ipmi_command.Command:
+        s = self.settings
+        if s.cipher_suite == 3:
+            return open_command(Sha1Session, s.address, s.username, s.password,
+                                s.port or DEFAULT_PORT)
+        return ipmi_command.Command(bmc=s.address, userid=s.username, password=s.password,
+                                    port=s.port or DEFAULT_PORT)
+
+
+def open_command(session_class, bmc: str, userid: str, password: str,
+                 port: int) -> ipmi_command.Command:
+    """A logged-in pyghmi Command whose session is of `session_class`.
+
+    pyghmi's Command always builds a plain Session, so this sets the attributes its
+    __init__ sets for a synchronous remote session (pyghmi 1.5-1.6) around our own.
+    """
+    command = ipmi_command.Command.__new__(ipmi_command.Command)
+    command.onlogon = None
+    command.bmc = bmc
+    command._sdrcachedir = command._sdr = command._oem = None
+    command._oemknown = False
+    command._netchannel = command._ipv6support = None
+    command.certverify = None
+    command.kwargs = {}
+    command.ipmi_session = session_class(bmc=bmc, userid=userid, password=password,
+                                         port=port, kg=None, privlevel=None)
+    return command

@@ -1,0 +1,100 @@
+"""`node reprovision`: PXE once, power cycle, then wait until each node reports `ready`.
+
+A node counts as reprovisioned when its status (provisiond.status) says `ready` for a boot
+that started after the reprovision did; `failed` from such a boot ends its wait at once.
+"""
+
+from __future__ import annotations
+
+import time
+
+from provisiond.config import Config
+from provisiond.inventory.ranges import fold
+from provisiond.power import operations, pending
+from provisiond.power.base import Driver
+from provisiond.power.fanout import NodeResult
+from provisiond.states import BootDevice, NodePhase, PowerAction
+from provisiond.status import read_status
+
+POLL_SECONDS = 0.5
+DEFAULT_TIMEOUT = 600.0
+
+
+def reprovision(config: Config, names: str | list[str], timeout: float = DEFAULT_TIMEOUT,
+                progress=None) -> list[NodeResult]:
+    """Reboot `names` into PXE and wait up to `timeout` s for ready; one result per node."""
+    pattern = names if isinstance(names, str) else fold(list(names))
+    nodes = operations.select_nodes(config, pattern)
+    started = time.time()
+    kicked = operations.run_nodes(config, nodes, _pxe_and_cycle(config))
+    results = {r.node: r for r in kicked}
+    for result in kicked:
+        if not result.ok and progress:
+            progress(result)
+    waiting = [r.node for r in kicked if r.ok]
+    results.update(wait_ready(config, waiting, started, started + timeout, progress))
+    for settled in _settle_ready(config, nodes, [n for n in waiting if results[n].ok]):
+        results[settled.node].detail += f"; boot device reset to disk: {settled.detail}"
+    return [results[name] for name in nodes]
+
+
+def _pxe_and_cycle(config: Config):
+    set_pxe = operations.boot_device(config, BootDevice.PXE)
+
+    def operation(driver: Driver) -> str:
+        detail = set_pxe(driver)
+        driver.set_power(PowerAction.CYCLE)
+        return f"boot {detail}, power cycled"
+
+    return operation
+
+
+def wait_ready(config: Config, names: list[str], started: float, deadline: float,
+               progress=None) -> dict[str, NodeResult]:
+    """Poll the nodes' status files until each is ready or failed (after `started`)."""
+    results: dict[str, NodeResult] = {}
+    waiting = list(names)
+    while waiting:
+        for name in list(waiting):
+            result = _boot_outcome(config, name, started)
+            if result is None and time.time() >= deadline:
+                result = _timed_out(config, name, started)
+            if result is not None:
+                waiting.remove(name)
+                results[name] = result
+                if progress:
+                    progress(result)
+        if waiting:
+            time.sleep(POLL_SECONDS)
+    return results
+
+
+def _boot_outcome(config: Config, name: str, started: float) -> NodeResult | None:
+    status = read_status(config, name) or {}
+    if status.get("boot_started", 0) < started:
+        return None
+    seconds = time.time() - started
+    if status.get("phase") == NodePhase.READY.value:
+        return NodeResult(name, True, f"ready after {seconds:.1f} s", seconds=seconds)
+    if status.get("phase") == NodePhase.FAILED.value:
+        return NodeResult(name, False, f"boot failed: {status.get('detail') or 'no detail'}",
+                          seconds=seconds)
+    return None
+
+
+def _timed_out(config: Config, name: str, started: float) -> NodeResult:
+    status = read_status(config, name) or {}
+    reached = status.get("phase") if status.get("boot_started", 0) >= started else None
+    where = f"reached {reached}" if reached else "no boot seen"
+    seconds = time.time() - started
+    return NodeResult(name, False, f"not ready after {seconds:.0f} s ({where})",
+                      seconds=seconds)
+
+
+def _settle_ready(config: Config, nodes: dict, ready: list[str]) -> list[NodeResult]:
+    """Reset the persistent PXE override of ready nodes whose BMC lacks one-time boot."""
+    owed = [n for n in ready if n in pending.read_pending(config)]
+    if not owed:
+        return []
+    return operations.run_nodes(config, {n: nodes[n] for n in owed},
+                                operations.settle_boot_device(config))
