@@ -1,0 +1,36 @@
+"""A node's overlays: the system one for its boot, the runtime one only for the node itself."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, request, send_file
+
+from provisiond.api.services import log_step, services
+from provisiond.boot.artifacts import overlay_file
+from provisiond.errors import Forbidden, NotFound
+
+bp = Blueprint("overlays", __name__)
+KINDS = ("system", "runtime")
+
+
+@bp.get("/overlays/<node>/<kind>")
+def overlay(node: str, kind: str):
+    started = time.monotonic()
+    if kind not in KINDS:
+        raise NotFound(f"no overlay kind {kind[:20]!r}; use system or runtime")
+    svc = services()
+    record = svc.node(node)
+    if kind == "runtime" and request.remote_addr not in _addresses(record):
+        raise Forbidden(f"the runtime overlay of {node} is served only to {node} itself")
+    path = overlay_file(svc.config, node, kind)
+    response = send_file(path, mimetype="application/octet-stream", conditional=True,
+                         etag=svc.file_etag(path), max_age=0)
+    response.cache_control.no_cache = True
+    response.cache_control.private = kind == "runtime"
+    log_step(node, f"{kind}-overlay", response, started)
+    return response
+
+
+def _addresses(node) -> set[str]:
+    return {dev.ipaddr for dev in (node.record.netdevs or {}).values() if dev.ipaddr}

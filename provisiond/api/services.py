@@ -1,0 +1,65 @@
+"""What the HTTP views share within one worker: the config, the boot table, manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from flask import current_app, request
+
+from provisiond.boot.artifacts import ManifestCache
+from provisiond.boot.table import BootTable, TableWatcher
+from provisiond.config import Config
+from provisiond.errors import NodeNotFound
+
+log = logging.getLogger("provisiond.boot")
+
+
+class BootServices:
+    def __init__(self, config: Config):
+        self.config = config
+        self.watcher = TableWatcher(config)
+        self.manifests = ManifestCache(config)
+        self._etags: dict[tuple, str] = {}
+
+    @property
+    def table(self) -> BootTable:
+        return self.watcher.current()
+
+    def node(self, name: str):
+        node = self.table.nodes.get(name)
+        if node is None:
+            raise NodeNotFound(f"no node named {name!r}")
+        return node
+
+    def file_etag(self, path: Path) -> str:
+        """sha256 of a file, remembered until its mtime or size changes."""
+        st = os.stat(path)
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if key not in self._etags:
+            digest = hashlib.sha256()
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+            self._etags[key] = digest.hexdigest()
+        return self._etags[key]
+
+
+def services() -> BootServices:
+    return current_app.extensions["provisiond"]
+
+
+def log_step(node: str, what: str, response, started: float) -> None:
+    """One log line per boot step (node, what, size, time), written when the body is sent."""
+    size = response.content_length
+    status = response.status_code
+    peer = request.remote_addr
+
+    def done() -> None:
+        log.info("%s %s %s %s bytes %.1f ms from %s", node, what, status,
+                 "-" if size is None else size, (time.monotonic() - started) * 1000, peer)
+
+    response.call_on_close(done)

@@ -1,0 +1,1 @@
+"""The boot services: DHCP, TFTP and DNS servers, iPXE scripts, and the boot table they share."""

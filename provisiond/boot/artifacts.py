@@ -1,0 +1,77 @@
+"""Read what the image and overlay builders produced, following docs/contracts.md.
+
+The builders' modules are imported lazily, so the boot services start (and their tests run)
+even where a builder is missing; manifests are cached until their file changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from provisiond.config import Config
+from provisiond.errors import ImageNotFound, InvalidInput, NotFound
+
+HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class OverlayUnavailable(NotFound):
+    """The node's overlay cannot be built or is not there."""
+
+
+class ManifestCache:
+    """Image manifests by name, re-read only when manifest.json changes."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._cache: dict[str, tuple[int, dict]] = {}
+
+    def get(self, name: str) -> dict:
+        path = self.config.images_dir / name / "manifest.json"
+        try:
+            stamp = os.stat(path).st_mtime_ns
+        except (FileNotFoundError, NotADirectoryError):
+            raise ImageNotFound(f"no image named {name!r} has been built") from None
+        cached = self._cache.get(name)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        manifest = load_manifest(self.config, name)
+        self._cache[name] = (stamp, manifest)
+        return manifest
+
+
+def load_manifest(config: Config, name: str) -> dict:
+    try:
+        from provisiond.images import load_manifest as images_load_manifest
+    except ImportError:
+        path = config.images_dir / name / "manifest.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ImageNotFound(f"no image named {name!r} has been built") from None
+    return images_load_manifest(config, name)
+
+
+def blob_file(config: Config, hexdigest: str) -> Path:
+    """The blob `sha256:<hexdigest>`; a malformed digest is InvalidInput."""
+    if not HEX_RE.match(hexdigest):
+        raise InvalidInput("a blob is named by 64 lowercase hex digits")
+    return config.blob_dir / hexdigest
+
+
+def overlay_file(config: Config, node: str, kind: str) -> Path:
+    """The node's built overlay (built first if stale) from provisiond.overlays."""
+    path = Path(_ensure_overlay(config, node, kind))
+    if not path.is_file():
+        raise OverlayUnavailable(f"no {kind} overlay built for {node}")
+    return path
+
+
+def _ensure_overlay(config: Config, node: str, kind: str) -> Path:
+    try:
+        from provisiond.overlays import ensure_overlay
+    except ImportError:
+        raise OverlayUnavailable("overlays are not available on this server") from None
+    return ensure_overlay(config, node, kind)

@@ -1,0 +1,112 @@
+"""provisiond's DHCP server: reserved addresses and boot files for known MACs only.
+
+One UDP loop answers from precomputed parts (`dhcp_reply.Answers`); phases and discovery
+go through `events`; leases are kept in a dict and written at most every few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import time
+
+from provisiond.atomic import write_atomic
+from provisiond.boot import dhcp_packet as p
+from provisiond.boot.dhcp_reply import Answers, client_kind
+from provisiond.boot.events import DiscoveryLog, PhaseRecorder
+from provisiond.boot.table import BootTable
+from provisiond.boot.udp import UdpServer, open_udp
+from provisiond.config import Config
+from provisiond.states import NodePhase
+
+log = logging.getLogger("provisiond.boot")
+CLIENT_PORT, SERVER_PORT = 68, 67
+LEASES_FILE = "dhcp-leases.json"
+
+
+class DhcpServer(UdpServer):
+    name = "dhcp"
+
+    def __init__(self, config: Config, table: BootTable, phases: PhaseRecorder | None = None,
+                 sock: socket.socket | None = None):
+        dhcp = config.dhcp
+        super().__init__(sock or open_udp(dhcp.bind, dhcp.port, dhcp.interface, broadcast=True))
+        self.config = config
+        self.answers = Answers(config, table)
+        self.phases = phases or PhaseRecorder(config)
+        self.discovery = DiscoveryLog(config)
+        self.leases: dict[str, tuple[str, float]] = {}
+        self._dirty = False
+        self._saved = 0.0
+
+    def update_table(self, table: BootTable) -> None:
+        """Swap in the answers for a rebuilt table (one attribute store: loop-safe)."""
+        self.answers = Answers(self.config, table)
+
+    def handle(self, data: bytes, peer: tuple) -> None:
+        request = p.decode(data)
+        answers = self.answers
+        if request.mac not in answers.entries:
+            self._unknown(request)
+            return
+        kind = request.msg_type
+        if kind == p.DISCOVER:
+            self._send(request, answers.reply(request, p.OFFER))
+        elif kind == p.REQUEST:
+            self._request(request, answers)
+        elif kind in (p.RELEASE, p.DECLINE):
+            self._dirty = self.leases.pop(request.mac, None) is not None or self._dirty
+
+    def _request(self, request: p.Request, answers: Answers) -> None:
+        server_id = request.options.get(p.OPT_SERVER_ID)
+        if server_id and server_id != socket.inet_aton(self.config.server.address):
+            return  # the client chose another server
+        entry = answers.entries[request.mac]
+        wanted = request.options.get(p.OPT_REQUESTED_IP)
+        asked = socket.inet_ntoa(wanted) if wanted and len(wanted) == 4 else request.ciaddr
+        if not answers.proxy and asked not in ("0.0.0.0", entry.ipaddr):
+            self._send(request, answers.nak(request))
+            return
+        self._send(request, answers.reply(request, p.ACK))
+        self._acked(request, entry)
+
+    def _acked(self, request: p.Request, entry) -> None:
+        self.leases[request.mac] = (entry.ipaddr, time.time() + self.config.dhcp.lease_seconds)
+        self._dirty = True
+        kind = client_kind(request.options).value
+        self.phases.record(entry.node, NodePhase.DHCP, f"{kind} {entry.ipaddr}")
+        log.info("%s dhcp ack %s %s (%s)", entry.node, entry.ipaddr, request.mac, kind)
+
+    def _unknown(self, request: p.Request) -> None:
+        if request.msg_type not in (p.DISCOVER, p.REQUEST):
+            return
+        arch = request.options.get(p.OPT_ARCH, b"")
+        self.discovery.note(
+            request.mac, arch=struct.unpack("!H", arch[:2])[0] if len(arch) >= 2 else None,
+            vendor_class=request.options.get(p.OPT_VENDOR_CLASS, b"").decode("latin-1"),
+            relay=request.giaddr)
+
+    def _send(self, request: p.Request, reply: bytes) -> None:
+        if request.giaddr != "0.0.0.0":
+            self.sock.sendto(reply, (request.giaddr, SERVER_PORT))
+        elif request.ciaddr != "0.0.0.0":
+            self.sock.sendto(reply, (request.ciaddr, CLIENT_PORT))
+        else:
+            self.sock.sendto(reply, ("255.255.255.255", CLIENT_PORT))
+
+    def tick(self) -> None:
+        if self._dirty and time.monotonic() - self._saved > 5:
+            self.save_leases()
+
+    def save_leases(self) -> None:
+        """Write the lease dict atomically (called at most every 5 s, and on close)."""
+        self._dirty, self._saved = False, time.monotonic()
+        data = {mac: {"ip": ip, "expires": round(exp)} for mac, (ip, exp) in self.leases.items()}
+        write_atomic(self.config.state_dir / LEASES_FILE, json.dumps(data, sort_keys=True))
+
+    def close(self) -> None:
+        super().close()
+        if self._dirty:
+            self.save_leases()

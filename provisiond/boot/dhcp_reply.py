@@ -1,0 +1,113 @@
+"""What provisiond's DHCP says to whom: reserved addresses and a boot file per client kind.
+
+Every answer is assembled from parts computed when the table is built: the per-node options
+(address, netmask, router, DNS, domain, hostname) and one boot part per client kind.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+from enum import Enum
+
+from provisiond.boot import dhcp_packet as p
+from provisiond.boot.table import BootEntry, BootTable
+from provisiond.config import Config
+
+EFI_ARCHES = {6, 7, 9}
+HTTP_ARCHES = {15, 16}
+
+
+class ClientKind(str, Enum):
+    """What booted software is asking, which decides the boot file."""
+
+    BIOS = "bios"
+    UEFI = "uefi"
+    IPXE = "ipxe"
+    HTTP = "http"
+
+
+def client_kind(options: dict[int, bytes]) -> ClientKind:
+    """iPXE (option 175 or user class "iPXE"), UEFI HTTP boot, UEFI PXE, else BIOS."""
+    if p.OPT_IPXE in options or b"iPXE" in options.get(p.OPT_USER_CLASS, b""):
+        return ClientKind.IPXE
+    arch_bytes = options.get(p.OPT_ARCH, b"")
+    arch = struct.unpack("!H", arch_bytes[:2])[0] if len(arch_bytes) >= 2 else 0
+    if options.get(p.OPT_VENDOR_CLASS, b"").startswith(b"HTTPClient") or arch in HTTP_ARCHES:
+        return ClientKind.HTTP
+    return ClientKind.UEFI if arch in EFI_ARCHES else ClientKind.BIOS
+
+
+@dataclass(frozen=True)
+class BootPart:
+    """The boot-file part of an answer for one client kind."""
+
+    bootfile: bytes
+    options: bytes
+
+
+def boot_parts(config: Config, proxy: bool) -> dict[ClientKind, BootPart]:
+    """One precomputed boot part per client kind."""
+    base = f"http://{config.server.address}:{config.http.port}"
+    files = {ClientKind.BIOS: "undionly.kpxe", ClientKind.UEFI: "snponly.efi",
+             ClientKind.IPXE: f"{base}/boot/ipxe", ClientKind.HTTP: f"{base}/boot/files/ipxe.efi"}
+    parts = {}
+    for kind, name in files.items():
+        opts = [(p.OPT_TFTP_SERVER, config.server.address.encode()),
+                (p.OPT_BOOTFILE, name.encode())]
+        if kind is ClientKind.HTTP:
+            opts.append((p.OPT_VENDOR_CLASS, b"HTTPClient"))
+        elif proxy:
+            opts += [(p.OPT_VENDOR_CLASS, b"PXEClient"), (p.OPT_VENDOR_INFO, b"\x06\x01\x08\xff")]
+        parts[kind] = BootPart(name.encode(), p.encode_options(opts))
+    return parts
+
+
+def node_options(config: Config, entry: BootEntry) -> bytes:
+    """The per-node options: server id, lease, netmask, router, DNS, domain, hostname."""
+    opts = [(p.OPT_SERVER_ID, socket.inet_aton(config.server.address)),
+            (p.OPT_LEASE, struct.pack("!I", config.dhcp.lease_seconds))]
+    if entry.netmask:
+        opts.append((p.OPT_SUBNET, socket.inet_aton(entry.netmask)))
+    if entry.gateway:
+        opts.append((p.OPT_ROUTER, socket.inet_aton(entry.gateway)))
+    dns = dns_servers(config)
+    if dns:
+        opts.append((p.OPT_DNS, b"".join(socket.inet_aton(a) for a in dns)))
+    opts += [(p.OPT_HOSTNAME, entry.node.encode()), (p.OPT_DOMAIN, config.server.domain.encode())]
+    return p.encode_options(opts)
+
+
+def dns_servers(config: Config) -> list[str]:
+    if config.dhcp.dns_servers:
+        return list(config.dhcp.dns_servers)
+    return [config.server.address] if config.dns.enabled else []
+
+
+class Answers:
+    """Precomputed answer parts for every reserved MAC of a table."""
+
+    def __init__(self, config: Config, table: BootTable):
+        self.proxy = config.dhcp.proxy
+        self.server = config.server.address
+        self.server_id = p.encode_options(
+            [(p.OPT_SERVER_ID, socket.inet_aton(config.server.address))])
+        self.boot = boot_parts(config, self.proxy)
+        self.entries = {mac: e for mac, e in table.by_mac.items() if e.ipaddr}
+        self.options = {mac: node_options(config, e) for mac, e in self.entries.items()}
+
+    def reply(self, request: p.Request, msg_type: int) -> bytes:
+        """The OFFER/ACK for a known MAC (proxy mode: boot information only)."""
+        part = self.boot[client_kind(request.options)]
+        msg = p.encode_options([(p.OPT_MSG_TYPE, bytes((msg_type,)))])
+        if self.proxy:
+            return p.encode_reply(request, "0.0.0.0", self.server, part.bootfile,
+                                  msg + self.server_id + part.options)
+        entry = self.entries[request.mac]
+        return p.encode_reply(request, entry.ipaddr, self.server, part.bootfile,
+                              msg + self.options[request.mac] + part.options)
+
+    def nak(self, request: p.Request) -> bytes:
+        msg = p.encode_options([(p.OPT_MSG_TYPE, bytes((p.NAK,)))])
+        return p.encode_reply(request, "0.0.0.0", "0.0.0.0", b"", msg + self.server_id)

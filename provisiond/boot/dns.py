@@ -1,0 +1,133 @@
+"""provisiond's DNS server: precomputed answers for the nodes, one UDP loop.
+
+The hot path parses only the header and question by hand and glues the precomputed tail to
+the query's own question; anything unusual goes to dnslib. Names outside the zone get
+NXDOMAIN, or go to `config.dns.upstream` when one is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+
+from dnslib import DNSRecord, RCODE
+
+from provisiond.boot.dns_zone import Zone
+from provisiond.boot.table import BootTable
+from provisiond.boot.udp import UdpServer, open_udp
+from provisiond.config import Config
+
+log = logging.getLogger("provisiond.boot")
+
+
+def parse_question(data: bytes) -> tuple[bytes, bytes, int] | None:
+    """(lowercased wire name, type+class, end offset) of a plain one-question query."""
+    if len(data) < 17 or data[2] & 0xF8 or data[4:6] != b"\0\1":
+        return None  # a response, not a QUERY opcode, or not exactly one question
+    pos, end = 12, len(data)
+    while pos < end:
+        length = data[pos]
+        if length == 0:
+            break
+        if length > 63:
+            return None
+        pos += length + 1
+    if pos + 5 > end:
+        return None
+    return data[12:pos + 1].lower(), data[pos + 1:pos + 5], pos + 5
+
+
+class DnsServer(UdpServer):
+    name = "dns"
+
+    def __init__(self, config: Config, table: BootTable, sock: socket.socket | None = None):
+        super().__init__(sock or open_udp(config.dns.bind, config.dns.port))
+        self.config = config
+        self.zone = Zone(config, table)
+        self.forwarder = Forwarder(config.dns.upstream, self.sock) if config.dns.upstream else None
+
+    def update_table(self, table: BootTable) -> None:
+        self.zone = Zone(self.config, table)
+
+    def handle(self, data: bytes, peer: tuple) -> None:
+        question = parse_question(data)
+        hit = question and self.zone.tails.get(question[:2])
+        if hit:
+            rcode, counts, tail = hit
+            flags = bytes((0x84 | (data[2] & 0x01), rcode))
+            self.sock.sendto(data[:2] + flags + counts + data[12:question[2]] + tail, peer)
+        else:
+            self._slow(data, peer)
+
+    def _slow(self, data: bytes, peer: tuple) -> None:
+        """Anything not precomputed: dnslib parses it; zone misses are NXDOMAIN or forwarded."""
+        try:
+            query = DNSRecord.parse(data)
+        except Exception:
+            return  # not DNS: drop, as a real server does
+        if query.header.qr or not query.questions:
+            return
+        name = str(query.q.qname).rstrip(".")
+        if self.forwarder and not self.zone.holds(name):
+            self.forwarder.forward(data, peer)
+            return
+        key = (name.lower(), query.q.qtype)
+        reply = query.reply()
+        for rr in self.zone.records.get(key, []):
+            reply.add_answer(rr)
+        if not reply.rr:
+            reply.add_auth(self.zone.soa)
+            reply.header.rcode = RCODE.NOERROR if key[0] in self.zone.names else RCODE.NXDOMAIN
+        self.sock.sendto(reply.pack(), peer)
+
+    def tick(self) -> None:
+        if self.forwarder:
+            self.forwarder.expire()
+
+    def close(self) -> None:
+        super().close()
+        if self.forwarder:
+            self.forwarder.close()
+
+
+class Forwarder:
+    """Relays queries to the upstream server and its replies back (one reader thread)."""
+
+    def __init__(self, upstream: str, reply_sock: socket.socket, timeout: float = 5.0):
+        host, _, port = upstream.rpartition(":") if upstream.count(":") == 1 else (upstream, "", "")
+        self.upstream = (host or upstream, int(port or 53))
+        self.reply_sock = reply_sock
+        self.timeout = timeout
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.connect(self.upstream)
+        self.pending: dict[int, tuple[bytes, tuple, float]] = {}
+        self._next = 0
+        threading.Thread(target=self._read, name="dns-forward", daemon=True).start()
+
+    def forward(self, data: bytes, peer: tuple) -> None:
+        self._next = (self._next + 1) & 0xFFFF
+        self.pending[self._next] = (data[:2], peer, time.monotonic())
+        self.sock.send(struct.pack("!H", self._next) + data[2:])
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65535)
+            except OSError:
+                return
+            if len(data) < 12:
+                continue
+            entry = self.pending.pop(struct.unpack("!H", data[:2])[0], None)
+            if entry:
+                self.reply_sock.sendto(entry[0] + data[2:], entry[1])
+
+    def expire(self) -> None:
+        limit = time.monotonic() - self.timeout
+        for key in [k for k, v in list(self.pending.items()) if v[2] < limit]:
+            self.pending.pop(key, None)
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,82 @@
+"""Per-node iPXE scripts: kernel, one initrd per image layer, then the system overlay.
+
+The template is compiled once per process; a render is a dict lookup and a Jinja call.
+"""
+
+from __future__ import annotations
+
+import jinja2
+
+from provisiond.boot.artifacts import ManifestCache
+from provisiond.boot.table import BootEntry
+from provisiond.config import Config
+from provisiond.errors import ProvisiondError
+
+_ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True)
+
+NODE_SCRIPT = _ENV.from_string("""\
+#!ipxe
+# provisiond: {{ node }} ({{ image }})
+echo provisiond: booting {{ node }} with image {{ image }}
+kernel {{ base }}/blobs/sha256/{{ kernel }} {{ args }} || goto failed
+{% for name, url in initrds %}initrd --name {{ name }} {{ url }} || goto failed
+{% endfor %}boot || goto failed
+:failed
+echo provisiond: boot of {{ node }} failed, retrying in {{ retry }} s
+sleep {{ retry }}
+chain --autofree {{ base }}/boot/ipxe/${mac}
+""")
+
+RETRY_SCRIPT = _ENV.from_string("""\
+#!ipxe
+echo provisiond: {{ reason }}
+echo provisiond: retrying in {{ retry }} s
+sleep {{ retry }}
+chain --autofree {{ base }}/boot/ipxe/${mac}
+""")
+
+CHAIN_SCRIPT = "#!ipxe\nchain --autofree {base}/boot/ipxe/${{mac}}\n"
+RETRY_SECONDS = 30
+
+
+def base_url(config: Config) -> str:
+    return f"http://{config.server.address}:{config.http.port}"
+
+
+def chain_script(config: Config) -> str:
+    return CHAIN_SCRIPT.format(base=base_url(config))
+
+
+def retry_script(config: Config, reason: str) -> str:
+    """A script that says why there is nothing to boot and asks again later."""
+    reason = "".join(c for c in reason if c.isprintable() and c not in "${}")
+    return RETRY_SCRIPT.render(reason=reason, retry=RETRY_SECONDS, base=base_url(config))
+
+
+def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node) -> str:
+    """The boot script of `node`, or a retry script saying what is missing."""
+    if not entry.image:
+        return retry_script(config, f"node {entry.node} has no image assigned")
+    try:
+        manifest = manifests.get(entry.image)
+    except ProvisiondError as exc:
+        return retry_script(config, f"{entry.node}: {exc}")
+    base = base_url(config)
+    initrds = [(f"l{i}", f"{base}/blobs/sha256/{layer['digest'].removeprefix('sha256:')}")
+               for i, layer in enumerate(manifest["layers"])]
+    initrds.append((f"l{len(initrds)}", f"{base}/overlays/{entry.node}/system"))
+    return NODE_SCRIPT.render(
+        node=entry.node, image=entry.image, base=base, retry=RETRY_SECONDS,
+        kernel=manifest["kernel"]["digest"].removeprefix("sha256:"), initrds=initrds,
+        args=" ".join(kernel_args(config, manifest, entry.node, node, initrds)))
+
+
+def kernel_args(config: Config, manifest: dict, name: str, node, initrds) -> list[str]:
+    """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts)."""
+    args = [f"initrd={n}" for n, _ in initrds]
+    args += manifest.get("kernel_args") or []
+    args += (node.record.kernel_args or []) if node is not None else []
+    if manifest.get("init") and manifest["init"] != "/sbin/init":
+        args.append(f"provisiond.init={manifest['init']}")
+    return args + [f"provisiond.url={base_url(config)}", f"provisiond.node={name}"]

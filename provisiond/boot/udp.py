@@ -1,0 +1,78 @@
+"""A single-threaded UDP loop shared by the DHCP and DNS servers: no thread per packet.
+
+A bad packet is counted and dropped; the loop itself never dies of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+log = logging.getLogger("provisiond.boot")
+SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+
+
+def open_udp(bind: str, port: int, interface: str | None = None,
+             broadcast: bool = False) -> socket.socket:
+    """A bound UDP socket; SO_BINDTODEVICE pins it to `interface` when one is given."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if broadcast:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    if interface:
+        sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, interface.encode())
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((bind, port))
+    return sock
+
+
+class UdpServer:
+    """Receive, `handle`, reply; `tick` runs about every `tick_seconds` for housekeeping."""
+
+    name = "udp"
+    tick_seconds = 1.0
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.sock.settimeout(self.tick_seconds)
+        self.stopping = threading.Event()
+        self.errors = 0
+        self.address = sock.getsockname()
+
+    def handle(self, data: bytes, peer: tuple) -> None:
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Periodic work (persistence, forwarding timeouts); nothing by default."""
+
+    def serve_forever(self) -> None:
+        recv, handle = self.sock.recvfrom, self.handle
+        while not self.stopping.is_set():
+            try:
+                data, peer = recv(65535)
+            except (TimeoutError, socket.timeout):
+                self.tick()
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            try:
+                handle(data, peer)
+            except Exception as exc:  # one bad packet must never stop the server
+                self.errors += 1
+                log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.stop()
+        self.sock.close()

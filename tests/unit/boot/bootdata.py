@@ -1,0 +1,62 @@
+"""Boot test data written the way the other parts write it (docs/contracts.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from provisiond.config import Config
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import NetDev, Record
+
+
+def mac_of(index: int) -> str:
+    return "52:54:00:%02x:%02x:%02x" % ((index >> 16) & 255, (index >> 8) & 255, index & 255)
+
+
+def ip_of(index: int, net: str = "10.99") -> str:
+    return f"{net}.{index // 250}.{index % 250 + 2}"
+
+
+def add_nodes(config: Config, count: int, image: str | None = "tiny", net: str = "10.99",
+              netmask: str = "255.255.0.0", gateway: str | None = None,
+              kernel_args: list[str] | None = None) -> None:
+    """Nodes n1..nCOUNT with MAC mac_of(i) and address ip_of(i)."""
+    with InventoryStore(config).edit() as inv:
+        for i in range(1, count + 1):
+            dev = NetDev(mac=mac_of(i), ipaddr=ip_of(i, net), netmask=netmask,
+                         gateway=gateway, ipaddr6=f"fd00::{i:x}")
+            inv.nodes[f"n{i}"] = Record(image=image, netdevs={"eth0": dev},
+                                        kernel_args=kernel_args)
+
+
+def add_blob(config: Config, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    config.blob_dir.mkdir(parents=True, exist_ok=True)
+    (config.blob_dir / digest).write_bytes(data)
+    return f"sha256:{digest}"
+
+
+def add_image(config: Config, name: str = "tiny", layers: int = 2) -> dict:
+    """A manifest with a kernel blob and `layers` layer blobs, as provisiond.images writes."""
+    kernel = add_blob(config, b"kernel-" + name.encode())
+    layer_list = [{"digest": add_blob(config, f"layer{i}-{name}".encode()), "size": 10,
+                   "key": f"k{i}", "kind": "busybox", "compression": "zstd",
+                   "description": f"layer {i}"} for i in range(layers)]
+    manifest = {"name": name, "kernel": {"digest": kernel, "size": 13, "version": "6.1"},
+                "layers": layer_list, "kernel_args": ["console=ttyS0"], "init": "/sbin/init",
+                "recipe": {"path": "x", "sha256": "0"}, "built_at": "2026-11-22T00:00:00Z",
+                "build_seconds": 1.0, "total_size": 33}
+    path = config.images_dir / name / "manifest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest))
+    return manifest
+
+
+def add_overlay(config: Config, node: str, kind: str, data: bytes) -> Path:
+    """Put a built overlay where provisiond.overlays.ensure_overlay returns it."""
+    path = config.overlay_build_dir / node / f"{kind}.cpio.zst"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path

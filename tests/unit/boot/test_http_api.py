@@ -1,0 +1,125 @@
+"""The HTTP boot endpoints through Flask's test client (real app, real files)."""
+
+import hashlib
+
+import pytest
+
+from bootdata import add_image, add_nodes, add_overlay, ip_of, mac_of
+from provisiond.api import create_app
+from provisiond.status import read_status
+
+
+@pytest.fixture
+def app(config):
+    add_nodes(config, 3, kernel_args=["quiet"])
+    add_image(config, "tiny", layers=2)
+    return create_app(config)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+def test_node_script_names_kernel_layers_and_overlay(client, config):
+    manifest = add_image(config, "tiny", layers=2)
+    text = client.get(f"/boot/ipxe/{mac_of(2)}").get_data(as_text=True)
+    base = "http://127.0.0.1:9873"
+    kernel = manifest["kernel"]["digest"].removeprefix("sha256:")
+    assert f"kernel {base}/blobs/sha256/{kernel} initrd=l0 initrd=l1 initrd=l2 console=ttyS0 " \
+           f"quiet provisiond.url={base} provisiond.node=n2" in text
+    for i, layer in enumerate(manifest["layers"]):
+        assert f"initrd --name l{i} {base}/blobs/sha256/{layer['digest'][7:]}" in text
+    assert f"initrd --name l2 {base}/overlays/n2/system" in text
+    assert read_status(config, "n2")["phase"] == "ipxe"
+
+
+def test_unknown_mac_and_missing_image_get_retry_scripts(client, config):
+    text = client.get("/boot/ipxe/02-00-00-00-00-99").get_data(as_text=True)
+    assert "unknown MAC 02:00:00:00:00:99" in text and "sleep" in text and "chain" in text
+    (config.images_dir / "tiny" / "manifest.json").unlink()
+    text = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
+    assert "no image named 'tiny'" in text and "kernel" not in text.split("echo")[0]
+
+
+def test_chain_script(client):
+    text = client.get("/boot/ipxe").get_data(as_text=True)
+    assert text == "#!ipxe\nchain --autofree http://127.0.0.1:9873/boot/ipxe/${mac}\n"
+
+
+def test_blob_headers_range_and_etag(client, config):
+    data = bytes(range(256)) * 40
+    digest = hashlib.sha256(data).hexdigest()
+    (config.blob_dir / digest).write_bytes(data)
+    response = client.get(f"/blobs/sha256/{digest}")
+    assert response.data == data
+    assert response.headers["ETag"] == f'"sha256:{digest}"'
+    cache = response.headers["Cache-Control"]
+    assert "public" in cache and "max-age=31536000" in cache and "immutable" in cache
+    part = client.get(f"/blobs/sha256/{digest}", headers={"Range": "bytes=100-"})
+    assert part.status_code == 206 and part.data == data[100:]
+    bad = client.get(f"/blobs/sha256/{digest}", headers={"Range": "bytes=999999-"})
+    assert bad.status_code == 416
+    cached = client.get(f"/blobs/sha256/{digest}",
+                        headers={"If-None-Match": f'"sha256:{digest}"'})
+    assert cached.status_code == 304
+
+
+def test_kernel_fetch_from_node_address_records_phase(client, config):
+    manifest = add_image(config, "tiny")
+    url = f"/blobs/sha256/{manifest['kernel']['digest'][7:]}"
+    client.get(url, environ_base={"REMOTE_ADDR": "10.200.0.1"})
+    assert read_status(config, "n1") is None
+    client.get(url, environ_base={"REMOTE_ADDR": ip_of(1)})
+    assert read_status(config, "n1")["phase"] == "kernel"
+
+
+def test_bad_and_missing_blobs_are_json_errors(client):
+    response = client.get("/blobs/sha256/../../etc/passwd")
+    assert response.status_code == 404 and response.json["type"] == "NotFound"
+    response = client.get("/blobs/sha256/nothex")
+    assert response.status_code == 400 and response.json["type"] == "InvalidInput"
+    response = client.get("/blobs/sha256/" + "0" * 64)
+    assert response.status_code == 404 and "no blob" in response.json["error"]
+
+
+def test_overlays_system_and_runtime_rules(client, config, monkeypatch):
+    """ensure_overlay is replaced by one returning files put where it would place them."""
+    import provisiond.boot.artifacts as artifacts
+
+    system = add_overlay(config, "n1", "system", b"system-cpio")
+    runtime = add_overlay(config, "n1", "runtime", b"runtime-cpio")
+    paths = {"system": system, "runtime": runtime}
+    monkeypatch.setattr(artifacts, "_ensure_overlay", lambda c, n, k: paths[k])
+    assert client.get("/overlays/n1/system").data == b"system-cpio"
+    denied = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(2)})
+    assert denied.status_code == 403 and denied.json["type"] == "Forbidden"
+    mine = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
+    assert mine.data == b"runtime-cpio"
+    again = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)},
+                       headers={"If-None-Match": mine.headers["ETag"]})
+    assert again.status_code == 304
+    assert client.get("/overlays/nobody/system").status_code == 404
+    assert client.get("/overlays/n1/other").status_code == 404
+
+
+def test_status_reports(client, config):
+    assert client.post("/api/v1/status/n1", data={"phase": "booted"}).status_code == 200
+    response = client.post("/api/v1/status/n1", json={"phase": "failed", "detail": "disk"})
+    assert response.json["phase"] == "failed" and response.json["detail"] == "disk"
+    assert client.post("/api/v1/status/n1", data={"phase": "bogus"}).status_code == 400
+    assert client.post("/api/v1/status/n1", data="junk",
+                       content_type="application/json").status_code == 400
+    assert client.post("/api/v1/status/zz", data={"phase": "ready"}).status_code == 404
+    assert client.get("/api/v1/status").json["n1"]["phase"] == "failed"
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/"), ("GET", "/nothing/here"), ("DELETE", "/boot/ipxe"),
+    ("GET", "/boot/ipxe/not-a-mac"), ("GET", "/boot/files/../../etc/passwd"),
+    ("GET", "/boot/files/%2e%2e%2fetc%2fpasswd"), ("PUT", "/api/v1/status/n1"),
+])
+def test_junk_requests_get_json_4xx(client, method, path):
+    response = client.open(path, method=method)
+    assert 400 <= response.status_code < 500
+    assert set(response.json) == {"error", "type"}
