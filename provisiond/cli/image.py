@@ -1,0 +1,167 @@
+"""`provisiond image`: build, list, show, delete, import and gc of node images."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+from provisiond import images
+from provisiond.errors import InUse
+from provisiond.inventory import load_nodes
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("image", help="build and manage node images")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    build = verbs.add_parser("build", help="build an image from its recipe (cached layers)")
+    build.add_argument("name")
+    build.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    build.set_defaults(func=cmd_build)
+    listing = verbs.add_parser("list", help="built images: size, layers, age")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_list)
+    show = verbs.add_parser("show", help="an image's manifest")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_show)
+    delete = verbs.add_parser("delete", help="delete an image (refused while nodes use it)")
+    delete.add_argument("name")
+    delete.add_argument("--force", action="store_true", help="delete even if nodes use it")
+    delete.set_defaults(func=cmd_delete)
+    imp = verbs.add_parser("import", help="make an image from an OCI or docker archive")
+    imp.add_argument("archive")
+    imp.add_argument("name")
+    imp.add_argument("--init", default="/sbin/init", help="the image's init (default %(default)s)")
+    imp.add_argument("--kernel-arg", action="append", dest="kernel_args", default=[],
+                     metavar="ARG", help="a default kernel argument (repeatable)")
+    imp.set_defaults(func=cmd_import)
+    gc = verbs.add_parser("gc", help="delete blobs that no image references")
+    gc.add_argument("--json", action="store_true")
+    gc.set_defaults(func=cmd_gc)
+
+
+def cmd_build(args, ctx) -> int:
+    with Progress(sys.stderr) as progress:
+        manifest = images.build_image(ctx.config, args.name, progress=progress)
+    _summary(ctx, manifest, args.json)
+    return 0
+
+
+def cmd_import(args, ctx) -> int:
+    with Progress(sys.stderr) as progress:
+        manifest = images.import_archive(ctx.config, args.archive, args.name, progress,
+                                         kernel_args=args.kernel_args, init=args.init)
+    _summary(ctx, manifest, False)
+    return 0
+
+
+def _summary(ctx, manifest: dict, as_json: bool) -> None:
+    if as_json:
+        ctx.print_json(manifest)
+        return
+    print(f"{manifest['name']}: {len(manifest['layers'])} layers, "
+          f"{_size(manifest['total_size'])}, kernel {manifest['kernel']['version']}, "
+          f"{manifest['build_seconds']:.1f}s")
+
+
+def cmd_list(args, ctx) -> int:
+    found = images.list_images(ctx.config)
+    if args.json:
+        ctx.print_json(found)
+        return 0
+    rows = [[m["name"], len(m["layers"]), _size(m["total_size"]), m["kernel"]["version"],
+             _age(m["built_at"]), f"{m['build_seconds']:.1f}s"] for m in found]
+    ctx.print_table(["NAME", "LAYERS", "SIZE", "KERNEL", "AGE", "BUILD"], rows)
+    return 0
+
+
+def cmd_show(args, ctx) -> int:
+    manifest = images.load_manifest(ctx.config, args.name)
+    if args.json:
+        ctx.print_json(manifest)
+        return 0
+    print(f"name:        {manifest['name']}")
+    print(f"kernel:      {manifest['kernel']['version']} {manifest['kernel']['digest']} "
+          f"({_size(manifest['kernel']['size'])})")
+    print(f"init:        {manifest['init']}")
+    print(f"kernel args: {' '.join(manifest['kernel_args']) or '-'}")
+    print(f"recipe:      {manifest['recipe']['path']}")
+    print(f"built:       {manifest['built_at']} in {manifest['build_seconds']:.1f}s, "
+          f"total {_size(manifest['total_size'])}")
+    rows = [[i, l["kind"], _size(l["size"]), l["digest"][:19], l["description"]]
+            for i, l in enumerate(manifest["layers"], 1)]
+    ctx.print_table(["#", "KIND", "SIZE", "DIGEST", "DESCRIPTION"], rows)
+    return 0
+
+
+def cmd_delete(args, ctx) -> int:
+    images.load_manifest(ctx.config, args.name)
+    users = sorted(n for n, node in load_nodes(ctx.config).items()
+                   if node.record.image == args.name)
+    if users and not args.force:
+        shown = ", ".join(users[:5]) + (" ..." if len(users) > 5 else "")
+        raise InUse(f"image {args.name} is used by {len(users)} node(s): {shown} "
+                    f"(use --force to delete anyway)")
+    images.delete_image(ctx.config, args.name)
+    print(f"deleted image {args.name}; run `provisiond image gc` to free its blobs")
+    return 0
+
+
+def cmd_gc(args, ctx) -> int:
+    result = images.collect_garbage(ctx.config)
+    if args.json:
+        ctx.print_json(result)
+    else:
+        print(f"removed {result['blobs_removed']} blob(s), freed "
+              f"{_size(result['bytes_freed'])}, {result['trees_removed']} cached layer tree(s)")
+    return 0
+
+
+def _size(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
+
+
+def _age(stamp: str) -> str:
+    built = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.timezone.utc)
+    seconds = (datetime.datetime.now(datetime.timezone.utc) - built).total_seconds()
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds // span:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+class Progress:
+    """Per-layer progress: a redrawn bar on a terminal, one plain line per event otherwise."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.tty:
+            self.stream.write("\n")
+
+    def __call__(self, event: dict) -> None:
+        done = event["index"] - (event["status"] == "building")
+        head = f"[{event['index']}/{event['count']}] {event['kind']}: {event['description']}"
+        tail = event["status"]
+        if "size" in event:
+            tail += f" {_size(event['size'])} in {event['seconds']:.1f}s"
+        if not self.tty:
+            print(f"{head} ... {tail}", file=self.stream, flush=True)
+            return
+        width = 20
+        filled = width * done // event["count"]
+        bar = "#" * filled + "-" * (width - filled)
+        self.stream.write(f"\r\x1b[K[{bar}] {head[:60]} {tail}")
+        if event["status"] != "building":
+            self.stream.write("\n")
+        self.stream.flush()

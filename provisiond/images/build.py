@@ -1,0 +1,148 @@
+"""`build_image`: plan a recipe's layers, reuse the cached ones, build the rest, take the
+kernel out of the result and write the manifest last (a failure leaves the old one)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provisiond.atomic import locked
+from provisiond.config import Config
+from provisiond.errors import BuildFailed, ProvisiondError
+from provisiond.images import chroot, oci, steps
+from provisiond.images.blobs import store_file
+from provisiond.images.kernel import KERNEL_RE
+from provisiond.images.layers import LayerPlan, build_layer, cached_layer, layer_dir, layer_key
+from provisiond.images.manifests import gc_lock, lock_path, save_manifest
+from provisiond.images.recipe import Recipe, Step, load_recipe
+
+Progress = Callable[[dict], None]
+
+
+def build_image(config: Config, name: str, progress: Progress | None = None) -> dict:
+    """Build (or reuse) every layer of recipe `name` and publish its manifest."""
+    started = time.monotonic()
+    recipe = load_recipe(config, name)
+    compression = recipe.compression or config.build.compression
+    with locked(lock_path(config, name)), locked(gc_lock(config), shared=True):
+        records = _build_layers(config, recipe, compression, progress or (lambda e: None))
+        kernel = _store_kernel(config, recipe, records)
+        manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
+        save_manifest(config, manifest)
+    return manifest
+
+
+def plan_layers(config: Config, recipe: Recipe, compression: str) -> list[LayerPlan]:
+    """Every layer of the recipe with its cache key, parents first."""
+    plans: list[LayerPlan] = []
+    for step in recipe.steps:
+        parent = plans[-1].key if plans else None
+        try:
+            plans.extend(_plan_step(config, step, parent, compression))
+        except ProvisiondError as exc:
+            raise BuildFailed(_name_step(step, exc)) from None
+    return plans
+
+
+def _plan_step(config: Config, step: Step, parent: str | None, compression: str
+               ) -> list[LayerPlan]:
+    if step.kind == "oci-archive":
+        return oci.plan_archive(step, parent, compression)
+    entry = step.layer.model_dump(exclude={"description"})
+    key = layer_key(parent, step.kind, entry, steps.step_inputs(config, step), compression)
+    description = step.layer.description or f"{step.recipe}#{step.index} {step.kind}"
+    if step.layer.kind in ("busybox", "debootstrap"):
+        return [LayerPlan(key, step.kind, description, _base_maker(config, step))]
+    return [LayerPlan(key, step.kind, description, _step_maker(config, step))]
+
+
+def _base_maker(config: Config, step: Step):
+    return lambda root: steps.build_base(config, step, root, _log(config, step.recipe))
+
+
+def _step_maker(config: Config, step: Step):
+    return lambda root: steps.apply_step(config, step, root, _log(config, step.recipe))
+
+
+def _log(config: Config, recipe: str) -> Path:
+    path = layer_dir(config).parent / "logs" / f"{recipe}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _build_layers(config: Config, recipe: Recipe, compression: str,
+                  progress: Progress) -> list[dict]:
+    plans = plan_layers(config, recipe, compression)
+    records: list[dict] = []
+    for index, plan in enumerate(plans, 1):
+        event = {"image": recipe.name, "index": index, "count": len(plans),
+                 "kind": plan.kind, "description": plan.description, "key": plan.key}
+        records.append(_one_layer(config, plan, records, compression, progress, event))
+    return records
+
+
+def _one_layer(config: Config, plan: LayerPlan, parents: list[dict], compression: str,
+               progress: Progress, event: dict) -> dict:
+    with locked(layer_dir(config) / "locks" / f"{plan.key}.lock"):
+        record = cached_layer(config, plan.key)
+        if record is not None:
+            progress({**event, "status": "cached", "size": record["size"], "seconds": 0.0})
+            return record
+        progress({**event, "status": "building"})
+        try:
+            record = build_layer(config, plan, parents, compression,
+                                 _log(config, event["image"]))
+        except ProvisiondError as exc:
+            raise BuildFailed(_name_layer(event, exc)) from None
+        except OSError as exc:
+            raise BuildFailed(_name_layer(event, f"{exc.strerror or exc}: {exc.filename}")
+                              ) from None
+    progress({**event, "status": "built", "size": record["size"],
+              "seconds": record["build_seconds"]})
+    return record
+
+
+def _name_layer(event: dict, exc) -> str:
+    text = str(exc)
+    where = f"image {event['image']}: layer {event['index']} ({event['kind']})"
+    return text if text.startswith("recipe ") else f"{where}: {text}"
+
+
+def _name_step(step: Step, exc: ProvisiondError) -> str:
+    text = str(exc)
+    return text if text.startswith("recipe ") else f"{step.where}: {text}"
+
+
+def _store_kernel(config: Config, recipe: Recipe, records: list[dict]) -> dict:
+    """The newest /boot/vmlinuz-* of the finished image, stored as its own blob."""
+    trees = [layer_dir(config) / r["key"] for r in reversed(records)]
+    view = layer_dir(config) / f"view-{recipe.name}"
+    with chroot.overlay(trees, None, view / "w", view / "merged") as merged:
+        kernels = sorted((merged / "boot").glob("vmlinuz-*")) if (merged / "boot").is_dir() else []
+        if not kernels:
+            raise BuildFailed(f"recipe {recipe.name}: the image has no /boot/vmlinuz-*")
+        digest, size = store_file(config, kernels[-1])
+    version = KERNEL_RE.match(f"boot/{kernels[-1].name}").group(1)
+    with contextlib.suppress(OSError):
+        view.joinpath("merged").rmdir()
+    return {"digest": digest, "size": size, "version": version}
+
+
+def _manifest(recipe: Recipe, records: list[dict], kernel: dict, seconds: float) -> dict:
+    layers = [{k: r[k] for k in ("digest", "size", "key", "kind", "compression",
+                                 "description")} for r in records]
+    return {
+        "name": recipe.name,
+        "kernel": kernel,
+        "layers": layers,
+        "kernel_args": recipe.kernel_args,
+        "init": recipe.init,
+        "recipe": {"path": str(recipe.path), "sha256": recipe.sha256},
+        "built_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "build_seconds": round(seconds, 3),
+        "total_size": kernel["size"] + sum(r["size"] for r in records),
+        "layer_build_seconds": [r.get("build_seconds", 0.0) for r in records],
+    }

@@ -1,0 +1,88 @@
+"""The `busybox` base: Debian's busybox-static with its applet links, a minimal /etc, and a
+kernel with just the modules the recipe names, all from cached .debs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from provisiond.config import Config
+from provisiond.errors import BuildFailed
+from provisiond.images import kernel
+from provisiond.images.debs import deb_sha256, extract_deb, fetch_deb, run_tool
+from provisiond.images.recipe import BusyboxLayer
+
+DIRS = {"bin": 0o755, "sbin": 0o755, "usr/bin": 0o755, "usr/sbin": 0o755, "etc": 0o755,
+        "dev": 0o755, "proc": 0o555, "sys": 0o555, "run": 0o755, "tmp": 0o1777,
+        "root": 0o700, "var/log": 0o755, "var/run": 0o755, "mnt": 0o755, "lib/modules": 0o755,
+        "usr/share/udhcpc": 0o755}
+ETC = {
+    "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "shadow": "root:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n",
+    "hostname": "tiny\n",
+    "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+    "os-release": 'NAME="provisiond tiny"\nID=provisiond-tiny\nPRETTY_NAME="provisiond tiny (busybox)"\n',
+}
+
+
+def busybox_inputs(config: Config, layer: BusyboxLayer) -> dict:
+    """The sha256 of every .deb the layer is made from (part of its cache key)."""
+    inputs = {"busybox": deb_sha256(fetch_deb(config, layer.package))}
+    if layer.kernel:
+        inputs["kernel"] = deb_sha256(fetch_deb(config, layer.kernel))
+    return inputs
+
+
+def build_busybox(config: Config, layer: BusyboxLayer, root: Path) -> None:
+    """Fill an empty root with busybox, its applet links, /etc basics and the kernel."""
+    for rel, mode in DIRS.items():
+        (root / rel).mkdir(parents=True, exist_ok=True)
+        os.chmod(root / rel, mode)
+    deb = fetch_deb(config, layer.package)
+    extract_deb(deb, root, keep=lambda name: name in ("bin", "bin/busybox"))
+    _link_applets(root)
+    for name, text in ETC.items():
+        (root / "etc" / name).write_text(text)
+    os.chmod(root / "etc/shadow", 0o640)
+    if layer.kernel:
+        add_kernel(config, layer, root)
+
+
+def _link_applets(root: Path) -> None:
+    busybox = root / "bin/busybox"
+    if not busybox.is_file():
+        raise BuildFailed("busybox: the package holds no /bin/busybox")
+    applets = run_tool([str(busybox), "--list-full"], "busybox --list-full").split()
+    for rel in sorted(applets):
+        link = root / rel
+        if link.exists() or link.is_symlink():
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath("/bin/busybox", "/" + os.path.dirname(rel)))
+
+
+def add_kernel(config: Config, layer: BusyboxLayer, root: Path) -> None:
+    """Unpack vmlinuz and the chosen modules (with their dependencies) into root."""
+    deb = fetch_deb(config, layer.kernel)
+    extract_deb(deb, root, keep=lambda n: n.startswith(("boot/vmlinuz-", "lib/modules/"))
+                or n in ("boot", "lib"))
+    for moddir in sorted((root / "lib/modules").iterdir()):
+        _trim_modules(moddir, layer.modules)
+
+
+def _trim_modules(moddir: Path, wanted: list[str] | str) -> None:
+    if wanted == "all":
+        wanted = sorted(kernel.module_index(moddir))
+    try:
+        chosen = kernel.select_modules(moddir, wanted)
+    except KeyError as exc:
+        raise BuildFailed(f"kernel {moddir.name} has no module {exc.args[0]!r}") from None
+    kernel.prune_modules(moddir, set(chosen))
+    kernel.write_modules_dep(moddir, chosen)
+    for extra in moddir.glob("modules.*"):
+        if extra.name not in (*kernel.MODULE_FILES, "modules.dep"):
+            extra.unlink()
+    shutil.rmtree(moddir / "build", ignore_errors=True)

@@ -1,0 +1,104 @@
+"""Working inside a layer: the overlayfs mount over the parent layers, and commands run in
+a chroot with /proc, /sys and /dev mounted and services kept from starting."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from provisiond.errors import BuildFailed
+
+CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "HOME": "/root",
+              "INITRD": "No"}
+POLICY_RC = "usr/sbin/policy-rc.d"
+
+
+def mount(*argv: str) -> None:
+    proc = subprocess.run(["mount", *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildFailed(f"mount {' '.join(argv)}: {proc.stderr.strip()}")
+
+
+def umount(path: Path) -> None:
+    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def overlay(lowers: list[Path], upper: Path | None, work: Path, merged: Path
+            ) -> Iterator[Path]:
+    """Mount lowers (top first) with `upper` as the writable layer; read-only if None."""
+    merged.mkdir(parents=True, exist_ok=True)
+    opts = "lowerdir=" + ":".join(str(p) for p in lowers)
+    if upper is not None:
+        work.mkdir(parents=True, exist_ok=True)
+        opts += f",upperdir={upper},workdir={work}"
+    if len(lowers) == 1 and upper is None:
+        mount("--bind", "-o", "ro", str(lowers[0]), str(merged))
+    else:
+        mount("-t", "overlay", "overlay", "-o", opts, str(merged))
+    try:
+        yield merged
+    finally:
+        umount(merged)
+
+
+@contextlib.contextmanager
+def system_mounts(root: Path) -> Iterator[None]:
+    """/proc, /sys, /dev (bind) and a resolv.conf for apt inside root, undone after."""
+    done: list[Path] = []
+    try:
+        for target, argv in (("proc", ["-t", "proc", "proc"]), ("sys", ["-t", "sysfs", "sys"]),
+                             ("dev", ["--bind", "/dev"])):
+            (root / target).mkdir(exist_ok=True)
+            mount(*argv, str(root / target))
+            done.append(root / target)
+        yield
+    finally:
+        for path in reversed(done):
+            umount(path)
+
+
+def run_in_chroot(root: Path, command: str, log: Path, what: str) -> None:
+    """Run one shell command in root; a failure names the command and its last output."""
+    with open(log, "ab") as out:
+        out.write(f"\n### {what}: {command}\n".encode())
+        out.flush()
+        proc = subprocess.run(["chroot", str(root), "/bin/sh", "-c", command],
+                              stdout=out, stderr=subprocess.STDOUT, env=CHROOT_ENV,
+                              stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise BuildFailed(f"{what}: command {command!r} exited {proc.returncode}: "
+                          f"{_last_line(log)} (log: {log})")
+
+
+def _last_line(log: Path) -> str:
+    with open(log, "rb") as handle:
+        handle.seek(max(0, os.path.getsize(log) - 4096))
+        lines = handle.read().decode(errors="replace").strip().splitlines()
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def resolve_in_root(root: Path, path: str) -> Path:
+    """The host path of `path` inside root, following symlinks as the chroot would."""
+    current = Path("/")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            current = current.parent
+            continue
+        candidate = root / str(current / part).lstrip("/")
+        if candidate.is_symlink() and parts and hops < 40:
+            hops += 1
+            target = os.readlink(candidate)
+            current = Path("/") if target.startswith("/") else current
+            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+            continue
+        current = current / part
+    return root / str(current).lstrip("/")

@@ -1,0 +1,108 @@
+"""The kernel: modules picked from a Debian linux-image package, and the vmlinuz blob.
+
+No depmod is needed on the build host: module dependencies are read from each module's
+`.modinfo` ELF section and written as `modules.dep`, which busybox's modprobe reads.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+MODULE_FILES = ("modules.builtin", "modules.builtin.modinfo", "modules.order")
+
+
+def modinfo(path: Path) -> dict[str, str]:
+    """The key=value strings of a .ko's .modinfo section (64-bit little-endian ELF)."""
+    data = path.read_bytes()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    names_off = sections[shstrndx][4]
+    for name_off, _type, _flags, _addr, offset, size in sections:
+        end = data.index(b"\0", names_off + name_off)
+        if data[names_off + name_off:end] == b".modinfo":
+            pairs = data[offset:offset + size].split(b"\0")
+            return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+    return {}
+
+
+def module_index(moddir: Path) -> dict[str, Path]:
+    """Module name (dashes as underscores) -> path of its .ko under moddir."""
+    return {p.name.split(".ko")[0].replace("-", "_"): p for p in moddir.rglob("*.ko*")}
+
+
+def select_modules(moddir: Path, wanted: list[str]) -> dict[str, list[str]]:
+    """The wanted modules plus everything they depend on: name -> its dependencies.
+
+    Names that are built into the kernel (modules.builtin) are accepted and skipped.
+    """
+    index = module_index(moddir)
+    builtin = _builtin_names(moddir)
+    chosen: dict[str, list[str]] = {}
+    todo = [w.replace("-", "_") for w in wanted]
+    while todo:
+        name = todo.pop()
+        if name in chosen or name in builtin:
+            continue
+        if name not in index:
+            raise KeyError(name)
+        deps = [d.replace("-", "_") for d in modinfo(index[name]).get("depends", "").split(",")
+                if d]
+        chosen[name] = deps
+        todo.extend(deps)
+    return chosen
+
+
+def _builtin_names(moddir: Path) -> set[str]:
+    path = moddir / "modules.builtin"
+    if not path.is_file():
+        return set()
+    return {re.sub(r"\.ko.*$", "", Path(line).name).replace("-", "_")
+            for line in path.read_text().split()}
+
+
+def write_modules_dep(moddir: Path, chosen: dict[str, list[str]]) -> None:
+    """Write modules.dep (paths relative to moddir), deepest dependencies last."""
+    index = module_index(moddir)
+    lines = []
+    for name in sorted(chosen):
+        deps = _dep_closure(name, chosen)
+        rel = [str(index[d].relative_to(moddir)) for d in deps]
+        lines.append(f"{index[name].relative_to(moddir)}: {' '.join(rel)}".rstrip())
+    (moddir / "modules.dep").write_text("\n".join(lines) + "\n")
+
+
+def _dep_closure(name: str, chosen: dict[str, list[str]]) -> list[str]:
+    """Dependencies in modprobe's order: loaded from the end, so the deepest come last."""
+    order: list[str] = []
+
+    def visit(mod: str) -> None:
+        for dep in chosen.get(mod, []):
+            if dep in chosen and dep not in order:
+                visit(dep)
+                if dep not in order:
+                    order.append(dep)
+
+    visit(name)
+    return list(reversed(order))
+
+
+def prune_modules(moddir: Path, keep: set[str]) -> None:
+    """Delete every .ko not in `keep`, then the directories left empty."""
+    for name, path in module_index(moddir).items():
+        if name not in keep:
+            path.unlink()
+    for folder in sorted(moddir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+KERNEL_RE = re.compile(r"^boot/vmlinuz-(.+)$")
+
+
+def is_kernel_file(rel: str) -> bool:
+    """Kernel images (and their initrds) stay out of layers: the kernel is its own blob."""
+    return bool(KERNEL_RE.match(rel)) or rel.startswith("boot/initrd.img-")

@@ -1,0 +1,152 @@
+"""The layer builder: each layer is the overlayfs upper dir over its parents, packed as a
+deterministic cpio, stored as a blob, and cached by a key over its parent and inputs.
+
+Built trees stay under `<state>/cache/layers/<key>` so the next layer (or a rebuild) can
+mount them as lower dirs; `<key>.json` beside a tree records its blob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from provisiond.atomic import write_atomic
+from provisiond.config import Config
+from provisiond.images import chroot
+from provisiond.images.blobs import blob_path, compressed, open_blob
+from provisiond.images.cpio import is_whiteout, pack_tree, walk_tree
+from provisiond.images.kernel import is_kernel_file
+
+WHITEOUTS = ".provisiond/whiteouts"
+OPAQUE = "trusted.overlay.opaque"
+
+
+@dataclass
+class LayerPlan:
+    """A layer to build: its cache key and how to fill it (`make(root)`)."""
+
+    key: str
+    kind: str
+    description: str
+    make: Callable[[Path], None]
+    mount_parents: bool = True
+
+
+def layer_key(parent: str | None, kind: str, entry: dict, inputs: dict, compression: str) -> str:
+    """The cache key: a hash over the parent's key and everything the layer is made from."""
+    doc = {"parent": parent, "kind": kind, "entry": entry, "inputs": inputs,
+           "compression": compression, "format": 2}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def layer_dir(config: Config) -> Path:
+    return config.state_dir / "cache" / "layers"
+
+
+def cached_layer(config: Config, key: str) -> dict | None:
+    """The record of a built layer whose tree and blob both still exist, else None."""
+    record_path = layer_dir(config) / f"{key}.json"
+    if not record_path.is_file() or not (layer_dir(config) / key).is_dir():
+        return None
+    record = json.loads(record_path.read_text())
+    return record if blob_path(config, record["digest"]).is_file() else None
+
+
+def build_layer(config: Config, plan: LayerPlan, parents: list[dict], compression: str,
+                log: Path) -> dict:
+    """Build one layer over its parents' trees, pack it, store it; returns its record."""
+    started = time.monotonic()
+    root = layer_dir(config)
+    upper, work = root / f"{plan.key}.tmp", root / f"{plan.key}.work"
+    for stale in (upper, work):
+        _remove_tree(stale)
+    upper.mkdir(parents=True)
+    try:
+        _fill(plan, upper, work, [root / p["key"] for p in reversed(parents)])
+        record = _pack(config, plan, upper, work, parents, compression)
+        _remove_tree(root / plan.key)
+        upper.rename(root / plan.key)
+    finally:
+        _remove_tree(upper)
+        _remove_tree(work)
+    record["build_seconds"] = round(time.monotonic() - started, 3)
+    write_atomic(root / f"{plan.key}.json", json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def _fill(plan: LayerPlan, upper: Path, work: Path, lowers: list[Path]) -> None:
+    if not lowers or not plan.mount_parents:
+        plan.make(upper)
+        return
+    with chroot.overlay(lowers, upper, work / "w", work / "merged") as merged:
+        plan.make(merged)
+
+
+def _pack(config: Config, plan: LayerPlan, upper: Path, work: Path, parents: list[dict],
+          compression: str) -> dict:
+    deletes = has_deletions(upper)
+    chain = [layer_dir(config) / p["key"] for p in parents] + [upper]
+    whiteouts = ""
+    if deletes or any(p.get("deletes") for p in parents):
+        whiteouts = final_whiteouts(chain, work / "view")
+    with open_blob(config) as blob:
+        with compressed(blob.hashing, compression) as stream:
+            entries = pack_tree(upper, stream, {WHITEOUTS: whiteouts.encode()},
+                                exclude=is_kernel_file)
+        digest = blob.commit()
+    return {"key": plan.key, "digest": digest, "size": blob.size, "kind": plan.kind,
+            "compression": compression, "description": plan.description,
+            "entries": entries, "deletes": deletes, "whiteouts": whiteouts.count("\n")}
+
+
+def has_deletions(tree: Path) -> bool:
+    """Whether a layer tree deletes anything below it (whiteout devices or opaque dirs)."""
+    for rel, st in walk_tree(tree):
+        if is_whiteout(st):
+            return True
+        if stat.S_ISDIR(st.st_mode) and _is_opaque(tree / rel):
+            return True
+    return False
+
+
+def _is_opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, OPAQUE, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def final_whiteouts(chain: list[Path], view: Path) -> str:
+    """Paths the kernel unpacks from these layers that the final image must not have.
+
+    The union of every layer's packed paths, minus what the merged overlay view shows;
+    a listed directory covers its children. One absolute path per line.
+    """
+    unpacked: set[str] = set()
+    for tree in chain:
+        unpacked.update(rel for rel, st in walk_tree(tree, is_kernel_file)
+                        if not is_whiteout(st))
+    with chroot.overlay(list(reversed(chain)), None, view / "w", view / "merged") as merged:
+        present = {rel for rel, _ in walk_tree(merged)}
+    gone = unpacked - present
+    kept = [rel for rel in sorted(gone) if not _has_parent_in(rel, gone)]
+    return "".join(f"/{rel}\n" for rel in kept)
+
+
+def _has_parent_in(rel: str, paths: set[str]) -> bool:
+    parts = rel.split("/")
+    return any("/".join(parts[:i]) in paths for i in range(1, len(parts)))
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

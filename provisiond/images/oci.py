@@ -1,0 +1,181 @@
+"""OCI image layouts and docker-archive tarballs as a base: one of our layers per image
+layer, with `.wh.NAME` files turned into overlayfs whiteouts and `.wh..wh..opq` into
+opaque directories, so deletions flow into the image's whiteout list like any other."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import zstandard
+
+from provisiond.errors import BuildFailed
+from provisiond.images.blobs import file_sha256
+from provisiond.images.layers import OPAQUE, LayerPlan, layer_key
+from provisiond.images.recipe import Step
+
+WH_PREFIX = ".wh."
+WH_OPAQUE = ".wh..wh..opq"
+Opener = Callable[[], BinaryIO]
+
+
+class Archive:
+    """Read files from an OCI layout or docker archive, given as a tarball or a folder."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tar = None if path.is_dir() else tarfile.open(path, "r:*")
+
+    def read(self, name: str) -> bytes:
+        with self.open(name) as handle:
+            return handle.read()
+
+    def open(self, name: str) -> BinaryIO:
+        name = name.lstrip("./") if name.startswith("./") else name
+        if self.tar is None:
+            return open(self.path / name, "rb")
+        try:
+            handle = self.tar.extractfile(name) or self.tar.extractfile("./" + name)
+        except KeyError:
+            handle = None
+        if handle is None:
+            raise BuildFailed(f"{self.path.name}: archive has no file {name}")
+        return handle
+
+    def exists(self, name: str) -> bool:
+        if self.tar is None:
+            return (self.path / name).is_file()
+        names = self.tar.getnames()
+        return name in names or "./" + name in names
+
+
+def layer_names(archive: Archive) -> list[tuple[str, str]]:
+    """(path in archive, digest) of every image layer, bottom first."""
+    if archive.exists("index.json"):
+        index = json.loads(archive.read("index.json"))
+        manifest = _oci_manifest(archive, index)
+        return [(_blob(d["digest"]), d["digest"]) for d in manifest["layers"]]
+    if archive.exists("manifest.json"):
+        entries = json.loads(archive.read("manifest.json"))
+        return [(name, "") for name in entries[0]["Layers"]]
+    raise BuildFailed(f"{archive.path.name}: neither an OCI layout (index.json) "
+                      f"nor a docker archive (manifest.json)")
+
+
+def _blob(digest: str) -> str:
+    algo, _, hexdigest = digest.partition(":")
+    return f"blobs/{algo}/{hexdigest}"
+
+
+def _oci_manifest(archive: Archive, index: dict) -> dict:
+    for _ in range(4):  # an index may point at a nested index
+        if not index.get("manifests"):
+            raise BuildFailed(f"{archive.path.name}: index.json lists no manifests")
+        index = json.loads(archive.read(_blob(index["manifests"][0]["digest"])))
+        if "layers" in index:
+            return index
+    raise BuildFailed(f"{archive.path.name}: no image manifest found")
+
+
+def plan_archive(step: Step, parent: str | None, compression: str) -> list[LayerPlan]:
+    """One LayerPlan per image layer, keyed by the layer's content digest."""
+    path = (step.folder / step.layer.path).resolve()
+    if not path.exists():
+        raise BuildFailed(f"{step.where}: missing file {step.layer.path} "
+                          f"(looked in {step.folder})")
+    archive = Archive(path)
+    plans = []
+    for number, (name, digest) in enumerate(layer_names(archive), 1):
+        digest = digest or "sha256:" + _digest_member(archive, name)
+        key = layer_key(parent, "oci-layer", {"digest": digest}, {}, compression)
+        plans.append(LayerPlan(key, step.kind, f"{path.name} layer {number} ({digest[:19]})",
+                               _maker(archive, name), mount_parents=False))
+        parent = key
+    return plans
+
+
+def _digest_member(archive: Archive, name: str) -> str:
+    if archive.tar is None:
+        return file_sha256(archive.path / name)
+    sha = hashlib.sha256()
+    with archive.open(name) as handle:
+        while chunk := handle.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _maker(archive: Archive, name: str):
+    return lambda root: apply_layer(archive.open(name), root)
+
+
+def apply_layer(blob: BinaryIO, root: Path) -> None:
+    """Unpack one layer tarball (plain, gzip or zstd) into an empty layer tree."""
+    stream = _decompressed(blob)
+    with tarfile.open(fileobj=stream, mode="r|*") as layer:
+        for member in layer:
+            rel = os.path.normpath(member.name.lstrip("/"))
+            if rel.startswith("..") or rel == ".":
+                continue
+            base, parent = os.path.basename(rel), os.path.dirname(rel)
+            if base == WH_OPAQUE:
+                _mark_opaque(root / parent)
+            elif base.startswith(WH_PREFIX):
+                _whiteout(root / parent / base[len(WH_PREFIX):])
+            else:
+                _clear(root / rel, member)
+                member.name = rel
+                layer.extract(member, root, filter="fully_trusted")
+
+
+def _decompressed(blob: BinaryIO) -> BinaryIO:
+    head = blob.read(4)
+    rest = io.BufferedReader(_Prefixed(head, blob))
+    if head == b"\x28\xb5\x2f\xfd":
+        return zstandard.ZstdDecompressor().stream_reader(rest)
+    return rest
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream that yields `head` and then the rest of `tail` (to sniff a magic number)."""
+
+    def __init__(self, head: bytes, tail: BinaryIO):
+        self.head, self.tail = head, tail
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        data = self.tail.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _mark_opaque(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    os.setxattr(folder, OPAQUE, b"y")
+
+
+def _whiteout(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _clear(path, None)
+    os.mknod(path, 0o600 | 0o020000, os.makedev(0, 0))
+
+
+def _clear(path: Path, member: tarfile.TarInfo | None) -> None:
+    """Remove what a later entry replaces (a directory stays if a directory replaces it)."""
+    if path.is_dir() and not path.is_symlink():
+        if member is None or not member.isdir():
+            shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -1,0 +1,209 @@
+"""Image recipes: `images/<name>/image.yaml`, an ordered list of layers, validated.
+
+A recipe's first layer is a base (busybox, debootstrap, oci-archive, or another image of
+ours); the layers after it add packages, copy files or run commands in a chroot. An `image`
+base expands into the parent recipe's layers, so parent and child share their layer blobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from provisiond.config import Config
+from provisiond.errors import InvalidInput, NotFound
+
+RECIPE_FILE = "image.yaml"
+DEFAULT_MODULES = ["virtio_net", "virtio_pci", "virtio_blk", "e1000", "af_packet"]
+
+
+class RecipeError(InvalidInput):
+    """A recipe cannot be used as written."""
+
+
+class RecipeNotFound(NotFound):
+    """No recipe folder has the given image name."""
+
+
+class _Layer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = ""
+
+
+class BusyboxLayer(_Layer):
+    kind: Literal["busybox"]
+    package: str = "busybox-static"
+    kernel: str | None = "linux-image-amd64"
+    modules: list[str] | Literal["all"] = DEFAULT_MODULES
+
+
+class DebootstrapLayer(_Layer):
+    kind: Literal["debootstrap"]
+    suite: str = "bookworm"
+    variant: str = "minbase"
+    components: list[str] = ["main"]
+    packages: list[str] = []
+    mirror: str | None = None
+
+
+class OciLayer(_Layer):
+    kind: Literal["oci-archive"]
+    path: str
+
+
+class ImageLayer(_Layer):
+    kind: Literal["image"]
+    name: str
+
+
+class PackagesLayer(_Layer):
+    kind: Literal["packages"]
+    install: list[str] = []
+    purge: list[str] = []
+
+
+class CopyItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    src: str
+    dest: str
+    mode: str | None = None
+
+
+class CopyLayer(_Layer):
+    kind: Literal["copy"]
+    files: list[CopyItem]
+
+
+class RunLayer(_Layer):
+    kind: Literal["run"]
+    commands: list[str]
+
+
+LAYER_MODELS = {m.model_fields["kind"].annotation.__args__[0]: m for m in (
+    BusyboxLayer, DebootstrapLayer, OciLayer, ImageLayer, PackagesLayer, CopyLayer, RunLayer)}
+BASE_KINDS = {"busybox", "debootstrap", "oci-archive", "image"}
+
+
+@dataclass
+class Step:
+    """One layer to build: its validated entry and where it came from."""
+
+    recipe: str
+    index: int
+    layer: _Layer
+    folder: Path
+
+    @property
+    def kind(self) -> str:
+        return self.layer.kind
+
+    @property
+    def where(self) -> str:
+        return f"recipe {self.recipe}: layer {self.index} ({self.kind})"
+
+
+@dataclass
+class Recipe:
+    name: str
+    path: Path
+    sha256: str
+    steps: list[Step]
+    kernel_args: list[str] = field(default_factory=list)
+    init: str = "/sbin/init"
+    compression: str | None = None
+
+
+class _RecipeHead(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = ""
+    kernel_args: list[str] | None = None
+    init: str | None = None
+    compression: Literal["zstd", "gzip"] | None = None
+    layers: list[dict]
+
+
+def find_recipe(config: Config, name: str) -> Path:
+    """The first `<dir>/<name>/image.yaml` on the recipe search path."""
+    if not name or "/" in name or name.startswith("."):
+        raise RecipeError(f"not an image name: {name!r}")
+    for folder in config.recipe_search_path:
+        path = Path(folder) / name / RECIPE_FILE
+        if path.is_file():
+            return path
+    searched = ", ".join(str(d) for d in config.recipe_search_path)
+    raise RecipeNotFound(f"no recipe for image {name!r} (searched {searched})")
+
+
+def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recipe:
+    """Read and validate a recipe, expanding an `image` base into its parent's layers."""
+    if name in _seen:
+        raise RecipeError(f"recipe {name}: parent images form a loop: {' -> '.join(_seen)}")
+    path = find_recipe(config, name)
+    raw = path.read_bytes()
+    head = _parse_head(name, path, raw)
+    recipe = Recipe(name, path, hashlib.sha256(raw).hexdigest(), [])
+    for index, entry in enumerate(head.layers, 1):
+        step = Step(name, index, _parse_layer(name, index, entry), path.parent)
+        _check_position(step)
+        if step.kind == "image":
+            parent = load_recipe(config, step.layer.name, (*_seen, name))
+            recipe.steps.extend(parent.steps)
+            recipe.kernel_args, recipe.init = parent.kernel_args, parent.init
+            recipe.compression = parent.compression
+        else:
+            recipe.steps.append(step)
+    _apply_head(recipe, head)
+    return recipe
+
+
+def _parse_head(name: str, path: Path, raw: bytes) -> _RecipeHead:
+    try:
+        data = yaml.safe_load(raw)
+        return _RecipeHead.model_validate(data if isinstance(data, dict) else {})
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {name} ({path}): not valid YAML: "
+                          f"{' '.join(str(exc).split())}") from None
+    except ValidationError as exc:
+        raise RecipeError(f"recipe {name} ({path}): {_first_error(exc)}") from None
+
+
+def _parse_layer(name: str, index: int, entry) -> _Layer:
+    kind = entry.get("kind") if isinstance(entry, dict) else None
+    model = LAYER_MODELS.get(kind)
+    if model is None:
+        known = ", ".join(sorted(LAYER_MODELS))
+        raise RecipeError(f"recipe {name}: layer {index}: unknown kind {kind!r} "
+                          f"(known: {known})")
+    try:
+        return model.model_validate(entry)
+    except ValidationError as exc:
+        raise RecipeError(f"recipe {name}: layer {index} ({kind}): "
+                          f"{_first_error(exc)}") from None
+
+
+def _check_position(step: Step) -> None:
+    if step.index == 1 and step.kind not in BASE_KINDS:
+        raise RecipeError(f"{step.where}: the first layer must be a base "
+                          f"({', '.join(sorted(BASE_KINDS))})")
+    if step.index > 1 and step.kind in BASE_KINDS:
+        raise RecipeError(f"{step.where}: a base kind can only be the first layer")
+
+
+def _apply_head(recipe: Recipe, head: _RecipeHead) -> None:
+    if head.kernel_args is not None:
+        recipe.kernel_args = head.kernel_args
+    if head.init is not None:
+        recipe.init = head.init
+    if head.compression is not None:
+        recipe.compression = head.compression
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]

@@ -1,0 +1,145 @@
+"""What each layer kind does to its root, and the inputs (besides its recipe entry) that go
+into its cache key."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from provisiond.config import Config
+from provisiond.errors import BuildFailed
+from provisiond.images import busybox, chroot
+from provisiond.images.blobs import file_sha256
+from provisiond.images.debs import apt_mirror, run_tool
+from provisiond.images.recipe import Step
+
+TRIM = ["var/lib/apt/lists", "var/cache/apt", "var/cache/debconf/templates.dat-old",
+        "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/log"]
+CLEANUP = ("rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb "
+           "/usr/share/doc/* /usr/share/man/* /usr/share/info/* /var/log/apt /var/log/dpkg.log "
+           "/etc/ssh/ssh_host_*_key* /var/cache/ldconfig/aux-cache && : > /etc/machine-id")
+
+
+def step_inputs(config: Config, step: Step) -> dict:
+    """Inputs other than the entry itself: file contents, package hashes, the mirror."""
+    layer = step.layer
+    if step.kind == "busybox":
+        return busybox.busybox_inputs(config, layer)
+    if step.kind == "debootstrap":
+        return {"mirror": layer.mirror or apt_mirror()}
+    if step.kind == "copy":
+        return {"files": [_source_digest(step, item.src) for item in layer.files]}
+    if step.kind == "oci-archive":
+        return {"archive": file_sha256(_source(step, layer.path))}
+    return {}
+
+
+def _source(step: Step, rel: str) -> Path:
+    path = (step.folder / rel).resolve()
+    if not path.exists():
+        raise BuildFailed(f"{step.where}: missing file {rel} (looked in {step.folder})")
+    return path
+
+
+def _source_digest(step: Step, rel: str) -> str:
+    path = _source(step, rel)
+    if path.is_file():
+        return file_sha256(path)
+    sha = hashlib.sha256()
+    for sub in sorted(p for p in path.rglob("*")):
+        st = sub.lstat()
+        sha.update(f"{sub.relative_to(path)}\0{st.st_mode:o}\0".encode())
+        sha.update(file_sha256(sub).encode() if sub.is_file() else os.fsencode(
+            os.readlink(sub) if sub.is_symlink() else ""))
+    return sha.hexdigest()
+
+
+def build_base(config: Config, step: Step, root: Path, log: Path) -> None:
+    """Fill an empty root from a base kind (busybox or debootstrap)."""
+    if step.kind == "busybox":
+        busybox.build_busybox(config, step.layer, root)
+    elif step.kind == "debootstrap":
+        _debootstrap(step, root, log)
+    else:
+        raise BuildFailed(f"{step.where}: not a base this builder makes directly")
+
+
+def _debootstrap(step: Step, root: Path, log: Path) -> None:
+    layer = step.layer
+    argv = ["debootstrap", f"--variant={layer.variant}",
+            f"--components={','.join(layer.components)}"]
+    if layer.packages:
+        argv.append(f"--include={','.join(layer.packages)}")
+    argv += [layer.suite, str(root), layer.mirror or apt_mirror()]
+    with open(log, "ab") as out:
+        out.write(f"\n### {step.where}: {' '.join(argv)}\n".encode())
+    run_tool(["sh", "-c", f'INITRD=No "$@" >>{log} 2>&1', "sh", *argv], step.where)
+    _trim(root)
+
+
+def _trim(root: Path) -> None:
+    for rel in TRIM:
+        target = root / rel
+        if target.is_dir() and not target.is_symlink():
+            for child in target.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+
+
+def apply_step(config: Config, step: Step, root: Path, log: Path) -> None:
+    """Apply a packages/copy/run layer to the merged root of the layer being built."""
+    if step.kind == "copy":
+        for item in step.layer.files:
+            _copy(step, item, root)
+    elif step.kind == "packages":
+        with chroot.system_mounts(root), _no_services(root):
+            chroot.run_in_chroot(root, _apt_command(step.layer), log, step.where)
+    elif step.kind == "run":
+        with chroot.system_mounts(root):
+            for command in step.layer.commands:
+                chroot.run_in_chroot(root, command, log, step.where)
+    else:
+        raise BuildFailed(f"{step.where}: cannot be applied on top of a parent")
+
+
+def _apt_command(layer) -> str:
+    parts = ["apt-get update -q"]
+    if layer.install:
+        parts.append("apt-get install -y -q --no-install-recommends " + " ".join(layer.install))
+    if layer.purge:
+        parts.append("apt-get purge -y -q --auto-remove " + " ".join(layer.purge))
+    return " && ".join(parts + ["apt-get clean", CLEANUP])
+
+
+class _no_services:
+    """A policy-rc.d that stops package scripts from starting daemons in the chroot."""
+
+    def __init__(self, root: Path):
+        self.path = root / chroot.POLICY_RC
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("#!/bin/sh\nexit 101\n")
+        os.chmod(self.path, 0o755)
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def _copy(step: Step, item, root: Path) -> None:
+    source = _source(step, item.src)
+    dest = chroot.resolve_in_root(root, item.dest)
+    if dest.is_dir() and not dest.is_symlink() and source.is_file():
+        dest = dest / source.name
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copyfile(source, dest)
+        os.chmod(dest, int(item.mode, 8) if item.mode else source.stat().st_mode & 0o7777)
