@@ -1,0 +1,139 @@
+"""`provisiond serve`: the enabled boot servers in one process, gunicorn as a child.
+
+DHCP, DNS and TFTP each run one loop in their own thread; the main thread stats the
+inventory once a second and swaps rebuilt tables in. SIGTERM stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from provisiond.boot.events import PhaseRecorder
+from provisiond.boot.table import TableWatcher
+from provisiond.config import Config
+from provisiond.errors import ProvisiondError
+
+log = logging.getLogger("provisiond.boot")
+SERVICES = ("http", "dhcp", "tftp", "dns")
+HTTP_THREADS = 16
+
+
+class ServeFailed(ProvisiondError):
+    """A boot service could not start (a port in use, a missing interface...)."""
+
+    exit_code = 8
+
+
+def gunicorn_command(config: Config) -> list[str]:
+    http = config.http
+    return [sys.executable, "-m", "gunicorn", "--bind", f"{http.bind}:{http.port}",
+            "--workers", str(http.workers), "--worker-class", "gthread",
+            "--threads", str(HTTP_THREADS), "--graceful-timeout", "5",
+            "provisiond.api:create_app_from_env()"]
+
+
+class Supervisor:
+    """Starts the enabled services, reloads their tables, stops them on request."""
+
+    def __init__(self, config: Config, enabled: dict[str, bool]):
+        self.config = config
+        self.enabled = enabled
+        self.stopping = threading.Event()
+        self.udp: list = []
+        self.tftp = None
+        self.gunicorn: subprocess.Popen | None = None
+        self.watcher = TableWatcher(config)
+        self.phases = PhaseRecorder(config)
+
+    def start(self) -> None:
+        try:
+            self._start_udp()
+            if self.enabled["tftp"]:
+                self._start_tftp()
+        except OSError as exc:
+            self.stop()
+            raise ServeFailed(f"cannot start the boot services: {exc.strerror or exc}") from None
+        if self.enabled["http"]:
+            self._start_http()
+        log.info("serving %s", ", ".join(name for name in SERVICES if self.enabled[name]))
+
+    def _start_udp(self) -> None:
+        from provisiond.boot.dhcp import DhcpServer
+        from provisiond.boot.dns import DnsServer
+
+        table = self.watcher.table
+        if self.enabled["dhcp"]:
+            self.udp.append(DhcpServer(self.config, table, self.phases))
+        if self.enabled["dns"]:
+            self.udp.append(DnsServer(self.config, table))
+        for server in self.udp:
+            server.start()
+            log.info("%s listening on %s:%s", server.name, *server.address[:2])
+
+    def _start_tftp(self) -> None:
+        from provisiond.boot.tftp import make_tftp_server
+
+        self.tftp = make_tftp_server(self.config, self._node_for)
+        tftp = self.config.tftp
+        thread = threading.Thread(target=self.tftp.listen, args=(tftp.bind, tftp.port),
+                                  name="tftp", daemon=True)
+        thread.start()
+        if not self.tftp.is_running.wait(5):
+            raise OSError(f"tftp did not start on {tftp.bind}:{tftp.port}")
+        log.info("tftp listening on %s:%s serving %s", tftp.bind, tftp.port, tftp.root)
+
+    def _start_http(self) -> None:
+        env = dict(os.environ, PROVISIOND_STATE_DIR=str(self.config.state_dir))
+        self.gunicorn = subprocess.Popen(gunicorn_command(self.config), env=env)
+        log.info("http (gunicorn pid %d) on %s:%s", self.gunicorn.pid,
+                 self.config.http.bind, self.config.http.port)
+
+    def _node_for(self, address: str) -> str | None:
+        entry = self.watcher.table.by_ip.get(address)
+        return entry.node if entry else None
+
+    def run(self) -> int:
+        """Reload tables when the inventory changes until stopped; the exit code."""
+        while not self.stopping.wait(1.0):
+            if self.gunicorn and self.gunicorn.poll() is not None:
+                log.error("gunicorn exited with %s; stopping", self.gunicorn.returncode)
+                self.stop()
+                return 1
+            if self.watcher.changed():
+                for server in self.udp:
+                    server.update_table(self.watcher.table)
+                log.info("inventory changed: %d reservations", len(self.watcher.table.by_mac))
+        return 0
+
+    def stop(self, *_args) -> None:
+        """Stop every service (also a signal handler); gunicorn gets SIGTERM, then SIGKILL."""
+        self.stopping.set()
+        for server in self.udp:
+            server.close()
+        if self.tftp and self.tftp.is_running.is_set():
+            self.tftp.stop(now=True)
+        if self.gunicorn and self.gunicorn.poll() is None:
+            self.gunicorn.terminate()
+            try:
+                self.gunicorn.wait(10)
+            except subprocess.TimeoutExpired:
+                self.gunicorn.kill()
+                self.gunicorn.wait()
+        self.phases.close()
+
+
+def serve(config: Config, enabled: dict[str, bool]) -> int:
+    """Run the services until SIGTERM or SIGINT; returns the exit code."""
+    supervisor = Supervisor(config, enabled)
+    supervisor.start()
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
+    code = supervisor.run()
+    supervisor.stop()
+    log.info("stopped")
+    return code

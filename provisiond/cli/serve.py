@@ -1,0 +1,30 @@
+"""`provisiond serve`: run the boot services (HTTP, DHCP, TFTP, DNS) the config enables."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+SERVICES = ("http", "dhcp", "tftp", "dns")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the boot services (HTTP, DHCP, TFTP, DNS)",
+        description="Run the boot services that provisiond.yaml enables; --X/--no-X override "
+        "one service. Stops cleanly on SIGTERM.")
+    for name in SERVICES:
+        parser.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
+                            help=f"run the {name.upper()} server (default: {name}.enabled)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
+    parser.set_defaults(func=handler)
+
+
+def handler(args, ctx) -> int:
+    from provisiond.boot.supervisor import serve
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    config = ctx.config
+    enabled = {name: getattr(config, name).enabled if getattr(args, name) is None
+               else getattr(args, name) for name in SERVICES}
+    return serve(config, enabled)

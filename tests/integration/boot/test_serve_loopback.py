@@ -1,0 +1,158 @@
+"""`provisiond serve` with HTTP, TFTP and DNS on loopback, exercised with real clients:
+curl (HTTP, TFTP), tftp-hpa's client, dig."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from bootdata import add_blob, add_image, add_nodes, ip_of, mac_of
+from provisiond.config import load_config, write_default_config
+from servers import free_port, session_alive, start_serve, stop_serve, wait_http, write_config
+
+IPXE_ROOT = "/usr/lib/ipxe"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    state = tmp_path_factory.mktemp("serve") / "state"
+    write_default_config(state)
+    ports = {"http": free_port(), "tftp": free_port(socket.SOCK_DGRAM),
+             "dns": free_port(socket.SOCK_DGRAM)}
+    write_config(state, server={"address": "127.0.0.1", "domain": "cluster"},
+                 http={"bind": "127.0.0.1", "port": ports["http"], "workers": 1},
+                 tftp={"enabled": True, "bind": "127.0.0.1", "port": ports["tftp"]},
+                 dns={"enabled": True, "bind": "127.0.0.1", "port": ports["dns"]})
+    config = load_config(state)
+    add_nodes(config, 20)
+    add_image(config, "tiny")
+    proc = start_serve(state)
+    base = f"http://127.0.0.1:{ports['http']}"
+    try:
+        wait_http(f"{base}/boot/ipxe", proc)
+        yield config, ports, base, proc
+    finally:
+        stop_serve(proc)
+
+
+def run(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, timeout=timeout)
+
+
+def test_curl_tftp_fetches_undionly_byte_identical(served, tmp_path):
+    _, ports, _, _ = served
+    out = tmp_path / "undionly.kpxe"
+    result = run("curl", "-sS", "--tftp-blksize", "1468", "-o", str(out),
+                 f"tftp://127.0.0.1:{ports['tftp']}/undionly.kpxe")
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes() == open(f"{IPXE_ROOT}/undionly.kpxe", "rb").read()
+
+
+def test_tftp_hpa_client_with_tsize(served, tmp_path):
+    _, ports, _, _ = served
+    result = run("tftp", "-v", "-m", "binary", "127.0.0.1", str(ports["tftp"]), "-c", "get",
+                 "snponly.efi", str(tmp_path / "snp"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "snp").read_bytes() == open(f"{IPXE_ROOT}/snponly.efi", "rb").read()
+
+
+def rrq(port: int, name: bytes, options: bytes = b"") -> bytes:
+    """Send a raw read request and return the first answer."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(3)
+        sock.sendto(b"\0\1" + name + b"\0octet\0" + options, ("127.0.0.1", port))
+        return sock.recvfrom(2000)[0]
+
+
+@pytest.mark.parametrize("name", [b"../../etc/passwd", b"/etc/passwd", b"qemu/../../../etc/passwd",
+                                  b"/usr/lib/ipxe/undionly.kpxe"])
+def test_tftp_refuses_escapes_and_absolute_paths(served, name):
+    _, ports, _, _ = served
+    answer = rrq(ports["tftp"], name)
+    assert answer[:2] == b"\0\5", answer  # ERROR
+    assert answer[2:4] == b"\0\2"  # access violation
+
+
+def test_tftp_refuses_writes(served):
+    _, ports, _, _ = served
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(3)
+        sock.sendto(b"\0\2evil.bin\0octet\0", ("127.0.0.1", ports["tftp"]))
+        assert sock.recvfrom(100)[0][:4] == b"\0\5\0\2"
+    assert not os.path.exists(f"{IPXE_ROOT}/evil.bin")
+
+
+def dig(port: int, *query: str) -> list[str]:
+    result = run("dig", "+short", "+time=2", "+tries=1", "-p", str(port), "@127.0.0.1", *query)
+    return result.stdout.decode().split()
+
+
+def test_dig_resolves_names_and_reverse(served):
+    _, ports, _, _ = served
+    assert dig(ports["dns"], "n3") == [ip_of(3)]
+    assert dig(ports["dns"], "n3.cluster", "A") == [ip_of(3)]
+    assert dig(ports["dns"], "N3.Cluster", "AAAA") == ["fd00::3"]
+    assert dig(ports["dns"], "-x", ip_of(3)) == ["n3.cluster."]
+    assert dig(ports["dns"], "-x", "fd00::3") == ["n3.cluster."]
+    assert dig(ports["dns"], "cluster", "SOA")[0] == "provisiond.cluster."
+    full = run("dig", "+time=2", "+tries=1", "-p", str(ports["dns"]), "@127.0.0.1", "nobody.cluster")
+    assert b"status: NXDOMAIN" in full.stdout
+
+
+def test_ipxe_script_for_known_mac(served):
+    config, _, base, _ = served
+    text = run("curl", "-sS", f"{base}/boot/ipxe/{mac_of(4)}").stdout.decode()
+    manifest_kernel = (config.images_dir / "tiny" / "manifest.json").read_text()
+    assert f"provisiond.node=n4" in text and "initrd --name l2" in text
+    kernel_line = next(line for line in text.splitlines() if line.startswith("kernel "))
+    assert kernel_line.split()[1].rsplit("/", 1)[1] in manifest_kernel
+
+
+def test_blob_download_resumes_with_curl_c(served, tmp_path):
+    config, _, base, _ = served
+    data = os.urandom(3 << 20)
+    digest = add_blob(config, data)[7:]
+    out = tmp_path / "blob"
+    out.write_bytes(data[:1234567])
+    result = run("curl", "-sS", "-C", "-", "-o", str(out), f"{base}/blobs/sha256/{digest}")
+    assert result.returncode == 0, result.stderr
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+
+
+def test_junk_http_requests_get_4xx_json(served):
+    _, ports, base, _ = served
+    for path in ["/", "/boot/ipxe/zz", "/blobs/sha256/xyz", "/overlays/../x", "/%00",
+                 "/boot/files/..%2f..%2fetc%2fpasswd", "/api/v1/status/n1"]:
+        result = run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{base}{path}")
+        assert result.stdout.decode()[0] == "4", path
+    with socket.create_connection(("127.0.0.1", ports["http"]), timeout=5) as sock:
+        sock.sendall(b"\x16\x03\x01junk that is not HTTP\r\n\r\n")
+        answer = sock.recv(100)
+    assert answer.startswith(b"HTTP/1.1 400") or answer == b""
+    assert run("curl", "-sS", f"{base}/boot/ipxe").returncode == 0
+
+
+def test_inventory_change_reaches_dns(served):
+    config, ports, _, _ = served
+    add_nodes(config, 25)
+    deadline = time.monotonic() + 15
+    while dig(ports["dns"], "n25") != [ip_of(25)] and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert dig(ports["dns"], "n25") == [ip_of(25)]
+
+
+def test_sigterm_stops_everything(tmp_path):
+    state = tmp_path / "state"
+    write_default_config(state)
+    port = free_port()
+    write_config(state, http={"bind": "127.0.0.1", "port": port, "workers": 1})
+    proc = start_serve(state)
+    wait_http(f"http://127.0.0.1:{port}/boot/ipxe", proc)
+    assert stop_serve(proc) == 0
+    time.sleep(0.5)
+    assert not session_alive(proc)
