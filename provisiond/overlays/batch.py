@@ -1,0 +1,110 @@
+"""Build many nodes' overlays at once, in parallel across cores (a forked process pool).
+
+The builder (inventory snapshot, compiled templates) is made once in the parent and
+inherited by the forked workers, so nothing is re-read or re-compiled per node.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from provisiond.config import Config
+from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
+from provisiond.inventory.model import node_sort_key
+from provisiond.overlays.build import build_node
+from provisiond.overlays.context import take_snapshot
+from provisiond.overlays.render import KINDS, Builder
+
+IN_PROCESS_LIMIT = 64  # below this many nodes a pool costs more than it saves
+_WORKER_BUILDER: Builder | None = None
+
+
+class OverlayBuildFailed(BuildFailed):
+    """Some nodes' overlays failed to build; their previous builds stay in place."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
+
+def build_overlays(config: Config, names: list[str] | None = None,
+                   progress: Callable[[int, int], None] | None = None,
+                   kinds: tuple[str, ...] = KINDS) -> dict:
+    """Build the named nodes' (default: all) stale overlays; returns a summary:
+    {"nodes", "rebuilt": {kind: n}, "reused": {kind: n}, "failed": {node: error}, "seconds"}.
+    Raises OverlayBuildFailed (carrying the summary) when any node failed."""
+    started = time.monotonic()
+    snapshot = take_snapshot(config, reuse=False)
+    names = _check_names(snapshot.nodes, names)
+    builder = Builder(config, snapshot)
+    results = _run(builder, names, kinds, progress, _worker_count(config))
+    summary = _summarise(names, kinds, results, time.monotonic() - started)
+    if summary["failed"]:
+        first = next(iter(summary["failed"].values()))
+        count = len(summary["failed"])
+        raise OverlayBuildFailed(f"{first}" + (f" (and {count - 1} more nodes failed)"
+                                               if count > 1 else ""), summary)
+    return summary
+
+
+def _check_names(nodes: dict, names: list[str] | None) -> list[str]:
+    if names is None:
+        return sorted(nodes, key=node_sort_key)
+    missing = [n for n in names if n not in nodes]
+    if missing:
+        raise NodeNotFound(f"no node named {missing[0]!r}")
+    return list(names)
+
+
+def _worker_count(config: Config) -> int:
+    return config.build.workers or len(os.sched_getaffinity(0))
+
+
+def _build_chunk(names: list[str], kinds: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(node, kind, "rebuilt" | "reused" | error text) for each node and kind."""
+    results = []
+    for name in names:
+        for kind in kinds:
+            try:
+                state = "rebuilt" if build_node(_WORKER_BUILDER, name, kind) else "reused"
+            except ProvisiondError as exc:
+                state = str(exc)
+            results.append((name, kind, state))
+    return results
+
+
+def _run(builder, names, kinds, progress, workers) -> list[tuple[str, str, str]]:
+    global _WORKER_BUILDER
+    _WORKER_BUILDER = builder
+    total, done, results = len(names), 0, []
+    size = max(1, min(250, total // (workers * 8) or 1))
+    chunks = [names[i:i + size] for i in range(0, total, size)]
+    if workers <= 1 or total < IN_PROCESS_LIMIT:
+        for chunk in chunks:
+            results += _build_chunk(chunk, kinds)
+            done += len(chunk)
+            progress and progress(done, total)
+        return results
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(_build_chunk, chunk, kinds): len(chunk) for chunk in chunks}
+        for future in as_completed(futures):
+            results += future.result()
+            done += futures[future]
+            progress and progress(done, total)
+    return results
+
+
+def _summarise(names, kinds, results, seconds: float) -> dict:
+    summary = {"nodes": len(names), "rebuilt": {k: 0 for k in kinds},
+               "reused": {k: 0 for k in kinds}, "failed": {}, "seconds": round(seconds, 3)}
+    for name, kind, state in results:
+        if state in ("rebuilt", "reused"):
+            summary[state][kind] += 1
+        else:
+            summary["failed"].setdefault(name, state)
+    return summary

@@ -1,0 +1,121 @@
+"""What templates see: `node`, `nodes`, `server`, `image`, `overlay` (and, in runtime
+overlays only, `secrets`), with a cheap digest of each for the build cache.
+
+A Snapshot is one reading of the inventory; it is reused while the inventory file is
+unchanged, so a request-time `ensure_overlay` does not merge 10,000 nodes again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from provisiond.config import Config
+from provisiond.inventory import Node, load_nodes
+from provisiond.inventory.model import node_sort_key
+
+
+def digest_of(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def server_context(config: Config) -> dict:
+    server = config.server
+    return {
+        "address": server.address, "port": config.http.port, "domain": server.domain,
+        "url": f"http://{server.address}:{config.http.port}",
+        "ssh_authorized_keys": list(server.ssh_authorized_keys),
+    }
+
+
+def node_context(node: Node) -> dict:
+    """The merged record with every field present (unset ones are None) plus helpers."""
+    data = node.record.model_dump(mode="json")
+    primary = node.primary_netdev
+    data.update(name=node.name, ipaddr=node.ipaddr, macs=node.macs,
+                primary_netdev=primary[0] if primary else None)
+    return data
+
+
+def nodes_context(nodes: dict[str, Node]) -> list[dict]:
+    """Every node's name and addresses, in natural order (for /etc/hosts)."""
+    result = []
+    for name in sorted(nodes, key=node_sort_key):
+        primary = nodes[name].primary_netdev
+        result.append({"name": name, "ipaddr": primary[1].ipaddr if primary else None,
+                       "ipaddr6": primary[1].ipaddr6 if primary else None})
+    return result
+
+
+@dataclass
+class Snapshot:
+    """One consistent reading of the inventory and the server settings."""
+
+    nodes: dict[str, Node]
+    server: dict
+    all_nodes: list[dict] = field(default_factory=list)
+    all_nodes_digest: str = ""
+    server_digest: str = ""
+    _node_data: dict[str, tuple[dict, str]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.all_nodes = nodes_context(self.nodes)
+        self.all_nodes_digest = digest_of(self.all_nodes)
+        self.server_digest = digest_of(self.server)
+
+    def node_data(self, name: str) -> tuple[dict, str]:
+        """(the node's template data, its digest), computed once per snapshot."""
+        if name not in self._node_data:
+            data = node_context(self.nodes[name])
+            self._node_data[name] = (data, digest_of(data))
+        return self._node_data[name]
+
+
+_SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}
+
+
+def take_snapshot(config: Config, reuse: bool = True) -> Snapshot:
+    """The inventory as it is now; with `reuse`, the last snapshot if nothing changed."""
+    key = str(config.inventory_path)
+    signature = (_file_signature(config.inventory_path), digest_of(server_context(config)))
+    cached = _SNAPSHOTS.get(key)
+    if reuse and cached and cached[0] == signature:
+        return cached[1]
+    snapshot = Snapshot(nodes=load_nodes(config), server=server_context(config))
+    _SNAPSHOTS[key] = (signature, snapshot)
+    return snapshot
+
+
+def _file_signature(path) -> tuple:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (None,)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class ImageCache:
+    """Image manifests by name, read once per build; a missing image gives None."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._manifests: dict[str, tuple[dict | None, str]] = {}
+
+    def get(self, name: str | None) -> tuple[dict | None, str]:
+        if name not in self._manifests:
+            manifest = self._load(name) if name else None
+            self._manifests[name] = (manifest, digest_of(manifest))
+        return self._manifests[name]
+
+    def _load(self, name: str) -> dict | None:
+        try:
+            from provisiond.images import load_manifest  # written beside this, loaded late
+        except ImportError:
+            return None
+        from provisiond.errors import NotFound
+
+        try:
+            return load_manifest(self.config, name)
+        except NotFound:
+            return None

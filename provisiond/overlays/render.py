@@ -1,0 +1,127 @@
+"""Render a node's overlays and pack them, with a cache key of exactly what each one read.
+
+Each overlay's key hashes its source tree and only the variables its templates use: an
+overlay that reads `nodes` (hosts) changes when any node changes, one that reads only `node`
+when that node changes, one that reads neither is rendered once per build and shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from provisiond.config import Config
+from provisiond.errors import InvalidInput
+from provisiond.overlays import cpio
+from provisiond.overlays.context import ImageCache, Snapshot, digest_of
+from provisiond.overlays.hostkeys import ensure_host_keys
+from provisiond.overlays.source import Overlay, load_overlay
+from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
+
+FORMAT = "provisiond-overlay-1"
+KINDS = ("system", "runtime")
+RUNTIME_COMPRESSION = "gzip"  # the node unpacks it with busybox, which has no zstd applet
+
+
+def render_overlay(overlay: Overlay, context: dict, node: str) -> list[cpio.Entry]:
+    """The overlay's files for one node, as archive entries (parents included)."""
+    entries = []
+    for source in overlay.files:
+        if source.kind == "dir":
+            entries.append(cpio.dir_entry(source.target, source.mode))
+        elif source.kind == "symlink":
+            entries.append(cpio.symlink_entry(source.target, source.data.decode()))
+        elif source.kind == "template":
+            text = render_template(source.template, context, overlay.name, source.rel, node)
+            entries += [cpio.file_entry(path, body.encode(), source.mode)
+                        for path, body in split_files(source.target, text)]
+        else:
+            entries.append(cpio.file_entry(source.target, source.data, source.mode))
+    return cpio.with_parents(entries, overlay.dir_modes)
+
+
+class Builder:
+    """Keys and packed bytes of nodes' overlays for one snapshot of the inventory."""
+
+    def __init__(self, config: Config, snapshot: Snapshot):
+        self.config = config
+        self.snapshot = snapshot
+        self.images = ImageCache(config)
+        self._shared: dict[str, bytes] = {}
+        self._secrets: dict[str, tuple[dict, str]] = {}
+
+    def compression(self, kind: str) -> str:
+        return self.config.build.compression if kind == "system" else RUNTIME_COMPRESSION
+
+    def overlays(self, node: str, kind: str) -> list[Overlay]:
+        record = self.snapshot.nodes[node].record
+        names = (record.system_overlays if kind == "system" else record.runtime_overlays) or []
+        overlays = [load_overlay(self.config, name) for name in names]
+        for overlay in overlays:
+            if overlay.secret and kind == "system":
+                raise OverlayTemplateError(
+                    f"overlay {overlay.name} holds secrets: node {node} must list it in "
+                    "runtime_overlays, not system_overlays")
+        return overlays
+
+    def node_key(self, node: str, kind: str) -> str:
+        """The hash of everything the node's `kind` build reads."""
+        if kind not in KINDS:
+            raise InvalidInput(f"overlay kind must be system or runtime, not {kind!r}")
+        keys = [self.overlay_key(o, node, kind) for o in self.overlays(node, kind)]
+        return digest_of([FORMAT, kind, self.compression(kind), keys])
+
+    def overlay_key(self, overlay: Overlay, node: str, kind: str) -> str:
+        parts = [overlay.name, kind, overlay.digest]
+        uses = overlay.uses
+        if "node" in uses:
+            parts.append(self.snapshot.node_data(node)[1])
+        if "nodes" in uses:
+            parts.append(self.snapshot.all_nodes_digest)
+        if "server" in uses:
+            parts.append(self.snapshot.server_digest)
+        if "image" in uses:
+            parts.append(self.images.get(self.snapshot.nodes[node].record.image)[1])
+        if "secrets" in uses and kind == "runtime":
+            parts.append(self.secrets(node)[1])
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def secrets(self, node: str) -> tuple[dict, str]:
+        if node not in self._secrets:
+            data = {"ssh_host_keys": ensure_host_keys(self.config, node)}
+            self._secrets[node] = (data, digest_of(data))
+        return self._secrets[node]
+
+    def context(self, overlay: Overlay, node: str, kind: str) -> dict:
+        context = {
+            "node": self.snapshot.node_data(node)[0], "nodes": self.snapshot.all_nodes,
+            "server": self.snapshot.server, "overlay": {"name": overlay.name, "kind": kind},
+            "image": self.images.get(self.snapshot.nodes[node].record.image)[0],
+        }
+        if kind == "runtime" and "secrets" in overlay.uses:
+            context["secrets"] = self.secrets(node)[0]
+        return context
+
+    def pack(self, node: str, kind: str) -> bytes:
+        """The node's build: one archive per overlay, each compressed (the kernel unpacks a
+        concatenation of them); runtime: a single archive, as busybox cpio reads one only."""
+        overlays = self.overlays(node, kind)
+        if kind == "runtime":
+            merged = [e for o in overlays for e in self.render(o, node, kind)]
+            return cpio.compress(cpio.pack(cpio.with_parents(merged)), RUNTIME_COMPRESSION)
+        return b"".join(self.member(o, node) for o in overlays)
+
+    def member(self, overlay: Overlay, node: str) -> bytes:
+        """One overlay's compressed archive; node-independent ones are packed once."""
+        if overlay.node_specific:
+            return self._packed(overlay, node)
+        key = self.overlay_key(overlay, node, "system")
+        if key not in self._shared:
+            self._shared[key] = self._packed(overlay, node)
+        return self._shared[key]
+
+    def _packed(self, overlay: Overlay, node: str) -> bytes:
+        entries = self.render(overlay, node, "system")
+        return cpio.compress(cpio.pack(entries), self.compression("system"))
+
+    def render(self, overlay: Overlay, node: str, kind: str) -> list[cpio.Entry]:
+        return render_overlay(overlay, self.context(overlay, node, kind), node)

@@ -1,0 +1,198 @@
+"""Overlay sources: directory trees on the search path, templates compiled once.
+
+`overlays/<name>/` holds the files as they land on the node. A file ending in `.j2` is a
+Jinja2 template rendered to the name without `.j2`; other files are copied with their mode,
+symlinks stay symlinks. An optional `overlay.yaml` at the top (not packed) may set:
+
+    description: one line
+    secret: true            # runtime overlays only (holds per-node secrets)
+    modes: {path: "0600"}   # modes git cannot keep (files and directories)
+    host_files: {path: /bin/busybox}   # copied from the build host when packed
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from jinja2 import TemplateSyntaxError, meta
+
+from provisiond.config import Config
+from provisiond.errors import InvalidInput, OverlayNotFound
+from provisiond.overlays.templates import ENVIRONMENT, OverlayTemplateError, compile_template
+
+META_FILE = "overlay.yaml"
+TEMPLATE_SUFFIX = ".j2"
+
+
+@dataclass
+class SourceFile:
+    """One path of an overlay: `target` is where it lands on the node."""
+
+    rel: str
+    target: str
+    kind: str
+    """template, file, symlink, dir or host (copied from the build host)"""
+    mode: int
+    data: bytes
+    template: object = None
+    origin: str = ""
+
+
+@dataclass
+class Overlay:
+    name: str
+    root: Path
+    files: list[SourceFile]
+    uses: frozenset[str]
+    digest: str
+    description: str = ""
+    secret: bool = False
+    dir_modes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def node_specific(self) -> bool:
+        """Whether its rendering differs from node to node."""
+        return bool(self.uses & {"node", "secrets"})
+
+
+def find_overlay_dir(config: Config, name: str) -> Path:
+    """The first search-path directory holding `name` (a site overlay shadows a shipped one)."""
+    if "/" in name or name.startswith("."):
+        raise InvalidInput(f"invalid overlay name {name!r}")
+    for base in config.overlay_search_path:
+        if (base / name).is_dir():
+            return base / name
+    raise OverlayNotFound(f"no overlay named {name!r} in {_search_text(config)}")
+
+
+def list_overlay_dirs(config: Config) -> dict[str, tuple[Path, list[Path]]]:
+    """name -> (the directory that wins, the directories it shadows)."""
+    found: dict[str, tuple[Path, list[Path]]] = {}
+    for base in config.overlay_search_path:
+        for entry in sorted(base.iterdir()) if base.is_dir() else []:
+            if entry.is_dir() and not entry.name.startswith("."):
+                if entry.name in found:
+                    found[entry.name][1].append(entry)
+                else:
+                    found[entry.name] = (entry, [])
+    return dict(sorted(found.items()))
+
+
+def _search_text(config: Config) -> str:
+    return ", ".join(str(p) for p in config.overlay_search_path)
+
+
+_CACHE: dict[Path, tuple[tuple, Overlay]] = {}
+
+
+def load_overlay(config: Config, name: str) -> Overlay:
+    """The overlay `name`, read and compiled again only when one of its files changed."""
+    root = find_overlay_dir(config, name)
+    signature = _signature(root)
+    cached = _CACHE.get(root)
+    if cached and cached[0] == signature:
+        return cached[1]
+    overlay = _read_overlay(name, root)
+    _CACHE[root] = (signature, overlay)
+    return overlay
+
+
+def _walk(root: Path):
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for entry in sorted(dirnames + filenames):
+            path = Path(dirpath) / entry
+            yield path.relative_to(root).as_posix(), path
+
+
+def _signature(root: Path) -> tuple:
+    parts = []
+    for rel, path in _walk(root):
+        st = path.lstat()
+        parts.append((rel, st.st_mtime_ns, st.st_size, st.st_mode))
+    meta_hosts = [Path(p) for p in _read_meta(root).get("host_files", {}).values()]
+    parts += [(str(p), *_host_stat(p)) for p in meta_hosts]
+    return tuple(parts)
+
+
+def _host_stat(path: Path) -> tuple:
+    try:
+        st = path.stat()
+    except OSError:
+        return (None,)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _read_meta(root: Path) -> dict:
+    path = root / META_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path}: expected a mapping")
+    return data
+
+
+def _read_overlay(name: str, root: Path) -> Overlay:
+    meta_data = _read_meta(root)
+    modes = {k.strip("/"): int(str(v), 8) for k, v in (meta_data.get("modes") or {}).items()}
+    files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
+             if rel != META_FILE]
+    files += [_host_file(name, rel, Path(src), modes)
+              for rel, src in sorted((meta_data.get("host_files") or {}).items())]
+    uses = frozenset().union(*(_variables(f) for f in files if f.kind == "template"))
+    return Overlay(
+        name=name, root=root, files=files, uses=uses, digest=_digest(files, modes),
+        description=str(meta_data.get("description", "")), secret=bool(meta_data.get("secret")),
+        dir_modes=modes)
+
+
+def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> SourceFile:
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        return SourceFile(rel, rel, "symlink", 0o777, os.readlink(path).encode())
+    perm = modes.get(rel.removesuffix(TEMPLATE_SUFFIX), stat.S_IMODE(st.st_mode))
+    if stat.S_ISDIR(st.st_mode):
+        return SourceFile(rel, rel, "dir", modes.get(rel, 0o755), b"")
+    data = path.read_bytes()
+    if not rel.endswith(TEMPLATE_SUFFIX):
+        return SourceFile(rel, rel, "file", perm, data)
+    target = rel.removesuffix(TEMPLATE_SUFFIX)
+    template = compile_template(name, rel, path, data)
+    return SourceFile(rel, target, "template", perm, data, template)
+
+
+def _host_file(name: str, rel: str, src: Path, modes: dict[str, int]) -> SourceFile:
+    rel = rel.strip("/")
+    try:
+        data = src.read_bytes()
+        perm = modes.get(rel, stat.S_IMODE(src.stat().st_mode))
+    except OSError as exc:
+        raise OverlayTemplateError(
+            f"overlay {name}, file {rel}: host file {src}: {exc.strerror}") from None
+    return SourceFile(rel, rel, "host", perm, data, origin=str(src))
+
+
+def _variables(source: SourceFile) -> set[str]:
+    try:
+        return set(meta.find_undeclared_variables(ENVIRONMENT.parse(source.data.decode())))
+    except TemplateSyntaxError:
+        return set()  # compile_template already reported it
+
+
+def _digest(files: list[SourceFile], modes: dict[str, int]) -> str:
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.rel}\0{f.kind}\0{f.mode:o}\0{len(f.data)}\0".encode())
+        digest.update(f.data)
+    digest.update(repr(sorted(modes.items())).encode())
+    return digest.hexdigest()
+

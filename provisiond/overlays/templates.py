@@ -1,0 +1,81 @@
+"""The Jinja2 environment of overlays: strict undefined, a few network filters, and errors
+that name the overlay, the file, the line and the node."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import traceback
+from pathlib import Path
+
+from jinja2 import Environment, StrictUndefined, TemplateError, TemplateSyntaxError
+
+from provisiond.errors import BuildFailed
+
+# A rendered template may hold several files: each starts at a line `#@file <relative path>`.
+FILE_MARK = re.compile(r"^#@file[ \t]+(\S+)[ \t]*$", re.MULTILINE)
+
+
+class OverlayTemplateError(BuildFailed):
+    """An overlay template failed to compile or render; nothing was written."""
+
+
+def prefixlen(netmask: str) -> int:
+    """255.255.255.0 -> 24."""
+    return ipaddress.IPv4Network(f"0.0.0.0/{netmask}").prefixlen
+
+
+def _make_environment() -> Environment:
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True,
+                      trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["prefixlen"] = prefixlen
+    return env
+
+
+ENVIRONMENT = _make_environment()
+
+
+def compile_template(overlay: str, rel: str, path: Path, data: bytes):
+    """Compile once; a syntax error names the overlay, the file and the line."""
+    try:
+        code = ENVIRONMENT.compile(data.decode(), name=rel, filename=str(path))
+    except TemplateSyntaxError as exc:
+        raise OverlayTemplateError(
+            f"overlay {overlay}, file {rel}, line {exc.lineno}: {exc.message}") from None
+    except UnicodeDecodeError:
+        raise OverlayTemplateError(f"overlay {overlay}, file {rel}: not UTF-8 text") from None
+    return ENVIRONMENT.template_class.from_code(
+        ENVIRONMENT, code, ENVIRONMENT.make_globals(None), None)
+
+
+def render_template(template, context: dict, overlay: str, rel: str, node: str) -> str:
+    """Render; any failure (a missing variable, a failing filter) is one error line."""
+    try:
+        return template.render(context)
+    except Exception as exc:  # noqa: BLE001 - every template failure is reported the same way
+        error = exc
+    message = error.message if isinstance(error, TemplateError) and error.message else \
+        f"{type(error).__name__}: {error}"
+    line = _template_line(error, template.filename)
+    where = f", line {line}" if line else ""
+    raise OverlayTemplateError(f"overlay {overlay}, file {rel}{where}, node {node}: {message}")
+
+
+def _template_line(error: Exception, filename: str | None) -> int | None:
+    """The template line where `error` arose (Jinja rewrites tracebacks to template lines)."""
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__)
+             if f.filename == filename]
+    return lines[-1] if lines else None
+
+
+def split_files(target: str, text: str) -> list[tuple[str, str]]:
+    """(path, text) pairs: one for a plain template, several where `#@file` lines appear."""
+    marks = list(FILE_MARK.finditer(text))
+    if not marks:
+        return [(target, text)]
+    folder = target.rsplit("/", 1)[0] + "/" if "/" in target else ""
+    pieces = []
+    for mark, following in zip(marks, [*marks[1:], None]):
+        body = text[mark.end() + 1:following.start() if following else len(text)]
+        pieces.append((folder + mark.group(1).strip("/"), body))
+    return pieces
