@@ -1,0 +1,101 @@
+"""Start and stop the lab's long-running processes, always by PID, never by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from pvlab.errors import LabError
+
+
+def run(argv: list[str], netns: str | None = None, check: bool = True,
+        timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command to completion (inside `netns` if given); a failure raises LabError."""
+    argv = in_netns(argv, netns)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        raise LabError(f"{' '.join(argv)}: exit {proc.returncode}: {detail[0]}")
+    return proc
+
+
+def in_netns(argv: list[str], netns: str | None) -> list[str]:
+    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+
+def spawn(argv: list[str], log: Path, netns: str | None = None, env: dict | None = None,
+          cwd: Path | None = None) -> int:
+    """Start a daemon in its own session with output to `log`; returns its PID."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(in_netns(argv, netns), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=env, cwd=cwd)
+    return proc.pid
+
+
+def alive(pid: int | None, marker: str = "") -> bool:
+    """True if `pid` runs and its command line holds `marker` (guards against PID reuse)."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and marker in cmdline
+
+
+def stop(pid: int | None, marker: str = "", timeout: float = 10) -> None:
+    """SIGTERM the process (and its session), then SIGKILL if it outlives `timeout`."""
+    if not alive(pid, marker):
+        return
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not alive(pid, marker):
+            return
+        time.sleep(0.1)
+    _signal(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    _reap(pid)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll `predicate` until it returns a true value; LabError naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
