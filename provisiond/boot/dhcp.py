@@ -37,6 +37,7 @@ class DhcpServer(UdpServer):
         self.answers = Answers(config, table)
         self.phases = phases or PhaseRecorder(config)
         self.discovery = DiscoveryLog(config)
+        self.client_port, self.relay_port = CLIENT_PORT, SERVER_PORT
         self.leases: dict[str, tuple[str, float]] = {}
         self._dirty = False
         self._saved = 0.0
@@ -90,11 +91,11 @@ class DhcpServer(UdpServer):
 
     def _send(self, request: p.Request, reply: bytes) -> None:
         if request.giaddr != "0.0.0.0":
-            self.sock.sendto(reply, (request.giaddr, SERVER_PORT))
+            self.sock.sendto(reply, (request.giaddr, self.relay_port))
         elif request.ciaddr != "0.0.0.0":
-            self.sock.sendto(reply, (request.ciaddr, CLIENT_PORT))
+            self.sock.sendto(reply, (request.ciaddr, self.client_port))
         else:
-            self.sock.sendto(reply, ("255.255.255.255", CLIENT_PORT))
+            self.sock.sendto(reply, ("255.255.255.255", self.client_port))
 
     def tick(self) -> None:
         if self._dirty and time.monotonic() - self._saved > 5:

@@ -156,3 +156,51 @@ def test_sigterm_stops_everything(tmp_path):
     assert stop_serve(proc) == 0
     time.sleep(0.5)
     assert not session_alive(proc)
+
+
+def junk_packets(seed: int, count: int, valid: bytes):
+    """Random datagrams, half of them corrupted copies of a valid request."""
+    import random
+
+    rng = random.Random(seed)
+    for i in range(count):
+        if i % 2:
+            yield bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 300)))
+        else:
+            data = bytearray(valid)
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.getrandbits(8)
+            yield bytes(data[:rng.randint(1, len(data))])
+
+
+def test_random_junk_does_not_stop_dns_or_tftp(served, tmp_path):
+    _, ports, _, proc = served
+    from dnslib import DNSRecord
+
+    dns_valid = bytes(DNSRecord.question("n2.cluster", "A").pack())
+    tftp_valid = b"\0\1undionly.kpxe\0octet\0blksize\x001468\0tsize\x000\0"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for port, valid in ((ports["dns"], dns_valid), (ports["tftp"], tftp_valid)):
+            for packet in junk_packets(42, 2000, valid):
+                sock.sendto(packet, ("127.0.0.1", port))
+    assert proc.poll() is None
+    assert dig(ports["dns"], "n2.cluster") == [ip_of(2)]
+    test_curl_tftp_fetches_undionly_byte_identical(served, tmp_path)
+
+
+@pytest.mark.slow
+def test_fifty_concurrent_downloads_of_a_100mb_layer(served, tmp_path):
+    config, _, base, _ = served
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = os.urandom(1 << 20) * 100
+    digest = add_blob(config, data)[7:]
+    del data
+    command = f"curl -sS --max-time 240 {base}/blobs/sha256/{digest} | sha256sum"
+
+    def fetch(_):
+        return subprocess.run(command, shell=True, capture_output=True, timeout=300).stdout
+
+    with ThreadPoolExecutor(50) as pool:
+        sums = list(pool.map(fetch, range(50)))
+    assert [s.split()[0].decode() for s in sums] == [digest] * 50

@@ -1,0 +1,112 @@
+"""The DHCP server in-process on loopback: answers, NAKs, proxy mode, relays, junk."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from bootdata import add_nodes, ip_of, mac_of
+from provisiond.boot import dhcp_packet as p
+from provisiond.boot.dhcp import DhcpServer
+from provisiond.boot.table import build_table
+from provisiond.boot.udp import open_udp
+from provisiond.config import load_config
+
+
+@pytest.fixture
+def client_sock():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2)
+    yield sock
+    sock.close()
+
+
+def start(config, client_sock) -> DhcpServer:
+    server = DhcpServer(config, build_table(config), sock=open_udp("127.0.0.1", 0))
+    server.client_port = server.relay_port = client_sock.getsockname()[1]
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server(config, client_sock):
+    add_nodes(config, 3, gateway="10.99.0.1")
+    server = start(config, client_sock)
+    yield server
+    server.close()
+
+
+def exchange(server, client_sock, packet: bytes):
+    client_sock.sendto(packet, server.sock.getsockname())
+    return p.decode_reply(client_sock.recvfrom(2048)[0])
+
+
+def relayed(mac: str, msg: int, *options) -> bytes:
+    """A request as a relay sends it: giaddr 127.0.0.1, so the reply comes back here."""
+    data = bytearray(p.encode_request(mac, msg, xid=7, options=list(options)))
+    data[24:28] = socket.inet_aton("127.0.0.1")
+    return bytes(data)
+
+
+def test_offer_and_ack_through_a_relay(server, client_sock):
+    yiaddr, siaddr, bootfile, opts = exchange(server, client_sock, relayed(
+        mac_of(1), p.DISCOVER, (p.OPT_ARCH, b"\0\7")))
+    assert (yiaddr, siaddr, bootfile) == (ip_of(1), "127.0.0.1", b"snponly.efi")
+    assert opts[p.OPT_MSG_TYPE] == bytes((p.OFFER,)) and opts[p.OPT_HOSTNAME] == b"n1"
+    assert opts[p.OPT_ROUTER] == socket.inet_aton("10.99.0.1")
+    request = relayed(mac_of(1), p.REQUEST, (p.OPT_REQUESTED_IP, socket.inet_aton(ip_of(1))),
+                      (p.OPT_SERVER_ID, socket.inet_aton("127.0.0.1")))
+    _, _, _, opts = exchange(server, client_sock, request)
+    assert opts[p.OPT_MSG_TYPE] == bytes((p.ACK,))
+    assert server.leases[mac_of(1)][0] == ip_of(1)
+
+
+def test_wrong_address_gets_nak_and_other_server_is_ignored(server, client_sock):
+    wrong = relayed(mac_of(2), p.REQUEST, (p.OPT_REQUESTED_IP, socket.inet_aton("10.1.1.1")))
+    assert exchange(server, client_sock, wrong)[3][p.OPT_MSG_TYPE] == bytes((p.NAK,))
+    other = relayed(mac_of(2), p.REQUEST, (p.OPT_SERVER_ID, socket.inet_aton("10.9.9.9")))
+    client_sock.sendto(other, server.sock.getsockname())
+    with pytest.raises(TimeoutError):
+        client_sock.recvfrom(2048)
+
+
+def test_proxy_mode_gives_boot_information_only(state_dir, client_sock):
+    (state_dir / "provisiond.yaml").write_text("dhcp:\n  proxy: true\n")
+    config = load_config(state_dir)
+    add_nodes(config, 1)
+    server = start(config, client_sock)
+    try:
+        yiaddr, _, bootfile, opts = exchange(server, client_sock, relayed(
+            mac_of(1), p.DISCOVER, (p.OPT_VENDOR_CLASS, b"PXEClient:Arch:00000")))
+    finally:
+        server.close()
+    assert yiaddr == "0.0.0.0" and bootfile == b"undionly.kpxe"
+    assert opts[p.OPT_VENDOR_CLASS] == b"PXEClient" and p.OPT_SUBNET not in opts
+
+
+def test_random_junk_never_stops_the_server(server, client_sock):
+    rng = random.Random(1234)
+    target = server.sock.getsockname()
+    valid = relayed(mac_of(3), p.DISCOVER)
+    # Address fields (ciaddr..giaddr, bytes 12-27) stay intact: replies go only to loopback.
+    spots = [i for i in range(len(valid)) if not 12 <= i < 28]
+    for i in range(2000):
+        if i % 2:
+            junk = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 600)))
+        else:  # a valid header with corrupted bytes: reaches the option walk
+            junk = bytearray(valid)
+            for _ in range(rng.randint(1, 8)):
+                junk[rng.choice(spots)] = rng.getrandbits(8)
+            junk = bytes(junk[:rng.randint(200, len(junk))])
+        client_sock.sendto(junk, target)
+    client_sock.settimeout(0.2)
+    try:
+        while True:
+            client_sock.recvfrom(2048)  # drain answers some corrupted copies may get
+    except TimeoutError:
+        pass
+    client_sock.settimeout(2)
+    assert exchange(server, client_sock, relayed(mac_of(3), p.DISCOVER))[0] == ip_of(3)
