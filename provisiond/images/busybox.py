@@ -3,10 +3,12 @@ kernel with just the modules the recipe names, all from cached .debs."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
+from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images import kernel
@@ -65,24 +67,55 @@ def _link_applets(root: Path) -> None:
 
 
 def add_kernel(config: Config, layer: BusyboxLayer, root: Path) -> None:
-    """Unpack vmlinuz and the chosen modules (with their dependencies) into root."""
+    """Unpack vmlinuz and the chosen modules (with their dependencies) into root.
+
+    The first use of a kernel .deb unpacks all modules and remembers their dependencies
+    beside the .deb; later builds unpack only the modules they need.
+    """
     deb = fetch_deb(config, layer.kernel)
-    extract_deb(deb, root, keep=lambda n: n.startswith(("boot/vmlinuz-", "lib/modules/"))
-                or n in ("boot", "lib"))
-    for moddir in sorted((root / "lib/modules").iterdir()):
-        _trim_modules(moddir, layer.modules)
-
-
-def _trim_modules(moddir: Path, wanted: list[str] | str) -> None:
-    if wanted == "all":
-        wanted = sorted(kernel.module_index(moddir))
-    try:
-        chosen = kernel.select_modules(moddir, wanted)
-    except KeyError as exc:
-        raise BuildFailed(f"kernel {moddir.name} has no module {exc.args[0]!r}") from None
+    sidecar = deb.parent / (deb.name + ".modules.json")
+    index = json.loads(sidecar.read_text()) if sidecar.is_file() else None
+    dirs = ("boot", "lib")
+    if index is None or layer.modules == "all":
+        extract_deb(deb, root, lambda n: n.startswith(("boot/vmlinuz-", "lib/modules/")), dirs)
+        index = kernel.scan_modules(_only_moddir(root))
+        if deb.parent.name == "debs":
+            write_atomic(sidecar, json.dumps(index))
+        chosen = _choose(index, _wanted(index, layer))
+    else:
+        chosen = _choose(index, _wanted(index, layer))
+        prefix = f"lib/modules/{index['version']}/"
+        keep = {prefix + index["modules"][n]["path"] for n in chosen}
+        keep.update(prefix + f for f in kernel.MODULE_FILES)
+        extract_deb(deb, root, lambda n: n.startswith("boot/vmlinuz-") or n in keep, dirs)
+    moddir = _only_moddir(root)
     kernel.prune_modules(moddir, set(chosen))
-    kernel.write_modules_dep(moddir, chosen)
-    for extra in moddir.glob("modules.*"):
-        if extra.name not in (*kernel.MODULE_FILES, "modules.dep"):
-            extra.unlink()
-    shutil.rmtree(moddir / "build", ignore_errors=True)
+    kernel.write_modules_dep(moddir, index, chosen)
+    for extra in moddir.iterdir():
+        if extra.name not in (*kernel.MODULE_FILES, "modules.dep", "kernel"):
+            _remove(extra)
+
+
+def _wanted(index: dict, layer: BusyboxLayer) -> list[str]:
+    return sorted(index["modules"]) if layer.modules == "all" else layer.modules
+
+
+def _choose(index: dict, wanted: list[str]) -> dict[str, list[str]]:
+    try:
+        return kernel.select_modules(index, wanted)
+    except KeyError as exc:
+        raise BuildFailed(f"kernel {index['version']} has no module {exc.args[0]!r}") from None
+
+
+def _only_moddir(root: Path) -> Path:
+    found = sorted((root / "lib/modules").iterdir())
+    if len(found) != 1:
+        raise BuildFailed(f"the kernel package holds {len(found)} module trees, expected one")
+    return found[0]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

@@ -103,15 +103,17 @@ def deb_sha256(path: Path) -> str:
     return digest
 
 
-def extract_deb(deb: Path, dest: Path, keep: Callable[[str], bool] = lambda n: True) -> None:
-    """Unpack the data of a .deb into dest, only the members `keep` accepts."""
+def extract_deb(deb: Path, dest: Path, keep: Callable[[str], bool] = lambda n: True,
+                dirs_under: tuple[str, ...] = ()) -> None:
+    """Unpack the data of a .deb into dest: the members `keep` accepts, and every directory
+    under `dirs_under` (so directory modes come from the package, not the umask)."""
     proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
             for member in archive:
                 name = member.name.lstrip("./")
-                if name and keep(name):
+                if name and (keep(name) or (member.isdir() and name.startswith(dirs_under))):
                     archive.extract(member, dest, filter="fully_trusted")
     finally:
         proc.stdout.close()

@@ -34,25 +34,31 @@ def module_index(moddir: Path) -> dict[str, Path]:
     return {p.name.split(".ko")[0].replace("-", "_"): p for p in moddir.rglob("*.ko*")}
 
 
-def select_modules(moddir: Path, wanted: list[str]) -> dict[str, list[str]]:
+def scan_modules(moddir: Path) -> dict:
+    """What modprobe needs to know of a kernel's modules: paths, dependencies, built-ins."""
+    modules = {name: {"path": str(path.relative_to(moddir)),
+                      "depends": [d.replace("-", "_") for d in
+                                  modinfo(path).get("depends", "").split(",") if d]}
+               for name, path in sorted(module_index(moddir).items())}
+    return {"version": moddir.name, "modules": modules, "builtin": sorted(_builtin_names(moddir))}
+
+
+def select_modules(index: dict, wanted: list[str]) -> dict[str, list[str]]:
     """The wanted modules plus everything they depend on: name -> its dependencies.
 
-    Names that are built into the kernel (modules.builtin) are accepted and skipped.
+    Names built into the kernel are accepted and skipped; an unknown name is a KeyError.
     """
-    index = module_index(moddir)
-    builtin = _builtin_names(moddir)
+    modules, builtin = index["modules"], set(index["builtin"])
     chosen: dict[str, list[str]] = {}
     todo = [w.replace("-", "_") for w in wanted]
     while todo:
         name = todo.pop()
         if name in chosen or name in builtin:
             continue
-        if name not in index:
+        if name not in modules:
             raise KeyError(name)
-        deps = [d.replace("-", "_") for d in modinfo(index[name]).get("depends", "").split(",")
-                if d]
-        chosen[name] = deps
-        todo.extend(deps)
+        chosen[name] = modules[name]["depends"]
+        todo.extend(chosen[name])
     return chosen
 
 
@@ -64,14 +70,13 @@ def _builtin_names(moddir: Path) -> set[str]:
             for line in path.read_text().split()}
 
 
-def write_modules_dep(moddir: Path, chosen: dict[str, list[str]]) -> None:
-    """Write modules.dep (paths relative to moddir), deepest dependencies last."""
-    index = module_index(moddir)
+def write_modules_dep(moddir: Path, index: dict, chosen: dict[str, list[str]]) -> None:
+    """Write modules.dep (paths relative to moddir) in the order modprobe expects."""
+    paths = {name: index["modules"][name]["path"] for name in chosen}
     lines = []
     for name in sorted(chosen):
-        deps = _dep_closure(name, chosen)
-        rel = [str(index[d].relative_to(moddir)) for d in deps]
-        lines.append(f"{index[name].relative_to(moddir)}: {' '.join(rel)}".rstrip())
+        deps = " ".join(paths[d] for d in _dep_closure(name, chosen))
+        lines.append(f"{paths[name]}: {deps}".rstrip())
     (moddir / "modules.dep").write_text("\n".join(lines) + "\n")
 
 

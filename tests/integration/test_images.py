@@ -1,0 +1,234 @@
+"""Image builds end to end: the shipped tiny recipe from real Debian packages, unpacked with
+the real cpio tool; layer reuse, reproducibility, whiteouts, failures, locking, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisiond.cli import main
+from provisiond.config import load_config, write_default_config
+from provisiond.images import blob_path, build_image, load_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_CACHE = "/var/tmp/provisiond-test-cache"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deb_cache():
+    """Downloaded .debs are shared by every test run on this machine (not layer trees)."""
+    old = os.environ.get("PROVISIOND_CACHE_DIR")
+    os.environ["PROVISIOND_CACHE_DIR"] = old or SHARED_CACHE
+    yield
+    if old is None:
+        del os.environ["PROVISIOND_CACHE_DIR"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, deb_cache):
+    """A state dir with tiny built once, and a recipe dir tests add their recipes to."""
+    root = tmp_path_factory.mktemp("images")
+    state, recipes = root / "state", root / "recipes"
+    recipes.mkdir()
+    write_default_config(state)
+    (state / "provisiond.yaml").write_text(yaml.safe_dump({"image_dirs": [str(recipes)]}))
+    config = load_config(state)
+    events: list[dict] = []
+    started = time.monotonic()
+    manifest = build_image(config, "tiny", progress=events.append)
+    return {"config": config, "recipes": recipes, "manifest": manifest, "events": events,
+            "seconds": time.monotonic() - started}
+
+
+def add_recipe(lab, name: str, recipe: dict, files: dict[str, str] | None = None) -> Path:
+    folder = lab["recipes"] / name
+    folder.mkdir(exist_ok=True)
+    (folder / "image.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    for rel, text in (files or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    return folder
+
+
+def unpack(config, manifest: dict, dest: Path) -> Path:
+    """Unpack every layer in order with the real cpio tool, as the kernel would."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for layer in manifest["layers"]:
+        blob = blob_path(config, layer["digest"])
+        tool = ["zstd", "-dc"] if layer["compression"] == "zstd" else ["gzip", "-dc"]
+        data = subprocess.run([*tool, str(blob)], capture_output=True, check=True).stdout
+        subprocess.run(["cpio", "-idmu", "--quiet"], input=data, cwd=dest, check=True)
+    return dest
+
+
+def apply_whiteouts(root: Path) -> list[str]:
+    listed = (root / ".provisiond/whiteouts").read_text().split()
+    for path in listed:
+        target = root / path.lstrip("/")
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+    return listed
+
+
+def run_cli(config, *args: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "provisiond", "--state-dir",
+                           str(config.state_dir), *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_tiny_layers_unpack_into_a_bootable_tree(lab, tmp_path):
+    config, manifest = lab["config"], lab["manifest"]
+    root = unpack(config, manifest, tmp_path / "root")
+    assert [layer["kind"] for layer in manifest["layers"]] == ["busybox", "copy"]
+    assert os.access(root / "bin/busybox", os.X_OK)
+    assert os.readlink(root / "bin/sh") == "busybox"
+    assert os.path.realpath(root / "sbin/init") == str(root / "bin/busybox")
+    assert (root / "etc/passwd").read_text().startswith("root:x:0:0:")
+    assert "::sysinit:/etc/init.d/rcS" in (root / "etc/inittab").read_text()
+    assert (root / "etc/init.d/rcS").stat().st_mode & 0o777 == 0o755
+    moddir = root / "lib/modules" / manifest["kernel"]["version"]
+    dep = (moddir / "modules.dep").read_text()
+    assert "virtio_net.ko: " in dep and "e1000.ko" in dep
+    assert len(list(moddir.rglob("*.ko"))) < 20
+    assert not list((root / "boot").glob("vmlinuz-*")), "the kernel is its own blob"
+    assert (root / ".provisiond/whiteouts").read_text() == ""
+    out = subprocess.run([str(root / "bin/busybox"), "echo", "hi"], capture_output=True)
+    assert out.stdout == b"hi\n"
+
+
+def test_tiny_kernel_blob_and_manifest(lab):
+    config, manifest = lab["config"], lab["manifest"]
+    kernel = blob_path(config, manifest["kernel"]["digest"]).read_bytes()
+    assert kernel[0x202:0x206] == b"HdrS"  # a bzImage
+    assert manifest["init"] == "/sbin/init" and "console=ttyS0" in manifest["kernel_args"]
+    assert load_manifest(config, "tiny") == manifest
+    assert manifest["total_size"] < 12 * 2**20
+    assert manifest["layers"][0]["size"] < 3 * 2**20
+
+
+def test_rebuild_reuses_every_layer_quickly(lab):
+    events: list[dict] = []
+    started = time.monotonic()
+    again = build_image(lab["config"], "tiny", progress=events.append)
+    took = time.monotonic() - started
+    assert [e["status"] for e in events] == ["cached", "cached"]
+    assert [l["digest"] for l in again["layers"]] == [
+        l["digest"] for l in lab["manifest"]["layers"]]
+    assert took < 0.25 * lab["seconds"], (took, lab["seconds"])
+
+
+def test_top_layer_change_rebuilds_only_that_layer(lab):
+    folder = lab["recipes"] / "tiny-changed"
+    shutil.copytree(REPO / "images/tiny", folder)
+    with open(folder / "files/rcS", "a") as handle:
+        handle.write("echo changed\n")
+    events: list[dict] = []
+    changed = build_image(lab["config"], "tiny-changed", progress=events.append)
+    assert [e["status"] for e in events] == ["cached", "building", "built"]
+    old, new = lab["manifest"]["layers"], changed["layers"]
+    assert new[0]["digest"] == old[0]["digest"]
+    assert new[1]["digest"] != old[1]["digest"]
+    assert changed["kernel"] == lab["manifest"]["kernel"]
+
+
+def test_two_builds_give_identical_digests(lab, tmp_path):
+    write_default_config(tmp_path / "fresh")
+    fresh = build_image(load_config(tmp_path / "fresh"), "tiny")
+    assert [l["digest"] for l in fresh["layers"]] == [
+        l["digest"] for l in lab["manifest"]["layers"]]
+    assert fresh["kernel"]["digest"] == lab["manifest"]["kernel"]["digest"]
+
+
+def test_deletions_become_the_final_images_whiteouts(lab, tmp_path):
+    add_recipe(lab, "whiteouts", {"init": "/sbin/init", "layers": [
+        {"kind": "image", "name": "tiny"},
+        {"kind": "run", "commands": ["rm /etc/hostname /etc/hosts",
+                                     "rm -r /usr/share/udhcpc"]},
+        {"kind": "run", "commands": ["echo again > /etc/hosts",
+                                     "mkdir /usr/share/udhcpc && echo new > /usr/share/udhcpc/new"]},
+    ]})
+    manifest = build_image(lab["config"], "whiteouts")
+    assert len(manifest["layers"]) == 4
+    root = unpack(lab["config"], manifest, tmp_path / "root")
+    listed = apply_whiteouts(root)
+    assert listed == ["/etc/hostname", "/usr/share/udhcpc/default.script"]
+    assert (root / "etc/hosts").read_text() == "again\n"
+    assert (root / "usr/share/udhcpc/new").read_text() == "new\n"
+    assert not (root / "etc/hostname").exists()
+    middle = unpack(lab["config"], {"layers": manifest["layers"][:3]}, tmp_path / "middle")
+    assert (middle / ".provisiond/whiteouts").read_text().split() == [
+        "/etc/hostname", "/etc/hosts", "/usr/share/udhcpc"]
+
+
+BAD_RECIPES = {
+    "unknown kind": ({"kind": "frobnicate"}, "layer 2: unknown kind 'frobnicate'"),
+    "missing file": ({"kind": "copy", "files": [{"src": "files/nope", "dest": "/x"}]},
+                     "layer 2 (copy): missing file files/nope"),
+    "failing command": ({"kind": "run", "commands": ["echo boom >&2; exit 3"]},
+                        "layer 2 (run): command 'echo boom >&2; exit 3' exited 3: boom"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECIPES))
+def test_bad_recipe_fails_in_one_line_and_keeps_the_previous_image(lab, case):
+    good = {"layers": [{"kind": "image", "name": "tiny"},
+                       {"kind": "run", "commands": ["echo ok > /ok"]}]}
+    name = "bad-" + case.replace(" ", "-")
+    add_recipe(lab, name, good)
+    before = build_image(lab["config"], name)
+    entry, message = BAD_RECIPES[case]
+    add_recipe(lab, name, {"layers": [good["layers"][0], entry]})
+    code, output = run_cli(lab["config"], "image", "build", name)
+    lines = [l for l in output.splitlines() if l.startswith("provisiond: error")]
+    assert code != 0 and len(lines) == 1, output
+    assert f"recipe {name}" in lines[0] and message in lines[0], lines[0]
+    assert "Traceback" not in output
+    assert load_manifest(lab["config"], name) == before
+
+
+def test_concurrent_builds_of_one_image_are_serialized(lab):
+    add_recipe(lab, "slow", {"layers": [
+        {"kind": "image", "name": "tiny"},
+        {"kind": "run", "commands": ["sleep 1; date > /built-at"]}]})
+    argv = [sys.executable, "-m", "provisiond", "--state-dir", str(lab["config"].state_dir),
+            "image", "build", "slow"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=REPO) for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    tops = sorted(next(l for l in o.splitlines() if l.startswith("[3/3]") and "..." in l
+                       and "building" not in l) for o in outputs)
+    assert "built" in tops[0] and "cached" in tops[1], tops
+
+
+def test_cli_list_show_delete_and_gc(lab, tmp_path):
+    config = lab["config"]
+    add_recipe(lab, "doomed", {"layers": [{"kind": "image", "name": "tiny"},
+                                          {"kind": "run", "commands": ["echo x > /doomed"]}]})
+    manifest = build_image(config, "doomed")
+    code, out = run_cli(config, "image", "list")
+    assert code == 0 and "doomed" in out and "tiny" in out
+    code, out = run_cli(config, "image", "show", "doomed", "--json")
+    assert code == 0 and json.loads(out)["layers"] == manifest["layers"]
+    assert run_cli(config, "node", "add", "n001", "--image", "doomed")[0] == 0
+    code, out = run_cli(config, "image", "delete", "doomed")
+    assert code != 0 and "used by 1 node(s): n001" in out
+    code, out = run_cli(config, "image", "delete", "doomed", "--force")
+    assert code == 0
+    top = blob_path(config, manifest["layers"][-1]["digest"])
+    code, out = run_cli(config, "image", "gc")
+    assert code == 0 and not top.exists()
+    assert blob_path(config, lab["manifest"]["layers"][0]["digest"]).exists()
+    code, out = run_cli(config, "image", "show", "doomed")
+    assert code == 3 and "no image named 'doomed'" in out
