@@ -1,0 +1,70 @@
+"""fan_out: concurrency limit, hard deadline per call, abandoned calls keep no slot."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from provisiond.errors import BmcError
+from provisiond.power.fanout import fan_out
+
+
+def test_results_keep_the_order_of_names_and_carry_values():
+    results = fan_out(["b", "a", "c"], lambda n: n.upper(), lambda n: 5, 2)
+    assert [(r.node, r.ok, r.detail) for r in results] == [
+        ("b", True, "B"), ("a", True, "A"), ("c", True, "C")]
+
+
+def test_errors_are_per_node_and_a_driver_bug_is_contained():
+    def call(name):
+        if name == "bad":
+            raise BmcError("refused")
+        if name == "bug":
+            raise KeyError("x")
+        return {"v": 1}
+
+    results = {r.node: r for r in fan_out(["ok", "bad", "bug"], call, lambda n: 5, 4)}
+    assert results["ok"].ok and results["ok"].value == {"v": 1}
+    assert not results["bad"].ok and results["bad"].detail == "refused"
+    assert "internal error: KeyError" in results["bug"].detail
+
+
+def test_concurrency_limit_is_respected():
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def call(name):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    fan_out([f"n{i}" for i in range(20)], call, lambda n: 5, 3)
+    assert peak[0] == 3
+
+
+def test_hung_calls_are_abandoned_at_their_deadline_and_free_their_slot():
+    release = threading.Event()
+
+    def call(name):
+        if name.startswith("dead"):
+            release.wait(30)
+        return "ok"
+
+    names = ["dead1", "dead2"] + [f"n{i}" for i in range(10)]
+    started = time.monotonic()
+    results = fan_out(names, call, lambda n: 0.5, 2)
+    elapsed = time.monotonic() - started
+    release.set()
+    assert elapsed < 0.5 + 0.5 + 1.0  # one deadline (+ grace), not one per dead BMC
+    dead = [r for r in results if not r.ok]
+    assert [r.node for r in dead] == ["dead1", "dead2"]
+    assert all("no answer within 0.5 s" in r.detail for r in dead)
+    assert sum(r.ok for r in results) == 10
+
+
+def test_progress_sees_every_node_once():
+    seen = []
+    fan_out(["a", "b", "c"], lambda n: "ok", lambda n: 5, 2, progress=seen.append)
+    assert sorted(r.node for r in seen) == ["a", "b", "c"]

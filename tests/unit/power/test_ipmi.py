@@ -1,0 +1,142 @@
+"""The ipmi driver's own logic with a pyghmi Command fake: state maps, errors, quirks."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from pyghmi import exceptions as pyghmi_exc
+
+from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
+from provisiond.power import ipmi
+from provisiond.power.base import BmcSettings
+from provisiond.states import BmcDriver, BootDevice, PowerAction, PowerState
+
+
+class FakeCommand:
+    """Records calls like pyghmi's Command would receive them; fails on request."""
+
+    def __init__(self, power="on"):
+        self.power = power
+        self.calls: list[tuple] = []
+        self.failures: list[Exception] = []
+
+    def _maybe_fail(self):
+        if self.failures:
+            raise self.failures.pop(0)
+
+    def get_power(self):
+        self._maybe_fail()
+        return {"powerstate": self.power}
+
+    def set_power(self, state, wait=False):
+        self._maybe_fail()
+        self.calls.append(("set_power", state, wait))
+        self.power = {"shutdown": "off", "reset": self.power}.get(state, state)
+
+    def get_bootdev(self):
+        return {"bootdev": "default", "persistent": True, "uefimode": True}
+
+    def set_bootdev(self, bootdev, persist=False, uefiboot=False):
+        self._maybe_fail()
+        self.calls.append(("set_bootdev", bootdev, persist, uefiboot))
+        return {"bootdev": bootdev}
+
+    def get_firmware(self):
+        yield "BMC Version", {"version": "1.0"}
+
+
+def driver(command: FakeCommand | None = None, **changes) -> ipmi.IpmiDriver:
+    values = dict(node="n001", driver=BmcDriver.IPMI, address="127.0.0.1", port=6230,
+                  username="admin", password="password", timeout=5.0)
+    values.update(changes)
+    result = ipmi.IpmiDriver(BmcSettings(**values))
+    if command is not None:
+        result.__dict__["_command"] = command
+    return result
+
+
+def test_power_state_table():
+    assert driver(FakeCommand("on")).get_power_state() is PowerState.ON
+    assert driver(FakeCommand("off")).get_power_state() is PowerState.OFF
+    assert driver(FakeCommand("standby")).get_power_state() is PowerState.UNKNOWN
+
+
+@pytest.mark.parametrize("action, requests", [
+    (PowerAction.ON, ["on"]), (PowerAction.OFF, ["off"]), (PowerAction.SOFT_OFF, ["shutdown"]),
+    (PowerAction.RESET, ["reset"]), (PowerAction.CYCLE, ["off", "on"]),
+])
+def test_power_actions_map_to_pyghmi_states(action, requests):
+    command = FakeCommand("on")
+    driver(command).set_power(action)
+    assert [call[1] for call in command.calls] == requests
+
+
+def test_cycle_waits_for_off_and_powers_on_an_off_node_directly():
+    command = FakeCommand("on")
+    driver(command).set_power(PowerAction.CYCLE)
+    assert command.calls[0][2] >= 1  # the off is waited for
+    command = FakeCommand("off")
+    driver(command).set_power(PowerAction.CYCLE)
+    assert command.calls == [("set_power", "on", False)]
+
+
+def test_boot_device_keeps_the_bmc_mode_unless_told():
+    command = FakeCommand()
+    driver(command).set_boot_device(BootDevice.PXE, False, None)
+    driver(command).set_boot_device(BootDevice.DISK, True, False)
+    assert command.calls == [("set_bootdev", "network", False, True),
+                             ("set_bootdev", "hd", True, False)]
+
+
+def test_busy_completion_code_is_retried(monkeypatch):
+    command = FakeCommand("off")
+    command.failures = [pyghmi_exc.IpmiException("Node busy", code=0xC0)] * 2
+    driver(command).set_power(PowerAction.ON)
+    assert command.power == "on"
+
+
+def test_busy_until_the_deadline_is_unreachable():
+    command = FakeCommand()
+    command.failures = [pyghmi_exc.IpmiException("Node busy", code=0xC0)] * 1000
+    with pytest.raises(BmcUnreachable, match="stayed busy"):
+        driver(command, timeout=0.5).get_power_state()
+
+
+@pytest.mark.parametrize("error, expected, text", [
+    (pyghmi_exc.IpmiException("timeout"), BmcUnreachable, "timeout"),
+    (pyghmi_exc.IpmiException("Incorrect password provided"), BmcError, "Incorrect password"),
+    (pyghmi_exc.UnsupportedFunctionality("no"), UnsupportedOperation, "no"),
+    (struct.error("unpack requires a buffer of 16 bytes"), BmcError, "set bmc.cipher_suite: 3"),
+    (OSError(101, "Network is unreachable"), BmcUnreachable, "unreachable"),
+])
+def test_library_errors_become_provisiond_errors(error, expected, text):
+    command = FakeCommand()
+    command.failures = [error]
+    with pytest.raises(expected, match=text) as caught:
+        driver(command).get_power_state()
+    assert "password'" not in str(caught.value)
+
+
+def test_firmware_update_is_unsupported_and_list_reports_the_bmc_version():
+    assert [c.to_data() for c in driver(FakeCommand()).list_firmware()] == [
+        {"name": "BMC Version", "version": "1.0", "updateable": None}]
+    with pytest.raises(UnsupportedOperation, match="needs Redfish"):
+        driver(FakeCommand()).update_firmware("http://127.0.0.1/x")
+
+
+def test_validate_checks_cipher_suite_and_credentials():
+    with pytest.raises(InvalidInput, match="cipher_suite 2 is not supported"):
+        driver(cipher_suite=2).validate()
+    with pytest.raises(InvalidInput, match="bmc.username"):
+        driver(username=None).validate()
+    driver(cipher_suite=3).validate()
+
+
+def test_sha1_session_proposes_cipher_suite_3_first():
+    plain = object.__new__(ipmi.ipmi_session.Session)
+    sha1 = object.__new__(ipmi.Sha1Session)
+    for session in (plain, sha1):
+        session.maxtimeout, session.logontries = 2, 1
+        session._initsession()
+    assert plain.attemptedhash == 256 and sha1.attemptedhash == 1
