@@ -22,3 +22,11 @@ def fast_polls(monkeypatch):
 
     monkeypatch.setattr(base, "BUSY_RETRY_DELAY", 0.05)
     monkeypatch.setattr(redfish, "POLL_SECONDS", 0.05)
+
+
+@pytest.fixture
+def ctx_for():
+    """A CLI Context for a state dir (for handlers the lead's nouns call)."""
+    from provisiond.cli.context import Context
+
+    return lambda config: Context(str(config.state_dir))

@@ -1,0 +1,80 @@
+"""reprovision: PXE once + cycle, then wait for `ready` from a boot newer than the start."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import pytest
+
+from provisiond.power import add_reprovision_parser, reprovision
+from provisiond.power.fake import read_fake_bmcs
+from provisiond.states import NodePhase
+from provisiond.status import record_phase
+
+
+@pytest.fixture
+def nodes(cli):
+    cli("node", "add", "n[1-3]", "--bmc-driver", "fake", "--bmc-address", "bmc")
+    return cli
+
+
+def boot_when_cycled(config, phases: dict[str, list[NodePhase]]):
+    """Play each node's phases once its fake BMC shows a PXE boot (a node's agent)."""
+    path = config.state_dir / "power" / "fake-bmcs.json"
+
+    def agent():
+        deadline = time.monotonic() + 10
+        todo = dict(phases)
+        while todo and time.monotonic() < deadline:
+            state = read_fake_bmcs(path)
+            for node in [n for n in todo if "pxe" in state.get(n, {}).get("boots", [])]:
+                for phase in todo.pop(node):
+                    record_phase(config, node, phase)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=agent, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ready_failed_and_timeout_per_node(nodes, config):
+    record_phase(config, "n3", NodePhase.DHCP)
+    record_phase(config, "n3", NodePhase.READY)  # an old boot: must not count
+    boot_when_cycled(config, {
+        "n1": [NodePhase.DHCP, NodePhase.KERNEL, NodePhase.READY],
+        "n2": [NodePhase.DHCP, NodePhase.FAILED],
+    })
+    results = {r.node: r for r in reprovision(config, "n[1-3]", timeout=1.5)}
+    assert results["n1"].ok and results["n1"].detail.startswith("ready after")
+    assert not results["n2"].ok and results["n2"].detail.startswith("boot failed")
+    assert not results["n3"].ok and "no boot seen" in results["n3"].detail
+    boots = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert all(boots[n]["boots"] == ["pxe"] for n in ("n1", "n2", "n3"))
+
+
+def test_bmc_failure_is_reported_without_waiting(nodes, config):
+    nodes("node", "add", "n9", "--bmc-driver", "fake", "--bmc-address", "unreachable")
+    started = time.monotonic()
+    results = reprovision(config, ["n9"], timeout=30)
+    assert time.monotonic() - started < 5
+    assert not results[0].ok and "unreachable" in results[0].detail
+
+
+def test_boot_once_false_is_reset_to_disk_after_ready(nodes, config):
+    nodes("node", "set", "n1", "--no-bmc-boot-once")
+    boot_when_cycled(config, {"n1": [NodePhase.DHCP, NodePhase.READY]})
+    results = reprovision(config, "n1", timeout=5)
+    assert results[0].ok, results[0].detail
+    assert "pending reset done" in results[0].detail
+    boot = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")["n1"]["boot"]
+    assert boot == {"device": "disk", "persistent": True, "uefi": None}
+
+
+def test_parser_and_handler_for_the_node_noun(nodes, config, ctx_for, capsys):
+    parser = argparse.ArgumentParser()
+    add_reprovision_parser(parser.add_subparsers())
+    args = parser.parse_args(["reprovision", "n1", "--timeout", "0.2", "--json"])
+    assert args.func(args, ctx_for(config)) == 7
+    assert '"result": "error"' in capsys.readouterr().out
