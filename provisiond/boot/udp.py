@@ -15,11 +15,14 @@ SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 
 def open_udp(bind: str, port: int, interface: str | None = None,
              broadcast: bool = False) -> socket.socket:
-    """A bound UDP socket; SO_BINDTODEVICE pins it to `interface` when one is given."""
+    """A bound UDP socket; SO_BINDTODEVICE pins it to `interface` when one is given.
+
+    Broadcast (DHCP) sockets set SO_REUSEADDR; others do not, so a port in use is an error.
+    """
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if broadcast:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
     if interface:
         sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, interface.encode())

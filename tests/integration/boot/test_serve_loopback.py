@@ -7,13 +7,14 @@ import hashlib
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
 from bootdata import add_blob, add_image, add_nodes, ip_of, mac_of
 from provisiond.config import load_config, write_default_config
-from servers import free_port, session_alive, start_serve, stop_serve, wait_http, write_config
+from servers import REPO, free_port, session_alive, start_serve, stop_serve, wait_http, write_config
 
 IPXE_ROOT = "/usr/lib/ipxe"
 
@@ -204,3 +205,17 @@ def test_fifty_concurrent_downloads_of_a_100mb_layer(served, tmp_path):
     with ThreadPoolExecutor(50) as pool:
         sums = list(pool.map(fetch, range(50)))
     assert [s.split()[0].decode() for s in sums] == [digest] * 50
+
+
+def test_port_in_use_is_one_line_error(tmp_path):
+    state = tmp_path / "state"
+    write_default_config(state)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        write_config(state, dns={"enabled": True, "bind": "127.0.0.1",
+                                 "port": busy.getsockname()[1]})
+        result = subprocess.run([sys.executable, "-m", "provisiond", "--state-dir", str(state),
+                                 "serve", "--no-http"], capture_output=True, text=True,
+                                timeout=60, cwd=REPO)
+    assert result.returncode == 8
+    assert result.stderr.strip().count("\n") == 0 and "Address already in use" in result.stderr

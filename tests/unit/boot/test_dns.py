@@ -1,0 +1,70 @@
+"""The DNS server in-process on loopback: precomputed answers, misses, forwarding."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from dnslib import DNSRecord, QTYPE, RCODE
+
+from bootdata import add_nodes, ip_of
+from provisiond.boot.dns import DnsServer
+from provisiond.boot.table import build_table
+from provisiond.boot.udp import open_udp
+from provisiond.config import load_config
+
+
+def start(config) -> DnsServer:
+    server = DnsServer(config, build_table(config), sock=open_udp("127.0.0.1", 0))
+    server.start()
+    return server
+
+
+@pytest.fixture
+def dns(config):
+    add_nodes(config, 4)
+    server = start(config)
+    yield server
+    server.close()
+
+
+def ask(server, name: str, qtype: str = "A") -> DNSRecord:
+    query = DNSRecord.question(name, qtype)
+    host, port = server.sock.getsockname()
+    return DNSRecord.parse(query.send(host, port, timeout=2))
+
+
+def test_answers_match_the_query_and_keep_its_case(dns):
+    reply = ask(dns, "N2.CLUSTER")
+    assert reply.header.aa and reply.header.rcode == RCODE.NOERROR
+    assert str(reply.q.qname) == "N2.CLUSTER." and str(reply.rr[0].rdata) == ip_of(2)
+    assert str(ask(dns, "n2", "AAAA").rr[0].rdata) == "fd00::2"
+    assert str(ask(dns, "3.0.99.10.in-addr.arpa", "PTR").rr[0].rdata) == "n1.cluster."
+
+
+def test_misses_in_the_zone(dns):
+    assert ask(dns, "zz.cluster").header.rcode == RCODE.NXDOMAIN
+    nodata = ask(dns, "n1.cluster", "MX")
+    assert nodata.header.rcode == RCODE.NOERROR and not nodata.rr
+    assert nodata.auth[0].rtype == QTYPE.SOA
+    assert ask(dns, "example.org").header.rcode == RCODE.NXDOMAIN
+
+
+def test_other_names_are_forwarded_upstream(state_dir, tmp_path, dns):
+    upstream_state = tmp_path / "up"
+    upstream_state.mkdir()
+    (upstream_state / "provisiond.yaml").write_text("server:\n  domain: other\n")
+    upstream_config = load_config(upstream_state)
+    add_nodes(upstream_config, 2, net="10.77")
+    upstream = start(upstream_config)
+    host, port = upstream.sock.getsockname()
+    (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '{host}:{port}'\n")
+    config = load_config(state_dir)
+    server = start(config)
+    try:
+        reply = ask(server, "n2.other")
+        assert str(reply.rr[0].rdata) == ip_of(2, "10.77")
+        assert str(ask(server, "n2.cluster").rr[0].rdata) == ip_of(2)
+    finally:
+        server.close()
+        upstream.close()
