@@ -56,7 +56,9 @@ def _translated(driver: "IpmiDriver", method, args, kwargs):
 
 def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> BmcError:
     """The provisiond error for a pyghmi exception (one line, no credentials)."""
-    message = " ".join(str(exc).split())[:300] or type(exc).__name__
+    message = " ".join(str(exc).split())[:300]
+    if message in ("", "None"):  # pyghmi's login gave up without a word: no answer
+        return BmcUnreachable(f"{where}: no answer to the IPMI session login")
     if isinstance(exc, struct.error) and cipher_suite != 3:
         return BmcError(f"{where}: the BMC answered the session handshake in another cipher "
                         "suite: set bmc.cipher_suite: 3")
@@ -130,15 +132,19 @@ class IpmiDriver(Driver):
 
     @cached_property
     def _command(self) -> ipmi_command.Command:
+        # Credentials go in as bytes: pyghmi keys its session cache by the values given but
+        # deletes the entry by their encoded form, so str credentials leave a stale entry
+        # that hands a logged-out session to the next driver for the same BMC.
         s = self.settings
+        user, password = s.username.encode(), s.password.encode()
         if s.cipher_suite == 3:
-            return open_command(Sha1Session, s.address, s.username, s.password,
+            return open_command(Sha1Session, s.address, user, password,
                                 s.port or DEFAULT_PORT)
-        return ipmi_command.Command(bmc=s.address, userid=s.username, password=s.password,
+        return ipmi_command.Command(bmc=s.address, userid=user, password=password,
                                     port=s.port or DEFAULT_PORT)
 
 
-def open_command(session_class, bmc: str, userid: str, password: str,
+def open_command(session_class, bmc: str, userid: bytes, password: bytes,
                  port: int) -> ipmi_command.Command:
     """A logged-in pyghmi Command whose session is of `session_class`.
 

@@ -140,3 +140,10 @@ def test_sha1_session_proposes_cipher_suite_3_first():
         session.maxtimeout, session.logontries = 2, 1
         session._initsession()
     assert plain.attemptedhash == 256 and sha1.attemptedhash == 1
+
+
+def test_silent_login_failure_is_unreachable():
+    command = FakeCommand()
+    command.failures = [pyghmi_exc.IpmiException(None)]
+    with pytest.raises(BmcUnreachable, match="no answer to the IPMI session login"):
+        driver(command).get_power_state()

@@ -1,0 +1,148 @@
+"""The ipmi driver against real IPMI servers on loopback: pyghmi's own BMC class (the code
+virtualbmc runs), in a child process. Reproduces the cipher-suite interop failure.
+
+Run as a script it serves the BMCs: `python test_power_ipmi.py PORT [PORT...]`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+USER, PASSWORD = "admin", "password"
+
+
+def serve(ports: list[int]) -> None:
+    """One pyghmi BMC per port on 127.0.0.1 (power and boot device kept in memory)."""
+    import pyghmi.ipmi.bmc as bmc
+
+    class LoopbackBmc(bmc.Bmc):
+        def __init__(self, port):
+            super().__init__({USER: PASSWORD}, port=port, address="127.0.0.1")
+            self.power, self.bootdev = "off", "default"
+
+        def get_power_state(self):
+            return self.power
+
+        def power_on(self):
+            self.power = "on"
+
+        def power_off(self):
+            self.power = "off"
+
+        def power_shutdown(self):
+            self.power = "off"
+
+        def power_reset(self):
+            pass
+
+        def get_boot_device(self):
+            return self.bootdev
+
+        def set_boot_device(self, bootdevice):
+            self.bootdev = bootdevice
+            print(json.dumps({"port": self.port, "bootdev": bootdevice}), flush=True)
+
+    servers = [LoopbackBmc(port) for port in ports]
+    print(json.dumps({"ready": len(servers)}), flush=True)
+    bmc.Bmc.listen(timeout=1)
+
+
+def free_udp_ports(count: int) -> list[int]:
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def start_bmcs(count: int) -> tuple[subprocess.Popen, list[int]]:
+    ports = free_udp_ports(count)
+    proc = subprocess.Popen([sys.executable, __file__, *map(str, ports)],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert json.loads(line) == {"ready": count}, line
+    return proc, ports
+
+
+@pytest.fixture
+def ipmi_bmcs(request):
+    """(process, ports) of pyghmi BMC servers on loopback; count via indirect param."""
+    proc, ports = start_bmcs(getattr(request, "param", 1))
+    yield proc, ports
+    proc.kill()
+    proc.wait(5)
+
+
+@pytest.fixture
+def ipmi_nodes(cli, ipmi_bmcs, tmp_path):
+    _, ports = ipmi_bmcs
+    secret = tmp_path / "bmc-password"
+    secret.write_text(PASSWORD + "\n")
+    for index, port in enumerate(ports, 1):
+        added = cli("node", "add", f"i{index}", "--bmc-driver", "ipmi", "--bmc-address",
+                    "127.0.0.1", "--bmc-port", str(port), "--bmc-username", USER,
+                    "--bmc-password-file", str(secret), "--bmc-cipher-suite", "3")
+        assert added.code == 0, added.err
+    return cli
+
+
+def rows(result) -> dict[str, dict]:
+    return {row["node"]: row for row in json.loads(result.out)}
+
+
+def test_default_cipher_suite_fails_clearly_against_a_pyghmi_bmc(ipmi_nodes):
+    ipmi_nodes("node", "set", "i1", "--bmc-cipher-suite", "17")
+    result = ipmi_nodes("power", "status", "i1", "--json", "--timeout", "8")
+    assert result.code == 7
+    assert "set bmc.cipher_suite: 3" in rows(result)["i1"]["detail"]
+
+
+def test_power_and_boot_device_with_cipher_suite_3(ipmi_nodes, ipmi_bmcs):
+    proc, _ = ipmi_bmcs
+    assert rows(ipmi_nodes("power", "status", "i1", "--json"))["i1"]["detail"] == "off"
+    assert ipmi_nodes("power", "on", "i1").code == 0
+    assert rows(ipmi_nodes("power", "status", "i1", "--json"))["i1"]["detail"] == "on"
+    assert ipmi_nodes("power", "cycle", "i1").code == 0
+    assert rows(ipmi_nodes("power", "status", "i1", "--json"))["i1"]["detail"] == "on"
+    assert ipmi_nodes("bootdev", "pxe", "i1", "--legacy").code == 0
+    assert json.loads(proc.stdout.readline())["bootdev"] == "network"
+    assert ipmi_nodes("power", "off", "i1").code == 0
+    assert rows(ipmi_nodes("power", "status", "i1", "--json"))["i1"]["detail"] == "off"
+
+
+def test_firmware_list_reports_the_bmc_version(ipmi_nodes):
+    result = ipmi_nodes("firmware", "list", "i1", "--json")
+    assert rows(result)["i1"]["value"] == [
+        {"name": "BMC Version", "version": "1.0", "updateable": None}]
+
+
+def test_wrong_password_is_an_error_not_a_hang(ipmi_nodes, tmp_path):
+    (tmp_path / "bmc-password").write_text("not-it\n")
+    started = time.monotonic()
+    result = ipmi_nodes("power", "status", "i1", "--json", "--timeout", "10")
+    assert time.monotonic() - started < 12
+    detail = rows(result)["i1"]["detail"]
+    assert result.code == 7 and "not-it" not in detail
+
+
+@pytest.mark.parametrize("ipmi_bmcs", [12], indirect=True)
+def test_fan_out_over_twelve_ipmi_bmcs(ipmi_nodes):
+    started = time.monotonic()
+    result = ipmi_nodes("power", "on", "i[1-12]", "--json")
+    assert result.code == 0, result.out
+    status = rows(ipmi_nodes("power", "status", "i[1-12]", "--json"))
+    assert {row["detail"] for row in status.values()} == {"on"}
+    assert time.monotonic() - started < 30
+
+
+if __name__ == "__main__":
+    serve([int(port) for port in sys.argv[1:]])
