@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import signal
 import sys
 
 from provisiond import images
@@ -40,7 +41,19 @@ def register(subparsers) -> None:
     gc.set_defaults(func=cmd_gc)
 
 
+def _interrupt_on_term() -> None:
+    """A SIGTERM stops a build like Ctrl-C does: mounts and temp trees are cleaned up."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:
+        pass  # not the main thread (e.g. the CLI run inside a server): leave it
+
+
 def cmd_build(args, ctx) -> int:
+    _interrupt_on_term()
     with Progress(sys.stderr) as progress:
         manifest = images.build_image(ctx.config, args.name, progress=progress)
     _summary(ctx, manifest, args.json)
@@ -48,6 +61,7 @@ def cmd_build(args, ctx) -> int:
 
 
 def cmd_import(args, ctx) -> int:
+    _interrupt_on_term()
     with Progress(sys.stderr) as progress:
         manifest = images.import_archive(ctx.config, args.archive, args.name, progress,
                                          kernel_args=args.kernel_args, init=args.init)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
               "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "HOME": "/root",
               "INITRD": "No"}
 POLICY_RC = "usr/sbin/policy-rc.d"
+RESOLV = Path("/etc/resolv.conf")
 
 
 def mount(*argv: str) -> None:
@@ -57,10 +59,30 @@ def system_mounts(root: Path) -> Iterator[None]:
             (root / target).mkdir(exist_ok=True)
             mount(*argv, str(root / target))
             done.append(root / target)
-        yield
+        with _host_resolv_conf(root):
+            yield
     finally:
         for path in reversed(done):
             umount(path)
+
+
+@contextlib.contextmanager
+def _host_resolv_conf(root: Path) -> Iterator[None]:
+    """Let apt in the chroot resolve names with the host's resolv.conf, leaving no trace."""
+    target = root / "etc/resolv.conf"
+    if target.is_symlink() or not (root / "etc").is_dir() or not RESOLV.is_file():
+        yield
+        return
+    created = not target.exists()
+    if created:
+        target.touch()
+    mount("--bind", "-o", "ro", str(RESOLV), str(target))
+    try:
+        yield
+    finally:
+        umount(target)
+        if created:
+            target.unlink()
 
 
 def run_in_chroot(root: Path, command: str, log: Path, what: str) -> None:
@@ -68,9 +90,15 @@ def run_in_chroot(root: Path, command: str, log: Path, what: str) -> None:
     with open(log, "ab") as out:
         out.write(f"\n### {what}: {command}\n".encode())
         out.flush()
-        proc = subprocess.run(["chroot", str(root), "/bin/sh", "-c", command],
-                              stdout=out, stderr=subprocess.STDOUT, env=CHROOT_ENV,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(["chroot", str(root), "/bin/sh", "-c", command],
+                                stdout=out, stderr=subprocess.STDOUT, env=CHROOT_ENV,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     if proc.returncode != 0:
         raise BuildFailed(f"{what}: command {command!r} exited {proc.returncode}: "
                           f"{_last_line(log)} (log: {log})")
@@ -102,3 +130,14 @@ def resolve_in_root(root: Path, path: str) -> Path:
             continue
         current = current / part
     return root / str(current).lstrip("/")
+
+
+def unmount_below(path: Path) -> None:
+    """Unmount whatever is still mounted at or under path (deepest first), so removing a
+    tree can never reach into a bind-mounted /dev or /proc."""
+    prefix = str(path.resolve())
+    with open("/proc/self/mountinfo") as handle:
+        points = [line.split()[4] for line in handle]
+    below = [p for p in points if p == prefix or p.startswith(prefix + "/")]
+    for point in sorted(set(below), key=len, reverse=True):
+        umount(Path(point))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import tarfile
 from collections.abc import Callable
@@ -30,15 +31,26 @@ def cache_dir(config: Config) -> Path:
 
 
 def run_tool(argv: list[str], what: str, **kwargs) -> str:
-    """Run a host tool; a failure becomes BuildFailed with its last line of stderr."""
+    """Run a host tool; a failure becomes BuildFailed with its last line of stderr.
+
+    The tool runs in its own session, and the whole session is killed if the build is
+    interrupted, so no debootstrap or apt keeps running behind a failed build.
+    """
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, **kwargs)
     except FileNotFoundError:
         raise BuildFailed(f"{what}: {argv[0]} is not installed") from None
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        last = (err.strip().splitlines() or ["(no output)"])[-1]
         raise BuildFailed(f"{what}: {argv[0]} exited {proc.returncode}: {last}")
-    return proc.stdout
+    return out
 
 
 def resolve_package(config: Config, name: str) -> tuple[str, str]:

@@ -147,6 +147,7 @@ def _has_parent_in(rel: str, paths: set[str]) -> bool:
 
 def _remove_tree(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
+        chroot.unmount_below(path)
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()

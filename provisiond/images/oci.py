@@ -90,9 +90,14 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
     if not path.exists():
         raise BuildFailed(f"{step.where}: missing file {step.layer.path} "
                           f"(looked in {step.folder})")
-    archive = Archive(path)
+    try:
+        archive = Archive(path)
+        names = layer_names(archive)
+    except (tarfile.TarError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise BuildFailed(f"{step.where}: {path.name} is not a readable OCI or docker "
+                          f"archive ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     plans = []
-    for number, (name, digest) in enumerate(layer_names(archive), 1):
+    for number, (name, digest) in enumerate(names, 1):
         digest = digest or "sha256:" + _digest_member(archive, name)
         key = layer_key(parent, "oci-layer", {"digest": digest}, {}, compression)
         plans.append(LayerPlan(key, step.kind, f"{path.name} layer {number} ({digest[:19]})",
@@ -112,7 +117,12 @@ def _digest_member(archive: Archive, name: str) -> str:
 
 
 def _maker(archive: Archive, name: str):
-    return lambda root: apply_layer(archive.open(name), root)
+    def make(root: Path) -> None:
+        try:
+            apply_layer(archive.open(name), root)
+        except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+            raise BuildFailed(f"{name}: not a readable layer tarball ({exc})") from None
+    return make
 
 
 def apply_layer(blob: BinaryIO, root: Path) -> None:

@@ -1,0 +1,156 @@
+"""Importing OCI image layouts and docker archives the test builds itself (no registry):
+layers applied in order, `.wh.` and opaque whiteouts turned into the image's whiteout list."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from provisiond.cli import main
+from provisiond.images import blob_path, load_manifest
+
+KERNEL = b"MZ fake kernel for the import test"
+
+
+def layer_tar(entries: dict[str, bytes | None]) -> bytes:
+    """A layer tarball: path -> file content, or None for a directory."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+BOTTOM = {"boot": None, "boot/vmlinuz-0.0-test": KERNEL, "etc": None,
+          "etc/a": b"a\n", "etc/b": b"b\n", "data": None, "data/x": None,
+          "data/x/1": b"1\n", "data/x/2": b"2\n", "sbin": None, "sbin/init": b"#!/bin/sh\n"}
+TOP = {"etc/.wh.a": b"", "etc/c": b"c\n", "data/x/.wh..wh..opq": b"", "data/x/3": b"3\n"}
+LAST = {"etc/a": b"a again\n"}
+
+
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def oci_archive(path: Path, layers: list[bytes]) -> Path:
+    """An OCI image layout tarball: oci-layout, index.json, blobs (manifest, config, layers)."""
+    blobs: dict[str, bytes] = {}
+
+    def put(data: bytes, media: str) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"mediaType": media, "digest": digest, "size": len(data)}
+
+    descriptors = [put(data, "application/vnd.oci.image.layer.v1.tar+gzip") for data in layers]
+    config = put(json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {
+        "type": "layers", "diff_ids": []}}).encode(), "application/vnd.oci.image.config.v1+json")
+    manifest = put(json.dumps({"schemaVersion": 2, "config": config,
+                               "layers": descriptors}).encode(),
+                   "application/vnd.oci.image.manifest.v1+json")
+    with tarfile.open(path, "w") as tar:
+        add_bytes(tar, "oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
+        add_bytes(tar, "index.json", json.dumps({"schemaVersion": 2,
+                                                 "manifests": [manifest]}).encode())
+        for digest, data in blobs.items():
+            add_bytes(tar, "blobs/sha256/" + digest.split(":")[1], data)
+    return path
+
+
+def docker_archive(path: Path, layers: list[bytes]) -> Path:
+    """A `docker save` style tarball: manifest.json naming <id>/layer.tar files."""
+    with tarfile.open(path, "w") as tar:
+        names = []
+        for number, data in enumerate(layers):
+            names.append(f"{number:064x}/layer.tar")
+            add_bytes(tar, names[-1], data)
+        add_bytes(tar, "config.json", b"{}")
+        add_bytes(tar, "manifest.json", json.dumps([{"Config": "config.json",
+                                                     "RepoTags": ["t:1"],
+                                                     "Layers": names}]).encode())
+    return path
+
+
+def unpack_image(config, manifest: dict, dest: Path) -> list[str]:
+    """Unpack with the real cpio tool, apply the whiteout list; returns the list."""
+    dest.mkdir()
+    for layer in manifest["layers"]:
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(
+            blob_path(config, layer["digest"]).read_bytes())
+        subprocess.run(["cpio", "-idmu", "--quiet"], input=data, cwd=dest, check=True)
+    listed = (dest / ".provisiond/whiteouts").read_text().split()
+    for path in listed:
+        target = dest / path.lstrip("/")
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    return listed
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if not rel.startswith(".provisiond"):
+            found[rel] = None if path.is_dir() else path.read_bytes()
+    return found
+
+
+@pytest.mark.parametrize("make", [oci_archive, docker_archive])
+def test_import_applies_layers_and_whiteouts(cli, config, tmp_path, make):
+    layers = [gzip.compress(layer_tar(BOTTOM), mtime=0), layer_tar(TOP)]
+    archive = make(tmp_path / "image.tar", layers)
+    result = cli("image", "import", str(archive), "imported", "--kernel-arg", "quiet")
+    assert result.code == 0, result.err
+    manifest = load_manifest(config, "imported")
+    assert [l["kind"] for l in manifest["layers"]] == ["oci-archive", "oci-archive"]
+    assert blob_path(config, manifest["kernel"]["digest"]).read_bytes() == KERNEL
+    assert manifest["kernel"]["version"] == "0.0-test" and manifest["kernel_args"] == ["quiet"]
+    listed = unpack_image(config, manifest, tmp_path / "root")
+    assert listed == ["/data/x/1", "/data/x/2", "/etc/a"]
+    files = tree(tmp_path / "root")
+    assert files == {"boot": None, "data": None, "data/x": None, "data/x/3": b"3\n",
+                     "etc": None, "etc/b": b"b\n", "etc/c": b"c\n", "sbin": None,
+                     "sbin/init": b"#!/bin/sh\n"}
+
+
+def test_recreated_path_is_not_whited_out(cli, config, tmp_path):
+    layers = [layer_tar(BOTTOM), layer_tar(TOP), layer_tar(LAST)]
+    archive = oci_archive(tmp_path / "image.tar", layers)
+    assert cli("image", "import", str(archive), "again").code == 0
+    manifest = load_manifest(config, "again")
+    listed = unpack_image(config, manifest, tmp_path / "root")
+    assert listed == ["/data/x/1", "/data/x/2"]
+    assert (tmp_path / "root/etc/a").read_bytes() == b"a again\n"
+
+
+def test_reimport_reuses_layers_and_bad_archive_fails_cleanly(cli, config, tmp_path):
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
+    assert cli("image", "import", str(archive), "reused").code == 0
+    first = load_manifest(config, "reused")
+    assert cli("image", "build", "reused").code == 0
+    result = cli("image", "build", "reused")
+    assert "building" not in result.err and result.err.count("cached") == 2
+    assert [l["digest"] for l in load_manifest(config, "reused")["layers"]] == [
+        l["digest"] for l in first["layers"]]
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    result = cli("image", "import", str(tmp_path / "junk.tar"), "reused")
+    assert result.code != 0 and result.err.count("\n") == 1, result.err
+    assert "recipe reused: layer 1 (oci-archive)" in result.err
+    assert load_manifest(config, "reused")["layers"] == first["layers"]
