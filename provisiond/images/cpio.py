@@ -24,24 +24,20 @@ def is_whiteout(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
-def walk_tree(root: Path, skip: Callable[[str], bool] = lambda rel: False
+def walk_tree(root: Path, skip: Callable[[str], bool] = lambda rel: False, _rel: str = ""
               ) -> Iterator[tuple[str, os.stat_result]]:
-    """Yield (relative path, lstat) for every entry under root, sorted, parents first."""
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        with os.scandir(root / rel_dir if rel_dir else root) as entries:
-            names = sorted(entry.name for entry in entries)
-        subdirs = []
-        for name in names:
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            st = os.lstat(root / rel)
-            if skip(rel):
-                continue
-            yield rel, st
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(rel)
-        stack.extend(reversed(subdirs))
+    """Yield (relative path, lstat) for every entry under root: sorted, depth first,
+    each directory before its contents. A skipped directory is skipped whole."""
+    with os.scandir(root / _rel if _rel else root) as entries:
+        names = sorted(entry.name for entry in entries)
+    for name in names:
+        rel = f"{_rel}/{name}" if _rel else name
+        if skip(rel):
+            continue
+        st = os.lstat(root / rel)
+        yield rel, st
+        if stat.S_ISDIR(st.st_mode):
+            yield from walk_tree(root, skip, rel)
 
 
 class CpioWriter:

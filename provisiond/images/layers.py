@@ -42,7 +42,7 @@ class LayerPlan:
 def layer_key(parent: str | None, kind: str, entry: dict, inputs: dict, compression: str) -> str:
     """The cache key: a hash over the parent's key and everything the layer is made from."""
     doc = {"parent": parent, "kind": kind, "entry": entry, "inputs": inputs,
-           "compression": compression, "format": 2}
+           "compression": compression, "format": 3}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
