@@ -43,6 +43,15 @@ TASK_OK = {"Completed"}
 BUSY_STATUS = {503}
 POLL_SECONDS = 1.0
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# Text inside a requests/urllib3 connection error -> what to tell the user.
+CONNECTION_REASONS = [
+    ("CERTIFICATE_VERIFY_FAILED",
+     "TLS certificate not trusted: set bmc.ca_file, or bmc.verify_tls: false"),
+    ("timed out", "timed out"),
+    ("Connection refused", "connection refused"),
+    ("No route to host", "no route to host"),
+    ("Name or service not known", "unknown host name"),
+]
 
 
 def _bmc_call(method):
@@ -66,7 +75,9 @@ def translate_error(exc: Exception, where: str) -> BmcError:
     """The provisiond error for a sushy exception (one line, no credentials)."""
     message = " ".join(str(exc).split())[:300]
     if isinstance(exc, sushy_exc.ConnectionError):
-        return BmcUnreachable(f"{where}: cannot connect: {message}")
+        reason = next((text for key, text in CONNECTION_REASONS if key in message),
+                      message[:160])
+        return BmcUnreachable(f"{where}: cannot connect: {reason}")
     if isinstance(exc, sushy_exc.HTTPError) and exc.status_code in BUSY_STATUS:
         return BmcBusy(f"{where}: busy ({exc.status_code})")
     if isinstance(exc, sushy_exc.AccessError):
