@@ -139,9 +139,20 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
             elif base.startswith(WH_PREFIX):
                 _whiteout(root / parent / base[len(WH_PREFIX):])
             else:
+                _check_inside(root, rel, member)
                 _clear(root / rel, member)
                 member.name = rel
                 layer.extract(member, root, filter="fully_trusted")
+
+
+def _check_inside(root: Path, rel: str, member: tarfile.TarInfo) -> None:
+    """Refuse entries that would land outside the layer through a symlink or hard link
+    (owners and setuid bits are kept, so tarfile's own safe filters do not fit here)."""
+    top = os.path.realpath(root)
+    parent = os.path.realpath(root / os.path.dirname(rel))
+    link = os.path.normpath(member.linkname.lstrip("/")) if member.islnk() else ""
+    if not (parent == top or parent.startswith(top + "/")) or link.startswith(".."):
+        raise BuildFailed(f"layer entry {member.name!r} points outside the image")
 
 
 def _decompressed(blob: BinaryIO) -> BinaryIO:

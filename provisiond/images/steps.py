@@ -77,6 +77,19 @@ def _debootstrap(step: Step, root: Path, log: Path) -> None:
         out.write(f"\n### {step.where}: {' '.join(argv)}\n".encode())
     run_tool(["sh", "-c", f'INITRD=No "$@" >>{log} 2>&1', "sh", *argv], step.where)
     _trim(root)
+    _forget_host(root)
+
+
+def _forget_host(root: Path) -> None:
+    """Drop what debootstrap copied from the build host or made unique to this build:
+    per-node data (host keys, machine-id, hostname) comes from overlays at boot."""
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    for rel in ("etc/resolv.conf", "var/cache/ldconfig/aux-cache"):
+        (root / rel).unlink(missing_ok=True)
+    (root / "etc/hostname").write_text("localhost\n")
+    if (root / "etc/machine-id").exists():
+        (root / "etc/machine-id").write_text("")
 
 
 def _trim(root: Path) -> None:

@@ -154,3 +154,18 @@ def test_reimport_reuses_layers_and_bad_archive_fails_cleanly(cli, config, tmp_p
     assert result.code != 0 and result.err.count("\n") == 1, result.err
     assert "recipe reused: layer 1 (oci-archive)" in result.err
     assert load_manifest(config, "reused")["layers"] == first["layers"]
+
+
+def test_entry_through_a_symlink_out_of_the_image_is_refused(cli, config, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        link = tarfile.TarInfo("evil")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        tar.addfile(link)
+        add_bytes(tar, "evil/planted", b"x")
+    archive = oci_archive(tmp_path / "image.tar", [buffer.getvalue()])
+    result = cli("image", "import", str(archive), "evil")
+    assert result.code != 0 and "points outside the image" in result.err
+    assert not (outside / "planted").exists()

@@ -1,0 +1,74 @@
+"""The shipped debian12 recipe built once from the apt mirror (slow: debootstrap), checked
+layer by layer with the real cpio tool; debian12-compute then reuses its layers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from provisiond.config import load_config, write_default_config
+from provisiond.images import blob_path, build_image
+
+pytestmark = pytest.mark.slow
+SHARED_CACHE = "/var/tmp/provisiond-test-cache"
+
+
+@pytest.fixture(scope="module")
+def debian(tmp_path_factory):
+    """debian12 built once in a fresh state dir (.debs from the shared cache)."""
+    old = os.environ.get("PROVISIOND_CACHE_DIR")
+    os.environ["PROVISIOND_CACHE_DIR"] = old or SHARED_CACHE
+    state = tmp_path_factory.mktemp("debian") / "state"
+    write_default_config(state)
+    config = load_config(state)
+    started = time.monotonic()
+    manifest = build_image(config, "debian12")
+    print(f"debian12 full build: {time.monotonic() - started:.1f}s")
+    yield config, manifest
+    if old is None:
+        del os.environ["PROVISIOND_CACHE_DIR"]
+
+
+def listing(config, layer: dict) -> list[str]:
+    """The paths in a layer, as the real cpio tool lists them."""
+    data = subprocess.run(["zstd", "-dc", str(blob_path(config, layer["digest"]))],
+                          capture_output=True, check=True).stdout
+    out = subprocess.run(["cpio", "-t", "--quiet"], input=data, capture_output=True,
+                         check=True).stdout
+    return out.decode().split("\n")
+
+
+def test_debian12_layers_kernel_and_init(debian):
+    config, manifest = debian
+    assert [l["kind"] for l in manifest["layers"]] == ["debootstrap", "run", "copy", "run"]
+    assert manifest["init"] == "/lib/systemd/systemd"
+    kernel = blob_path(config, manifest["kernel"]["digest"]).read_bytes()
+    assert kernel[0x202:0x206] == b"HdrS"
+    base, modules = listing(config, manifest["layers"][0]), listing(
+        config, manifest["layers"][1])
+    assert "usr/lib/systemd/systemd" in base and "usr/sbin/sshd" in base
+    assert "lib" in base and "usr/bin/curl" in base
+    assert not [p for p in base if p.startswith(("var/lib/apt/lists/", "usr/share/doc/",
+                                                  "usr/share/man/", "etc/ssh/ssh_host_"))]
+    version = manifest["kernel"]["version"]
+    assert f"usr/lib/modules/{version}/modules.dep" in modules
+    assert not [p for p in modules if p.startswith(("boot/vmlinuz", "boot/initrd"))]
+    assert not [p for p in modules if "/kernel/sound/" in p]
+    assert manifest["total_size"] < 120 * 2**20
+
+
+def test_debian12_rebuild_reuses_layers_and_compute_shares_them(debian):
+    config, manifest = debian
+    events: list[dict] = []
+    build_image(config, "debian12", progress=events.append)
+    assert {e["status"] for e in events} == {"cached"}
+    events.clear()
+    compute = build_image(config, "debian12-compute", progress=events.append)
+    assert [e["status"] for e in events] == ["cached"] * 4 + ["building", "built"]
+    assert compute["layers"][:4] == manifest["layers"]
+    top = listing(config, compute["layers"][4])
+    assert "usr/bin/ansible-pull" in top and "usr/bin/git" in top and "usr/sbin/chronyd" in top
+    assert not [p for p in top if p.startswith("var/lib/apt/lists/")]
