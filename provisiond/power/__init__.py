@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from provisiond.power.fanout import NodeResult
+from provisiond.power.operations import select_nodes
 from provisiond.power.progress import ProgressBar
 from provisiond.power.report import print_results
 from provisiond.power.reprovision import DEFAULT_TIMEOUT, reprovision
@@ -26,8 +27,7 @@ def add_reprovision_parser(node_subparsers) -> argparse.ArgumentParser:
 
 
 def cli_reprovision(args, ctx) -> int:
-    from provisiond.power.operations import select_nodes
-
+    """`node reprovision RANGE`: a progress bar on a terminal, then the per-node table."""
     total = len(select_nodes(ctx.config, args.range))
     progress = ProgressBar(total, "reprovision")
     results = reprovision(ctx.config, args.range, args.timeout, progress)

@@ -103,8 +103,8 @@ class IpmiDriver(Driver):
         if action is PowerAction.CYCLE and self.get_power_state() is PowerState.OFF:
             requests = ["on"]
         for state in requests:
-            wait = max(1, int(self.remaining())) if len(requests) > 1 and state == "off" else False
-            self._command.set_power(state, wait=wait)
+            waited = len(requests) > 1 and state == "off"  # the off of a cycle must finish
+            self._command.set_power(state, wait=max(1, int(self.remaining())) if waited else False)
 
     @_bmc_call
     def set_boot_device(self, device: BootDevice, persistent: bool, uefi: bool | None) -> None:

@@ -13,7 +13,7 @@ from provisiond.inventory.ranges import expand, fold
 from provisiond.power import pending
 from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult, fan_out
-from provisiond.power.settings import resolve_settings
+from provisiond.power.settings import node_timeout, resolve_settings
 from provisiond.states import BmcDriver, BootDevice, PowerAction
 
 DRIVER_CLASSES = {
@@ -59,11 +59,8 @@ def run_nodes(config: Config, nodes: dict[str, Node], operation: Operation,
         finally:
             driver.close()
 
-    def timeout_for(name: str) -> float:
-        bmc = nodes[name].record.bmc
-        return timeout or (bmc and bmc.timeout) or config.power.timeout
-
-    return fan_out(list(nodes), call, timeout_for, config.power.concurrency, progress)
+    return fan_out(list(nodes), call, lambda name: node_timeout(config, nodes[name], timeout),
+                   config.power.concurrency, progress)
 
 
 def power(action: PowerAction) -> Operation:

@@ -26,7 +26,13 @@ def resolve_settings(config: Config, node: Node, timeout: float | None = None) -
         ca_file=bmc.ca_file,
         scheme=bmc.scheme or "https",
         cipher_suite=bmc.cipher_suite,
-        timeout=timeout or bmc.timeout or config.power.timeout,
+        timeout=node_timeout(config, node, timeout),
         boot_once=True if bmc.boot_once is None else bmc.boot_once,
         state_dir=str(config.state_dir),
     )
+
+
+def node_timeout(config: Config, node: Node, override: float | None = None) -> float:
+    """Seconds allowed per BMC call: --timeout, else bmc.timeout, else power.timeout."""
+    bmc = node.record.bmc
+    return override or (bmc.timeout if bmc else None) or config.power.timeout

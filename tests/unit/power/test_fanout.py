@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 
@@ -68,3 +69,19 @@ def test_progress_sees_every_node_once():
     seen = []
     fan_out(["a", "b", "c"], lambda n: "ok", lambda n: 5, 2, progress=seen.append)
     assert sorted(r.node for r in seen) == ["a", "b", "c"]
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_draws_only_on_a_terminal():
+    from provisiond.power.progress import ProgressBar
+
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = ProgressBar(2, "power on", stream)
+        fan_out(["a", "b"], lambda n: "ok" if n == "a" else 1 / 0, lambda n: 5, 1, bar)
+    assert tty.getvalue().endswith("] 2/2 ok 1 error 1\n") and "power on [" in tty.getvalue()
+    assert pipe.getvalue() == ""
