@@ -7,6 +7,7 @@ contacting the BMC. Drivers translate library errors into provisiond errors at t
 from __future__ import annotations
 
 import abc
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -114,3 +115,23 @@ def retry_busy(call, deadline: float):
             if time.monotonic() + BUSY_RETRY_DELAY >= deadline:
                 raise BmcUnreachable(f"BMC stayed busy: {exc}") from None
             time.sleep(BUSY_RETRY_DELAY)
+
+
+def bmc_call(library_errors: tuple[type[BaseException], ...], translate):
+    """Decorate a driver method: retried while the BMC is busy, until the driver's deadline;
+    `library_errors` become provisiond errors through `translate(driver, exc)`."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            def attempt():
+                try:
+                    return method(self, *args, **kwargs)
+                except library_errors as exc:
+                    raise translate(self, exc) from None
+
+            return retry_busy(attempt, self.deadline)
+
+        return wrapper
+
+    return decorate

@@ -7,7 +7,6 @@ answers SHA1 (virtualbmc's pyghmi server) breaks the login. `cipher_suite: 3` pr
 
 from __future__ import annotations
 
-import functools
 import struct
 from functools import cached_property
 
@@ -16,7 +15,7 @@ from pyghmi.ipmi import command as ipmi_command
 from pyghmi.ipmi.private import session as ipmi_session
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
-from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, retry_busy
+from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 POWER_STATES = {"on": PowerState.ON, "off": PowerState.OFF}
@@ -37,23 +36,6 @@ BUSY_CODES = {0xC0}
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
 
 
-def _bmc_call(method):
-    """Run a driver method with busy retries; pyghmi errors become provisiond errors."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        return retry_busy(lambda: _translated(self, method, args, kwargs), self.deadline)
-
-    return wrapper
-
-
-def _translated(driver: "IpmiDriver", method, args, kwargs):
-    try:
-        return method(driver, *args, **kwargs)
-    except (pyghmi_exc.PyghmiException, struct.error, OSError) as exc:
-        raise translate_error(exc, driver.where, driver.settings.cipher_suite) from None
-
-
 def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> BmcError:
     """The provisiond error for a pyghmi exception (one line, no credentials)."""
     message = " ".join(str(exc).split())[:300]
@@ -69,6 +51,11 @@ def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> Bmc
     if isinstance(exc, OSError) or any(h in message.lower() for h in UNREACHABLE_HINTS):
         return BmcUnreachable(f"{where}: {message}")
     return BmcError(f"{where}: {message}")
+
+
+_bmc_call = bmc_call(
+    (pyghmi_exc.PyghmiException, struct.error, OSError),
+    lambda driver, exc: translate_error(exc, driver.where, driver.settings.cipher_suite))
 
 
 class Sha1Session(ipmi_session.Session):

@@ -7,7 +7,6 @@ retried until the deadline; sushy's exceptions become provisiond errors in `_bmc
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import os
 import time
@@ -18,7 +17,7 @@ from sushy import exceptions as sushy_exc
 from sushy.auth import BasicAuth
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
-from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, retry_busy
+from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 POWER_STATES = {
@@ -54,23 +53,6 @@ CONNECTION_REASONS = [
 ]
 
 
-def _bmc_call(method):
-    """Run a driver method with busy retries; sushy errors become provisiond errors."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        return retry_busy(lambda: _translated(self, method, args, kwargs), self.deadline)
-
-    return wrapper
-
-
-def _translated(driver: "RedfishDriver", method, args, kwargs):
-    try:
-        return method(driver, *args, **kwargs)
-    except sushy_exc.SushyError as exc:
-        raise translate_error(exc, driver.base_url) from None
-
-
 def translate_error(exc: Exception, where: str) -> BmcError:
     """The provisiond error for a sushy exception (one line, no credentials)."""
     message = " ".join(str(exc).split())[:300]
@@ -86,6 +68,10 @@ def translate_error(exc: Exception, where: str) -> BmcError:
                         sushy_exc.InvalidParameterValueError)):
         return UnsupportedOperation(f"{where}: {message}")
     return BmcError(f"{where}: {message}")
+
+
+_bmc_call = bmc_call((sushy_exc.SushyError,),
+                     lambda driver, exc: translate_error(exc, driver.base_url))
 
 
 class RedfishDriver(Driver):
