@@ -36,6 +36,8 @@ class LabNode:
     serial_log: str = ""
     ipmi_port: int = 0
     memory_mib: int = 1024
+    started: float = 0.0
+    """When the domain was last powered on by the lab (epoch seconds)."""
 
 
 @dataclass
@@ -91,5 +93,6 @@ def plan_nodes(plan: str, image: str = "tiny") -> dict[str, LabNode]:
         nodes[name] = LabNode(name=name, firmware=firmware, image=rest[0] if rest else image,
                               index=index + 1, domain=f"pvlab-{name}",
                               mac=f"52:54:00:99:77:{index + 1:02x}",
-                              ipaddr=f"{NETWORK}.{index + 11}")
+                              ipaddr=f"{NETWORK}.{index + 11}",
+                              memory_mib=1024 if (rest or [image])[0] == "tiny" else 2048)
     return nodes

@@ -1,0 +1,127 @@
+"""The lab as one object: `up` builds it step by step (saving lab.json after each), `down`
+removes exactly what lab.json names, `boot` powers domains on, `wait_ready` follows phases."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from provisiond.config import Config, load_config
+from provisiond.states import NodePhase
+from provisiond.status import clear_status, read_all_status
+from pvlab import bmc, domains, libvirtd, netns, process, provision
+from pvlab.errors import LabError
+from pvlab.layout import DEFAULT_DIR, DEFAULT_PLAN, LabNode, LabState, load_state, plan_nodes
+
+PHASES = [p.value for p in NodePhase if p is not NodePhase.FAILED]
+
+
+class Lab:
+    """A lab rooted at `lab_dir`; `plan` names its nodes ('n1:bios,n2:uefi:debian12')."""
+
+    def __init__(self, lab_dir: Path = DEFAULT_DIR, plan: str = DEFAULT_PLAN):
+        self.dir = Path(lab_dir)
+        self.plan = plan
+        self.state = load_state(self.dir) or LabState(lab_dir=str(self.dir))
+
+    @property
+    def config(self) -> Config:
+        return load_config(self.state.state_dir)
+
+    @property
+    def nodes(self) -> dict[str, LabNode]:
+        return self.state.nodes
+
+    @property
+    def netns(self) -> str:
+        return self.state.netns
+
+    def up(self, serve: bool = True) -> None:
+        """Bring every part up; parts already running are kept (idempotent)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o755)  # the qemu user opens files under it
+        if not netns.netns_exists(self.state.netns):
+            if self.state.netns:
+                self.down()  # a half-dead lab: clear what is left before starting anew
+            self.state = LabState(lab_dir=str(self.dir), netns=f"pvlab-{os.getpid()}",
+                                  accel=libvirtd.probe_accel(), nodes=plan_nodes(self.plan))
+        self.state.save()
+        netns.create_netns(self.state.netns)
+        netns.start_router_adverts(self.state)
+        libvirtd.start_libvirt(self.state)
+        domains.define_domains(libvirtd.connect(self.state), self.state)
+        bmc.start_redfish(self.state)
+        bmc.start_ipmi(self.state)
+        provision.register_nodes(self.state, provision.init_state(self.state))
+        if serve:
+            provision.start_serve(self.state)
+
+    def start_serve(self) -> None:
+        provision.start_serve(self.state)
+
+    def build_image(self, name: str = "tiny") -> float:
+        return provision.build_image(self.state, name)
+
+    def down(self) -> list[str]:
+        """Stop and remove everything lab.json names; returns what was still left after."""
+        state = self.state
+        provision.stop_serve(state)
+        if process.alive(process.read_pid(state.dir / "libvirt" / "libvirtd.pid"), "libvirtd"):
+            names = [node.domain for node in state.nodes.values()]
+            domains.destroy_domains(libvirtd.connect(state), names)
+        bmc.stop_bmcs(state)
+        libvirtd.stop_libvirt(state)
+        process.stop(state.pids.pop("ra", None), "pvlab.ra")
+        leftovers = [f"stray pid {pid} in {state.netns} (killed)"
+                     for pid in netns.pids_in_netns(state.netns)]
+        for pid in netns.pids_in_netns(state.netns):
+            process.stop(pid)
+        netns.delete_netns(state.netns)
+        libvirtd.remove_dirs(state)
+        (state.dir / "lab.json").unlink(missing_ok=True)
+        return leftovers + self.leftovers()
+
+    def leftovers(self) -> list[str]:
+        """Anything of this lab still alive: namespace, daemons, emulators, qemu."""
+        found = [f"netns {self.state.netns}"] if netns.netns_exists(self.state.netns) else []
+        for name, pid in self.state.pids.items():
+            if process.alive(pid):
+                found.append(f"{name} (pid {pid})")
+        return found
+
+    def boot(self, names: list[str] | None = None) -> None:
+        """Power the nodes' domains on from scratch, with their boot status cleared."""
+        conn = libvirtd.connect(self.state)
+        for name in names or list(self.nodes):
+            node = self._node(name)
+            clear_status(self.config, name)
+            node.started = domains.start_domain(conn, node)
+        self.state.save()
+
+    def _node(self, name: str) -> LabNode:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise LabError(f"no lab node {name!r} (nodes: {', '.join(self.nodes)})") from None
+
+    def wait_ready(self, names: list[str] | None = None, timeout: float = 120) -> dict[str, dict]:
+        """Wait until every node reports ready (or failed, or time runs out); their statuses."""
+        names = names or list(self.nodes)
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = read_all_status(self.config)
+            pending = [n for n in names if statuses.get(n, {}).get("phase") not in
+                       (NodePhase.READY.value, NodePhase.FAILED.value)]
+            if not pending or time.monotonic() > deadline:
+                return {n: statuses.get(n, {}) for n in names}
+            time.sleep(0.5)
+
+    def phase_times(self, name: str, status: dict) -> dict[str, float]:
+        """Seconds from the domain's start to each phase the node reached."""
+        started = self._node(name).started
+        return {phase: round(at - started, 1) for phase, at in
+                sorted(status.get("phases", {}).items(), key=lambda item: item[1])}
+
+    def serial_tail(self, name: str, lines: int = 15) -> str:
+        return domains.serial_tail(self._node(name), lines)

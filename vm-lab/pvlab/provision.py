@@ -1,0 +1,107 @@
+"""provisiond's side of the lab: its state dir and settings, the lab's nodes in its
+inventory (MACs, addresses, BMCs), the image build and `provisiond serve` in the namespace."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import yaml
+
+from provisiond.config import REPO_ROOT, Config, load_config
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import Bmc, NetDev, Record
+from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
+from pvlab import process
+from pvlab.bmc import BMC_HOST, BMC_PASSWORD as LAB_BMC_PASSWORD, BMC_USER
+from pvlab.errors import LabError
+from pvlab.layout import BRIDGE, SERVER_ADDRESS, LabNode, LabState
+
+HTTP_PORT = 9873
+SETTINGS = {
+    "server": {"address": SERVER_ADDRESS, "domain": "lab"},
+    "http": {"enabled": True, "bind": "0.0.0.0", "port": HTTP_PORT, "workers": 2},
+    "dhcp": {"enabled": True, "interface": BRIDGE, "bind": "0.0.0.0", "port": 67},
+    "tftp": {"enabled": True, "bind": SERVER_ADDRESS, "port": 69},
+    "dns": {"enabled": True, "bind": SERVER_ADDRESS, "port": 53},
+}
+
+
+def provisiond_cmd(state: LabState, *args: str) -> list[str]:
+    return [sys.executable, "-m", "provisiond", "--state-dir", str(state.state_dir), *args]
+
+
+def init_state(state: LabState) -> Config:
+    """`provisiond init` (shipped profiles included), then the lab's boot settings."""
+    process.run(provisiond_cmd(state, "init", "--address", SERVER_ADDRESS), cwd=REPO_ROOT)
+    path = state.state_dir / "provisiond.yaml"
+    data = yaml.safe_load(path.read_text()) or {}
+    for section, values in SETTINGS.items():
+        data.setdefault(section, {}).update(values)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_config(state.state_dir)
+
+
+def node_record(node: LabNode, redfish_port: int) -> Record:
+    """The node as provisiond sees it; odd nodes get a Redfish BMC, even ones IPMI."""
+    netdev = NetDev(type="ethernet", mac=node.mac, ipaddr=node.ipaddr,
+                    netmask="255.255.255.0", gateway=SERVER_ADDRESS, primary=True)
+    if node.index % 2:
+        bmc = Bmc(driver="redfish", address=BMC_HOST, port=redfish_port, scheme="http",
+                  system_id=node.uuid, username=BMC_USER, verify_tls=False)
+    else:
+        bmc = Bmc(driver="ipmi", address=BMC_HOST, port=node.ipmi_port, username=BMC_USER,
+                  cipher_suite=3)
+    return Record(profiles=["default"], image=node.image, netdevs={"eth0": netdev}, bmc=bmc,
+                  tags={"lab": "pvlab", "firmware": node.firmware},
+                  comment=f"lab VM {node.domain} ({node.firmware})")
+
+
+def register_nodes(state: LabState, config: Config) -> None:
+    """Put every lab node in the inventory (replacing older lab records) with its password."""
+    with InventoryStore(config).edit() as inventory:
+        for node in state.nodes.values():
+            inventory.nodes[node.name] = node_record(node, state.redfish_port)
+    SecretStore(config).set("nodes", list(state.nodes), BMC_PASSWORD, LAB_BMC_PASSWORD)
+
+
+def build_image(state: LabState, name: str, timeout: float = 1800) -> float:
+    """`provisiond image build NAME` into the lab's state dir; returns the seconds it took."""
+    started = time.monotonic()
+    log = state.dir / "logs" / f"image-{name}.log"
+    with open(log, "ab") as out:
+        code = subprocess.run(provisiond_cmd(state, "image", "build", name), stdout=out,
+                              stderr=subprocess.STDOUT, cwd=REPO_ROOT, timeout=timeout,
+                              stdin=subprocess.DEVNULL).returncode
+    if code != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        raise LabError(f"image build {name} failed (exit {code}): {' | '.join(tail)}")
+    return time.monotonic() - started
+
+
+def start_serve(state: LabState, timeout: float = 60) -> None:
+    """`provisiond serve` inside the namespace; waits until its HTTP port answers there."""
+    if not process.alive(state.pids.get("serve"), "serve"):
+        argv = provisiond_cmd(state, "serve")
+        state.pids["serve"] = process.spawn(argv, state.dir / "logs" / "serve.log",
+                                            netns=state.netns, cwd=REPO_ROOT)
+        state.save()
+    process.wait_for(lambda: serve_answers(state), timeout, "provisiond serve's HTTP port")
+
+
+def serve_answers(state: LabState) -> bool:
+    if not process.alive(state.pids.get("serve"), "serve"):
+        raise LabError(f"provisiond serve exited; see {state.dir / 'logs' / 'serve.log'}")
+    return tcp_open(state.netns, SERVER_ADDRESS, HTTP_PORT)
+
+
+def tcp_open(netns: str, host: str, port: int) -> bool:
+    """True if a TCP connect to host:port from inside the namespace succeeds."""
+    script = f"exec 3<>/dev/tcp/{host}/{port}"
+    argv = ["timeout", "3", "bash", "-c", script]
+    return process.run(argv, netns=netns, check=False).returncode == 0
+
+
+def stop_serve(state: LabState) -> None:
+    process.stop(state.pids.pop("serve", None), "serve", timeout=15)
