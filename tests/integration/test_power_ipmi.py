@@ -11,44 +11,44 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import pyghmi.ipmi.bmc as bmc
 import pytest
 
 USER, PASSWORD = "admin", "password"
 
 
+class LoopbackBmc(bmc.Bmc):
+    """A BMC with power and boot device in memory; boot device changes go to stdout."""
+
+    def __init__(self, port: int):
+        super().__init__({USER: PASSWORD}, port=port, address="127.0.0.1")
+        self.power, self.bootdev = "off", "default"
+
+    def get_power_state(self):
+        return self.power
+
+    def power_on(self):
+        self.power = "on"
+
+    def power_off(self):
+        self.power = "off"
+
+    power_shutdown = power_off
+
+    def power_reset(self):
+        pass
+
+    def get_boot_device(self):
+        return self.bootdev
+
+    def set_boot_device(self, bootdevice):
+        self.bootdev = bootdevice
+        print(json.dumps({"port": self.port, "bootdev": bootdevice}), flush=True)
+
+
 def serve(ports: list[int]) -> None:
-    """One pyghmi BMC per port on 127.0.0.1 (power and boot device kept in memory)."""
-    import pyghmi.ipmi.bmc as bmc
-
-    class LoopbackBmc(bmc.Bmc):
-        def __init__(self, port):
-            super().__init__({USER: PASSWORD}, port=port, address="127.0.0.1")
-            self.power, self.bootdev = "off", "default"
-
-        def get_power_state(self):
-            return self.power
-
-        def power_on(self):
-            self.power = "on"
-
-        def power_off(self):
-            self.power = "off"
-
-        def power_shutdown(self):
-            self.power = "off"
-
-        def power_reset(self):
-            pass
-
-        def get_boot_device(self):
-            return self.bootdev
-
-        def set_boot_device(self, bootdevice):
-            self.bootdev = bootdevice
-            print(json.dumps({"port": self.port, "bootdev": bootdevice}), flush=True)
-
+    """One BMC per port on 127.0.0.1, served until killed."""
     servers = [LoopbackBmc(port) for port in ports]
     print(json.dumps({"ready": len(servers)}), flush=True)
     bmc.Bmc.listen(timeout=1)

@@ -7,6 +7,7 @@ CA and HTTP basic auth; and with its fake driver for many systems (see test_powe
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import ssl
@@ -77,7 +78,6 @@ def get_json(port: int, path: str, tls: bool = True) -> dict:
     """Read a document from the emulator ourselves, to check what the driver did."""
     request = urllib.request.Request(f"{'https' if tls else 'http'}://127.0.0.1:{port}{path}")
     token = f"{USER}:{PASSWORD}".encode()
-    import base64
     request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
     with urllib.request.urlopen(request, context=ssl._create_unverified_context()) as reply:
         return json.loads(reply.read())

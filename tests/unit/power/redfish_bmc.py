@@ -5,7 +5,6 @@ redfish driver's own logic: translation tables, redirects, busy retries, task fo
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
