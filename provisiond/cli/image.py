@@ -17,6 +17,8 @@ def register(subparsers) -> None:
     build = verbs.add_parser("build", help="build an image from its recipe (cached layers)")
     build.add_argument("name")
     build.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    build.add_argument("--no-cache", action="store_true",
+                       help="rebuild every layer (e.g. to take newer packages from the mirror)")
     build.set_defaults(func=cmd_build)
     listing = verbs.add_parser("list", help="built images: size, layers, age")
     listing.add_argument("--json", action="store_true")
@@ -55,7 +57,8 @@ def _interrupt_on_term() -> None:
 def cmd_build(args, ctx) -> int:
     _interrupt_on_term()
     with Progress(sys.stderr) as progress:
-        manifest = images.build_image(ctx.config, args.name, progress=progress)
+        manifest = images.build_image(ctx.config, args.name, progress=progress,
+                                      rebuild=args.no_cache)
     _summary(ctx, manifest, args.json)
     return 0
 

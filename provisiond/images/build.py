@@ -22,13 +22,17 @@ from provisiond.images.recipe import Recipe, Step, load_recipe
 Progress = Callable[[dict], None]
 
 
-def build_image(config: Config, name: str, progress: Progress | None = None) -> dict:
-    """Build (or reuse) every layer of recipe `name` and publish its manifest."""
+def build_image(config: Config, name: str, progress: Progress | None = None,
+                rebuild: bool = False) -> dict:
+    """Build (or reuse) every layer of recipe `name` and publish its manifest.
+
+    `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap)."""
     started = time.monotonic()
     recipe = load_recipe(config, name)
     compression = recipe.compression or config.build.compression
     with locked(lock_path(config, name)), locked(gc_lock(config), shared=True):
-        records = _build_layers(config, recipe, compression, progress or (lambda e: None))
+        records = _build_layers(config, recipe, compression, progress or (lambda e: None),
+                                rebuild)
         kernel = _store_kernel(config, recipe, records)
         manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
         save_manifest(config, manifest)
@@ -74,20 +78,21 @@ def _log(config: Config, recipe: str) -> Path:
 
 
 def _build_layers(config: Config, recipe: Recipe, compression: str,
-                  progress: Progress) -> list[dict]:
+                  progress: Progress, rebuild: bool) -> list[dict]:
     plans = plan_layers(config, recipe, compression)
     records: list[dict] = []
     for index, plan in enumerate(plans, 1):
         event = {"image": recipe.name, "index": index, "count": len(plans),
                  "kind": plan.kind, "description": plan.description, "key": plan.key}
-        records.append(_one_layer(config, plan, records, compression, progress, event))
+        records.append(_one_layer(config, plan, records, compression, progress, event,
+                                  rebuild))
     return records
 
 
 def _one_layer(config: Config, plan: LayerPlan, parents: list[dict], compression: str,
-               progress: Progress, event: dict) -> dict:
+               progress: Progress, event: dict, rebuild: bool) -> dict:
     with locked(layer_dir(config) / "locks" / f"{plan.key}.lock"):
-        record = cached_layer(config, plan.key)
+        record = None if rebuild else cached_layer(config, plan.key)
         if record is not None:
             progress({**event, "status": "cached", "size": record["size"], "seconds": 0.0})
             return record
@@ -128,6 +133,7 @@ def _store_kernel(config: Config, recipe: Recipe, records: list[dict]) -> dict:
     version = KERNEL_RE.match(f"boot/{kernels[-1].name}").group(1)
     with contextlib.suppress(OSError):
         view.joinpath("merged").rmdir()
+        view.rmdir()
     return {"digest": digest, "size": size, "version": version}
 
 

@@ -146,6 +146,8 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
     path = find_recipe(config, name)
     raw = path.read_bytes()
     head = _parse_head(name, path, raw)
+    if not head.layers:
+        raise RecipeError(f"recipe {name} ({path}): layers: the list is empty")
     recipe = Recipe(name, path, hashlib.sha256(raw).hexdigest(), [])
     for index, entry in enumerate(head.layers, 1):
         step = Step(name, index, _parse_layer(name, index, entry), path.parent)
