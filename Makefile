@@ -18,3 +18,16 @@ test: deps
 # Unit and integration tests only (no VMs, no debootstrap).
 test-fast: deps
 	$(PY) -m pytest -m "not lab and not slow" $(PYTEST_ARGS)
+
+# The VM lab (vm-lab/): PXE-boots libvirt VMs from provisiond in a private namespace.
+# DEMO_ARGS e.g. "--keep" (leave the lab up) or "--plan n1:bios,n2:uefi".
+DEMO_ARGS ?=
+
+demo: deps
+	$(PY) vm-lab/demo.py $(DEMO_ARGS)
+
+lab-up: deps
+	$(PY) vm-lab/lab.py up --image tiny
+
+lab-down:
+	$(if $(wildcard $(PY)),$(PY),python3) vm-lab/lab.py down

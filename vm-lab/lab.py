@@ -38,7 +38,7 @@ def cmd_up(lab: Lab, args) -> int:
     lab.up(serve=not args.no_serve)
     for image in args.image:
         print(f"built image {image} in {lab.build_image(image):.1f} s")
-    print(describe(lab))
+    print(report.describe(lab))
     return 0
 
 
@@ -52,7 +52,7 @@ def cmd_status(lab: Lab, _args) -> int:
     if not lab.netns:
         print("lab is down")
         return 1
-    print(describe(lab))
+    print(report.describe(lab))
     statuses = {name: lab.wait_ready([name], 0)[name] for name in lab.nodes}
     print(report.format_table(report.status_rows(lab, statuses)))
     return 0
@@ -69,20 +69,6 @@ def cmd_boot(lab: Lab, args) -> int:
     if failures:
         print(failures)
     return 1 if failures else 0
-
-
-def describe(lab: Lab) -> str:
-    state = lab.state
-    lines = [f"lab dir {state.lab_dir}; namespace {state.netns} (br0 10.99.77.1/24); "
-             f"accel {state.accel}",
-             f"provisiond: --state-dir {state.state_dir}, serve pid {state.pids.get('serve', '-')}",
-             f"libvirt: virsh -c '{state.libvirt_uri}'",
-             f"redfish: http://127.0.0.1:{state.redfish_port}/redfish/v1/Systems"]
-    for node in lab.nodes.values():
-        lines.append(f"  {node.name}: domain {node.domain} {node.firmware} mac {node.mac} "
-                     f"ip {node.ipaddr} ipmi 127.0.0.1:{node.ipmi_port} uuid {node.uuid} "
-                     f"serial {node.serial_log}")
-    return "\n".join(lines)
 
 
 COMMANDS = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "boot": cmd_boot}

@@ -64,31 +64,54 @@ class Lab:
         return provision.build_image(self.state, name)
 
     def down(self) -> list[str]:
-        """Stop and remove everything lab.json names; returns what was still left after."""
+        """Stop and remove everything lab.json names; returns what was found still alive."""
         state = self.state
+        watched = self.processes()
         provision.stop_serve(state)
-        if process.alive(process.read_pid(state.dir / "libvirt" / "libvirtd.pid"), "libvirtd"):
+        if process.alive(watched.get("libvirtd"), "libvirtd"):
             names = [node.domain for node in state.nodes.values()]
             domains.destroy_domains(libvirtd.connect(state), names)
         bmc.stop_bmcs(state)
         libvirtd.stop_libvirt(state)
         process.stop(state.pids.pop("ra", None), "pvlab.ra")
-        leftovers = [f"stray pid {pid} in {state.netns} (killed)"
-                     for pid in netns.pids_in_netns(state.netns)]
-        for pid in netns.pids_in_netns(state.netns):
+        strays = netns.pids_in_netns(state.netns)
+        for pid in strays:
             process.stop(pid)
         netns.delete_netns(state.netns)
         libvirtd.remove_dirs(state)
         (state.dir / "lab.json").unlink(missing_ok=True)
-        return leftovers + self.leftovers()
+        left = [f"{name} (pid {pid})" for name, pid in watched.items() if process.alive(pid)]
+        left += [f"netns {state.netns}"] if netns.netns_exists(state.netns) else []
+        return [f"stray pid {pid} in {state.netns} (killed)" for pid in strays] + left
 
-    def leftovers(self) -> list[str]:
-        """Anything of this lab still alive: namespace, daemons, emulators, qemu."""
-        found = [f"netns {self.state.netns}"] if netns.netns_exists(self.state.netns) else []
-        for name, pid in self.state.pids.items():
-            if process.alive(pid):
-                found.append(f"{name} (pid {pid})")
-        return found
+    def processes(self) -> dict[str, int]:
+        """Every process the lab runs: its daemons, emulators and the domains' qemu."""
+        base = self.state.dir / "libvirt"
+        found = {name: pid for name, pid in self.state.pids.items() if pid}
+        for name in ("libvirtd", "virtlogd"):
+            found[name] = process.read_pid(base / f"{name}.pid") or found.get(name, 0)
+        for pid_file in (base / "run" / "qemu").glob("*.pid"):
+            found[f"qemu {pid_file.stem}"] = process.read_pid(pid_file) or 0
+        return {name: pid for name, pid in found.items() if process.alive(pid)}
+
+    @property
+    def redfish(self) -> tuple[str, int]:
+        """(host, port) of the Redfish emulator; systems are the domains' UUIDs."""
+        return bmc.BMC_HOST, self.state.redfish_port
+
+    @property
+    def ipmi(self) -> dict[str, tuple[str, int]]:
+        """Node name -> (host, UDP port) of its virtualbmc IPMI endpoint."""
+        return {name: (bmc.BMC_HOST, node.ipmi_port) for name, node in self.nodes.items()}
+
+    @property
+    def serve_pid(self) -> int | None:
+        pid = self.state.pids.get("serve")
+        return pid if process.alive(pid, "serve") else None
+
+    def tcp_open(self, host: str, port: int) -> bool:
+        """A TCP connect to host:port from inside the lab namespace."""
+        return provision.tcp_open(self.netns, host, port)
 
     def boot(self, names: list[str] | None = None) -> None:
         """Power the nodes' domains on from scratch, with their boot status cleared."""

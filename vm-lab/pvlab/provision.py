@@ -3,6 +3,7 @@ inventory (MACs, addresses, BMCs), the image build and `provisiond serve` in the
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,9 @@ def init_state(state: LabState) -> Config:
     data = yaml.safe_load(path.read_text()) or {}
     for section, values in SETTINGS.items():
         data.setdefault(section, {}).update(values)
+    extra = os.environ.get("PVLAB_OVERLAY_DIRS")  # site overlays to try in the lab
+    if extra:
+        data["overlay_dirs"] = extra.split(":")
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return load_config(state.state_dir)
 

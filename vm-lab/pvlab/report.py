@@ -39,3 +39,18 @@ def failure_report(lab, statuses: dict[str, dict], lines: int = 15) -> str:
                      + f"\n--- serial console tail ({lab.nodes[name].serial_log}):\n"
                      + lab.serial_tail(name, lines))
     return "\n".join(parts)
+
+
+def describe(lab) -> str:
+    """Where the lab's parts are and how to reach them."""
+    state = lab.state
+    lines = [f"lab dir {state.lab_dir}; namespace {state.netns} (br0 10.99.77.1/24); "
+             f"accel {state.accel}",
+             f"provisiond: --state-dir {state.state_dir}, serve pid {state.pids.get('serve', '-')}",
+             f"libvirt: virsh -c '{state.libvirt_uri}'",
+             f"redfish: http://127.0.0.1:{state.redfish_port}/redfish/v1/Systems"]
+    for node in lab.nodes.values():
+        lines.append(f"  {node.name}: domain {node.domain} {node.firmware} mac {node.mac} "
+                     f"ip {node.ipaddr} ipmi 127.0.0.1:{node.ipmi_port} uuid {node.uuid} "
+                     f"serial {node.serial_log}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""The VM lab for tests marked `lab`: real libvirt domains PXE-booting from `provisiond serve`.
+
+The session fixture `lab` brings one lab up for all lab tests and always tears it down at
+the end, failing the session if anything of it is still alive. What it offers
+(a `pvlab.lab.Lab`, see vm-lab/pvlab/lab.py):
+
+- lab.config       provisiond Config of the lab's state dir (inventory, secrets, status)
+- lab.netns        the lab's network namespace (br0 10.99.77.1/24; provisiond serve runs there)
+- lab.nodes        name -> LabNode: .domain (libvirt name), .uuid, .mac, .ipaddr,
+                   .firmware ('bios'|'uefi'), .image, .serial_log (path), .ipmi_port
+                   n1 bios, n2 bios, n3 uefi (image tiny); n4 bios (image debian12)
+- lab.boot(names) / lab.wait_ready(names, timeout) -> {name: status dict}
+- lab.phase_times(name, status), lab.serial_tail(name, lines)
+- lab.redfish      (host, port) of sushy-tools (libvirt driver, no auth; system id = UUID)
+- lab.ipmi         name -> (host, port) of its virtualbmc endpoint (admin/password; needs
+                   IPMI cipher suite 3)
+- lab.serve_pid    PID of the running `provisiond serve` (None if it stopped)
+- lab.tcp_open(host, port)   TCP connect from inside the namespace
+- lab.state.libvirt_uri      libvirt URI of the lab's private libvirtd
+
+Inventory: odd nodes (n1, n3) have bmc.driver redfish (127.0.0.1, lab.redfish port, scheme
+http, system_id = UUID), even nodes (n2, n4) ipmi (127.0.0.1, their lab.ipmi port, cipher
+suite 3); every node's bmc_password secret is "password". Tests that change a node's BMC
+settings or power state should leave the node powered off or booted as they found it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "vm-lab"))
+
+LAB_PLAN = "n1:bios,n2:bios,n3:uefi,n4:bios:debian12"
+TINY_NODES = ["n1", "n2", "n3"]
+
+
+def _missing() -> str | None:
+    """Why the lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the VM lab needs root"
+    from pvlab.bmc import tool_path
+
+    for tool in ("libvirtd", "virtlogd", "qemu-system-x86_64", "sushy-emulator", "vbmcd"):
+        if not tool_path(tool):
+            return f"{tool} is not installed (vm-lab/install-deps.sh)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """One lab for the session: up, tiny image built, serve running; always torn down."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    from pvlab.lab import Lab
+
+    lab = Lab(Path(f"/var/tmp/pvlab-test-{os.getpid()}"), LAB_PLAN)
+    try:
+        lab.up(serve=False)
+        lab.build_image("tiny")
+        lab.start_serve()
+        yield lab
+    finally:
+        left = lab.down()
+        if not left:
+            shutil.rmtree(lab.dir, ignore_errors=True)
+    assert not left, f"the lab left these behind: {', '.join(left)}"

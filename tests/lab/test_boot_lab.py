@@ -1,0 +1,64 @@
+"""Real VMs PXE-boot through provisiond (DHCP, iPXE script, blobs, overlays) to `ready`:
+2 BIOS + 1 UEFI with the tiny image at once, and one VM with the debian12 image."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisiond.errors import ProvisiondError
+from provisiond.states import NodePhase
+from pvlab import report
+
+from .conftest import TINY_NODES
+
+pytestmark = pytest.mark.lab
+ORDER = ["dhcp", "ipxe", "kernel", "booted", "runtime", "ready"]
+
+
+def boot_to_ready(lab, names: list[str], timeout: float) -> dict[str, dict]:
+    """Boot the nodes, wait, print the phase table; fail with the serial tails if needed."""
+    lab.boot(names)
+    statuses = lab.wait_ready(names, timeout)
+    print("\n" + report.format_table(report.status_rows(lab, statuses)))
+    not_ready = {n: s.get("phase") for n, s in statuses.items() if s.get("phase") != "ready"}
+    assert not not_ready, f"{not_ready}\n{report.failure_report(lab, statuses)}"
+    return statuses
+
+
+def test_lab_network_stays_inside_its_namespace(lab):
+    routes = lab.tcp_open("10.99.77.1", 9873), _routes(lab)
+    assert routes[0], "provisiond serve's HTTP port is not reachable inside the namespace"
+    assert routes[1] == ["10.99.77.0/24"], f"lab namespace routes: {routes[1]}"
+
+
+def _routes(lab) -> list[str]:
+    from pvlab import process
+
+    out = process.run(["ip", "-4", "route", "show"], netns=lab.netns).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_two_bios_and_one_uefi_vm_boot_the_tiny_image_to_ready(lab):
+    statuses = boot_to_ready(lab, TINY_NODES, timeout=240)
+    for name in TINY_NODES:
+        times = lab.phase_times(name, statuses[name])
+        assert [p for p in ORDER if p in times] == ORDER, times
+        assert sorted(times.values()) == [times[p] for p in ORDER], times
+        serial = open(lab.nodes[name].serial_log, errors="replace").read()
+        assert f"{lab.nodes[name].ipaddr}/255.255.255.0" in serial  # the reserved address
+        assert "provisiond-init: switching root to" in serial
+    assert {lab.nodes[n].firmware for n in TINY_NODES} == {"bios", "uefi"}
+
+
+@pytest.mark.slow
+def test_a_vm_boots_the_debian12_image_with_systemd_and_sshd(lab):
+    node = lab.nodes["n4"]
+    try:
+        lab.build_image(node.image)
+    except ProvisiondError as exc:
+        pytest.skip(f"the {node.image} image does not build here: {exc}")
+    statuses = boot_to_ready(lab, ["n4"], timeout=420)
+    assert statuses["n4"]["phase"] == NodePhase.READY.value
+    assert lab.tcp_open(node.ipaddr, 22), "sshd is not listening on the node"
+    serial = open(node.serial_log, errors="replace").read()
+    assert "provisiond-init: switching root to" in serial
