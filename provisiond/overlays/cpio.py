@@ -19,6 +19,8 @@ TRAILER = "TRAILER!!!"
 ZSTD_LEVEL = 3
 GZIP_LEVEL = 6
 SUFFIXES = {"zstd": "zst", "gzip": "gz"}
+# Symlinks to usr/... in merged-/usr images: a directory entry would replace the link.
+MERGED_USR_LINKS = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32"})
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ def pack(entries: list[Entry]) -> bytes:
 def with_parents(entries: list[Entry], dir_modes: dict[str, int] | None = None) -> list[Entry]:
     """Entries with a directory entry for every parent, parents first, later paths winning.
 
-    The kernel and cpio create no missing parents, so each one must be in the archive.
+    The kernel and cpio create no missing parents, so each one must be in the archive,
+    except the top-level dirs that merged-/usr images hold as symlinks (they always exist).
     """
     dir_modes = dir_modes or {}
     by_path = {e.path: e for e in entries}
@@ -77,7 +80,7 @@ def with_parents(entries: list[Entry], dir_modes: dict[str, int] | None = None) 
         parts = path.split("/")[:-1]
         for depth in range(1, len(parts) + 1):
             parent = "/".join(parts[:depth])
-            if parent not in by_path:
+            if parent not in by_path and parent not in MERGED_USR_LINKS:
                 by_path[parent] = dir_entry(parent, dir_modes.get(parent, 0o755))
     return [by_path[p] for p in sorted(by_path, key=lambda p: (p.count("/"), p))]
 
