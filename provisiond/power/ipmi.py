@@ -33,6 +33,7 @@ BOOT_DEVICES = {BootDevice.PXE: "network", BootDevice.DISK: "hd"}
 CIPHER_SUITES = {3: 1, 17: 256}
 DEFAULT_PORT = 623
 BUSY_CODES = {0xC0}
+CIPHER_MISMATCH = "the BMC answered the session handshake in another cipher suite"
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
 
 
@@ -41,9 +42,9 @@ def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> Bmc
     message = " ".join(str(exc).split())[:300]
     if message in ("", "None"):  # pyghmi's login gave up without a word: no answer
         return BmcUnreachable(f"{where}: no answer to the IPMI session login")
-    if isinstance(exc, struct.error) and cipher_suite != 3:
-        return BmcError(f"{where}: the BMC answered the session handshake in another cipher "
-                        "suite: set bmc.cipher_suite: 3")
+    if CIPHER_MISMATCH in message or isinstance(exc, struct.error):
+        hint = ": set bmc.cipher_suite: 3" if cipher_suite != 3 else ""
+        return BmcError(f"{where}: {CIPHER_MISMATCH}{hint}")
     if isinstance(exc, pyghmi_exc.IpmiException) and exc.ipmicode in BUSY_CODES:
         return BmcBusy(f"{where}: busy")
     if isinstance(exc, (pyghmi_exc.UnsupportedFunctionality, pyghmi_exc.InvalidParameterValue)):
@@ -58,8 +59,21 @@ _bmc_call = bmc_call(
     lambda driver, exc: translate_error(exc, driver.where, driver.settings.cipher_suite))
 
 
-class Sha1Session(ipmi_session.Session):
-    """A pyghmi session that proposes cipher suite 3 (RAKP-HMAC-SHA1) first."""
+class CheckedSession(ipmi_session.Session):
+    """pyghmi's session, except that a RAKP2 answer hashed with another algorithm than the
+    one proposed fails the login (pyghmi raises struct.error and leaves the half-open
+    session answering the BMC's retransmits, printing errors into other sessions' waits)."""
+
+    def _got_rakp2(self, data):
+        try:
+            return super()._got_rakp2(data)
+        except struct.error:
+            self.onlogon({"error": CIPHER_MISMATCH})
+            return -9
+
+
+class Sha1Session(CheckedSession):
+    """A session that proposes cipher suite 3 (RAKP-HMAC-SHA1) first."""
 
     def _initsession(self):
         super()._initsession()
@@ -123,12 +137,9 @@ class IpmiDriver(Driver):
         # deletes the entry by their encoded form, so str credentials leave a stale entry
         # that hands a logged-out session to the next driver for the same BMC.
         s = self.settings
-        user, password = s.username.encode(), s.password.encode()
-        if s.cipher_suite == 3:
-            return open_command(Sha1Session, s.address, user, password,
-                                s.port or DEFAULT_PORT)
-        return ipmi_command.Command(bmc=s.address, userid=user, password=password,
-                                    port=s.port or DEFAULT_PORT)
+        session_class = Sha1Session if s.cipher_suite == 3 else CheckedSession
+        return open_command(session_class, s.address, s.username.encode(),
+                            s.password.encode(), s.port or DEFAULT_PORT)
 
 
 def open_command(session_class, bmc: str, userid: bytes, password: bytes,

@@ -1,5 +1,7 @@
 """The ipmi driver against real IPMI servers on loopback: pyghmi's own BMC class (the code
-virtualbmc runs), in a child process. Reproduces the cipher-suite interop failure.
+virtualbmc runs) in a child process, and virtualbmc itself over libvirt's test driver
+(`test:///default`: no daemon, no VM; its state does not outlive a call, so only the
+session handshake and reads are checked there). Reproduces the cipher-suite interop failure.
 
 Run as a script it serves the BMCs: `python test_power_ipmi.py PORT [PORT...]`.
 """
@@ -7,6 +9,9 @@ Run as a script it serves the BMCs: `python test_power_ipmi.py PORT [PORT...]`.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -95,6 +100,57 @@ def ipmi_nodes(cli, ipmi_bmcs, tmp_path):
     return cli
 
 
+@pytest.fixture
+def virtualbmc(tmp_path):
+    """UDP port of a virtualbmc BMC for libvirt's test domain, under a private vbmcd."""
+    if not shutil.which("vbmcd"):
+        pytest.skip("virtualbmc is not installed")
+    config = tmp_path / "virtualbmc.conf"
+    (tmp_path / "vbmc").mkdir()
+    config.write_text(f"[default]\nconfig_dir = {tmp_path / 'vbmc'}\n"
+                      f"pid_file = {tmp_path / 'vbmcd.pid'}\nserver_port = {free_tcp_port()}\n")
+    env = dict(os.environ, VIRTUALBMC_CONFIG=str(config))
+    daemon = subprocess.Popen(["vbmcd", "--foreground"], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port = free_udp_ports(1)[0]
+        vbmc(env, "add", "test", "--libvirt-uri", "test:///default", "--port", str(port),
+             "--address", "127.0.0.1", "--username", USER, "--password", PASSWORD)
+        vbmc(env, "start", "test")
+        yield port
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)  # vbmcd and its per-BMC children
+        daemon.wait(10)
+
+
+def vbmc(env: dict, *args: str) -> None:
+    deadline = time.monotonic() + 20
+    while subprocess.run(["vbmc", *args], env=env, capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, f"vbmc {' '.join(args)} kept failing"
+        time.sleep(0.3)
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_virtualbmc_needs_cipher_suite_3_and_a_failure_does_not_spill(cli, virtualbmc,
+                                                                       tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD)
+    for name, suite in (("v1", "17"), ("v2", "3")):
+        cli("node", "add", name, "--bmc-driver", "ipmi", "--bmc-address", "127.0.0.1",
+            "--bmc-port", str(virtualbmc), "--bmc-username", USER, "--bmc-password-file",
+            str(secret), "--bmc-cipher-suite", suite)
+    cli("power", "status", "v1", "--json", "--timeout", "8")  # leaves a failed handshake
+    status = rows(cli("power", "status", "v1,v2", "--json", "--timeout", "8"))
+    assert "set bmc.cipher_suite: 3" in status["v1"]["detail"]
+    assert status["v2"]["detail"] == "on"  # libvirt's test domain runs
+    assert rows(cli("firmware", "list", "v2", "--json"))["v2"]["result"] == "ok"
+
+
 def rows(result) -> dict[str, dict]:
     return {row["node"]: row for row in json.loads(result.out)}
 
@@ -104,6 +160,17 @@ def test_default_cipher_suite_fails_clearly_against_a_pyghmi_bmc(ipmi_nodes):
     result = ipmi_nodes("power", "status", "i1", "--json", "--timeout", "8")
     assert result.code == 7
     assert "set bmc.cipher_suite: 3" in rows(result)["i1"]["detail"]
+
+
+@pytest.mark.parametrize("ipmi_bmcs", [2], indirect=True)
+def test_a_failed_handshake_leaves_no_noise_for_the_next_sessions(ipmi_nodes):
+    ipmi_nodes("node", "set", "i1", "--bmc-cipher-suite", "17")
+    for _ in range(2):  # same process: the failed session must not disturb later ones
+        result = ipmi_nodes("power", "status", "i[1-2]", "--json", "--timeout", "8")
+        status = rows(result)  # stdout is clean JSON (pyghmi prints nothing into it)
+        assert "set bmc.cipher_suite: 3" in status["i1"]["detail"]
+        assert status["i2"]["detail"] == "off"
+        assert ipmi_nodes("power", "status", "i2", "--json").code == 0
 
 
 def test_power_and_boot_device_with_cipher_suite_3(ipmi_nodes, ipmi_bmcs):
