@@ -38,7 +38,9 @@ def overlay(lowers: list[Path], upper: Path | None, work: Path, merged: Path
     opts = "lowerdir=" + ":".join(str(p) for p in lowers)
     if upper is not None:
         work.mkdir(parents=True, exist_ok=True)
-        opts += f",upperdir={upper},workdir={work}"
+        # explicit, so a host whose defaults differ still writes plain upper dirs that
+        # stay valid as lower dirs of other stacks
+        opts += f",upperdir={upper},workdir={work},redirect_dir=off,index=off,metacopy=off"
     if len(lowers) == 1 and upper is None:
         mount("--bind", "-o", "ro", str(lowers[0]), str(merged))
     else:
