@@ -1,0 +1,164 @@
+"""Per-node builds: cache by input hash, what a change rebuilds, secrets kept apart,
+failures leaving the previous build in place."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisiond.config import load_config
+from provisiond.errors import BuildFailed, InvalidInput, NodeNotFound
+from provisiond.overlays import OverlayBuildFailed, build_overlays, cpio, ensure_overlay
+from provisiond.overlays.hostkeys import host_key_dir
+
+SYSTEM = ["init", "hostname", "hosts", "network", "agent"]
+
+
+def write_inventory(state: Path, count: int = 3, system=SYSTEM, runtime=("ssh",)) -> None:
+    nodes = {f"n{i}": {"netdevs": {"eth0": {"mac": f"52:54:00:00:00:{i:02x}",
+                                            "ipaddr": f"10.0.0.{10 + i}",
+                                            "netmask": "255.255.255.0"}}}
+             for i in range(1, count + 1)}
+    profile = {"system_overlays": list(system), "runtime_overlays": list(runtime)}
+    data = {"profiles": {"default": profile},
+            "nodes": {n: {"profiles": ["default"], **r} for n, r in nodes.items()}}
+    (state / "inventory.yaml").write_text(yaml.safe_dump(data))
+
+
+def set_address(state: Path, node: str, address: str) -> None:
+    data = yaml.safe_load((state / "inventory.yaml").read_text())
+    data["nodes"][node]["netdevs"]["eth0"]["ipaddr"] = address
+    (state / "inventory.yaml").write_text(yaml.safe_dump(data))
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {e.path: e.data for e in cpio.unpack(cpio.decompress(path.read_bytes()))
+            if not e.is_dir}
+
+
+@pytest.fixture
+def cfg(state_dir):
+    write_inventory(state_dir)
+    return load_config(state_dir)
+
+
+def test_build_then_reuse(cfg):
+    first = build_overlays(cfg, kinds=("system",))
+    assert first["rebuilt"] == {"system": 3} and first["reused"] == {"system": 0}
+    second = build_overlays(cfg, kinds=("system",))
+    assert second["rebuilt"] == {"system": 0} and second["reused"] == {"system": 3}
+
+
+def test_address_change_rebuilds_node_and_hosts_users_only(state_dir):
+    write_inventory(state_dir, system=["hostname", "network"])
+    cfg = load_config(state_dir)
+    build_overlays(cfg, kinds=("system",))
+    set_address(state_dir, "n2", "10.0.0.99")
+    summary = build_overlays(cfg, kinds=("system",))
+    assert summary["rebuilt"] == {"system": 1} and summary["reused"] == {"system": 2}
+    assert b"10.0.0.99/24" in files_of(ensure_overlay(cfg, "n2", "system"))[
+        "etc/systemd/network/10-provisiond-eth0.network"]
+
+
+def test_hosts_overlay_rebuilds_every_node_when_any_node_changes(cfg, state_dir):
+    build_overlays(cfg, kinds=("system",))
+    set_address(state_dir, "n2", "10.0.0.99")
+    summary = build_overlays(cfg, kinds=("system",))
+    assert summary["rebuilt"] == {"system": 3}
+    assert b"10.0.0.99\tn2.cluster n2" in files_of(ensure_overlay(cfg, "n1", "system"))[
+        "etc/hosts"]
+
+
+def test_ensure_overlay_builds_when_stale_and_is_stable(cfg, state_dir):
+    path = ensure_overlay(cfg, "n1", "system")
+    assert path.name == "system.cpio.zst"
+    before = path.stat().st_mtime_ns
+    assert ensure_overlay(cfg, "n1", "system") == path
+    assert path.stat().st_mtime_ns == before
+    set_address(state_dir, "n1", "10.0.0.77")
+    ensure_overlay(cfg, "n1", "system")
+    assert b"10.0.0.77" in files_of(path)["etc/hosts"]
+
+
+def test_builds_are_deterministic(cfg):
+    data = ensure_overlay(cfg, "n1", "system").read_bytes()
+    shutil.rmtree(cfg.overlay_build_dir)
+    assert ensure_overlay(cfg, "n1", "system").read_bytes() == data
+
+
+def test_unknown_node_and_kind(cfg):
+    with pytest.raises(NodeNotFound):
+        ensure_overlay(cfg, "nope", "system")
+    with pytest.raises(InvalidInput):
+        ensure_overlay(cfg, "n1", "bogus")
+
+
+def test_runtime_overlay_is_gzip_private_and_holds_only_its_own_keys(cfg):
+    build_overlays(cfg)
+    for node in ("n1", "n2", "n3"):
+        path = ensure_overlay(cfg, node, "runtime")
+        assert path.name == "runtime.cpio.gz" and path.read_bytes()[:2] == b"\x1f\x8b"
+        assert path.stat().st_mode & 0o777 == 0o600
+        blob = cpio.decompress(path.read_bytes())
+        for other in ("n1", "n2", "n3"):
+            key = (host_key_dir(cfg, other) / "ssh_host_ed25519_key").read_bytes()
+            assert (key in blob) == (other == node), (node, other)
+
+
+def test_no_secret_in_any_system_overlay(cfg):
+    build_overlays(cfg)
+    secrets = [p.read_bytes() for p in (cfg.state_dir / "secrets").rglob("*_key")]
+    assert len(secrets) == 6
+    for path in cfg.overlay_build_dir.glob("*/system.cpio.*"):
+        blob = cpio.decompress(path.read_bytes())
+        for secret in secrets:
+            assert secret not in blob
+            assert secret.splitlines()[1] not in blob  # not even one line of a key
+
+
+def test_secret_overlay_refused_as_system_overlay(state_dir):
+    write_inventory(state_dir, system=["hostname", "ssh"])
+    cfg = load_config(state_dir)
+    with pytest.raises(OverlayBuildFailed, match="overlay ssh holds secrets"):
+        build_overlays(cfg, kinds=("system",))
+
+
+def _site_overlay(state: Path, text: str) -> None:
+    folder = state / "overlays" / "broken" / "etc"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "motd.j2").write_text(text)
+
+
+def test_template_error_names_overlay_file_line_node_and_keeps_previous(state_dir):
+    write_inventory(state_dir, system=["hostname", "broken"])
+    _site_overlay(state_dir, "Welcome to {{ node.name }}\n")
+    cfg = load_config(state_dir)
+    build_overlays(cfg, kinds=("system",))
+    previous = ensure_overlay(cfg, "n1", "system").read_bytes()
+    _site_overlay(state_dir, "line one\nrack {{ node.rack }}\n")
+    with pytest.raises(OverlayBuildFailed) as caught:
+        build_overlays(cfg, kinds=("system",))
+    message = str(caught.value)
+    assert message.startswith("overlay broken, file etc/motd.j2, line 2, node n")
+    assert "rack" in message and "(and 2 more nodes failed)" in message
+    assert caught.value.summary["failed"].keys() == {"n1", "n2", "n3"}
+    path = cfg.overlay_build_dir / "n1" / "system.cpio.zst"
+    assert path.read_bytes() == previous
+
+
+def test_template_syntax_error(state_dir):
+    write_inventory(state_dir, system=["broken"])
+    _site_overlay(state_dir, "ok\n{% if node.name %}\nnever closed\n")
+    cfg = load_config(state_dir)
+    with pytest.raises(BuildFailed, match=r"overlay broken, file etc/motd.j2, line \d"):
+        ensure_overlay(cfg, "n1", "system")
+
+
+def test_site_overlay_shadows_shipped_one(cfg, state_dir):
+    folder = state_dir / "overlays" / "hostname" / "etc"
+    folder.mkdir(parents=True)
+    (folder / "hostname.j2").write_text("site-{{ node.name }}\n")
+    assert files_of(ensure_overlay(cfg, "n1", "system"))["etc/hostname"] == b"site-n1\n"

@@ -1,0 +1,45 @@
+"""`provisiond overlay ...` in-process."""
+
+from __future__ import annotations
+
+import json
+
+from tests.unit.overlays.test_build import write_inventory
+
+
+def test_list_and_show(cli, state_dir):
+    result = cli("overlay", "list", "--json")
+    names = {o["name"]: o for o in json.loads(result.out)}
+    assert {"init", "hostname", "hosts", "network", "agent", "ssh"} <= set(names)
+    assert names["ssh"]["kind"] == "runtime only"
+    shown = cli("overlay", "show", "hosts")
+    assert shown.code == 0 and "/etc/hosts" in shown.out and "template" in shown.out
+    assert "templates use: nodes, server" in shown.out
+    assert cli("overlay", "show", "nope").code == 3
+
+
+def test_render_prints_one_file_and_hides_secrets(cli, state_dir):
+    write_inventory(state_dir)
+    result = cli("overlay", "render", "n1", "hostname", "/etc/hostname")
+    assert result.code == 0 and result.out == "n1\n"
+    key = cli("overlay", "render", "n1", "ssh", "/etc/ssh/ssh_host_ed25519_key")
+    assert key.out == "<secrets.ssh_host_keys.ed25519.private>"
+    missing = cli("overlay", "render", "n1", "hostname", "/etc/nothing")
+    assert missing.code == 2 and "has no file /etc/nothing" in missing.err
+
+
+def test_build_summary_then_reuse(cli, state_dir):
+    write_inventory(state_dir)
+    first = cli("overlay", "build", "n[1-2]")
+    assert first.code == 0, first.err
+    assert "system: 2 rebuilt, 0 reused" in first.out
+    again = json.loads(cli("overlay", "build", "--json").out)
+    assert again["reused"] == {"system": 2, "runtime": 2}
+    assert again["rebuilt"] == {"system": 1, "runtime": 1}
+
+
+def test_build_failure_is_one_line(cli, state_dir):
+    write_inventory(state_dir, system=["nosuch"])
+    result = cli("overlay", "build")
+    assert result.code == 5
+    assert result.err.count("\n") == 1 and "no overlay named 'nosuch'" in result.err
