@@ -45,7 +45,5 @@ def _kernel_fetch(svc, hexdigest: str) -> str | None:
         return None
     if kernel != f"sha256:{hexdigest}":
         return None
-    from provisiond.status import record_phase
-
-    record_phase(svc.config, node.name, NodePhase.KERNEL)
+    svc.phases.record(node.name, NodePhase.KERNEL)
     return node.name

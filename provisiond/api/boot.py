@@ -38,15 +38,9 @@ def node_ipxe(mac: str):
         return Response(text, mimetype=IPXE_TYPE)
     text = node_script(svc.config, svc.manifests, entry, table.nodes.get(entry.node))
     response = Response(text, mimetype=IPXE_TYPE)
-    _record(svc.config, entry.node)
+    svc.phases.record(entry.node, NodePhase.IPXE)
     log_step(entry.node, "ipxe-script", response, started)
     return response
-
-
-def _record(config, node: str) -> None:
-    from provisiond.status import record_phase
-
-    record_phase(config, node, NodePhase.IPXE)
 
 
 @bp.get("/boot/files/<name>")

@@ -11,6 +11,7 @@ from pathlib import Path
 from flask import current_app, request
 
 from provisiond.boot.artifacts import ManifestCache
+from provisiond.boot.events import PhaseRecorder
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound
@@ -24,6 +25,14 @@ class BootServices:
         self.watcher = TableWatcher(config)
         self.manifests = ManifestCache(config)
         self._etags: dict[tuple, str] = {}
+        self._phases: PhaseRecorder | None = None
+
+    @property
+    def phases(self) -> PhaseRecorder:
+        """Phase writes leave the request path (one writer thread, started in the worker)."""
+        if self._phases is None:
+            self._phases = PhaseRecorder(self.config, quiet=2.0)
+        return self._phases
 
     @property
     def table(self) -> BootTable:

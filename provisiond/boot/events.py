@@ -41,6 +41,10 @@ class PhaseRecorder:
         except queue.Full:
             log.warning("phase queue full, dropped %s %s", node, phase.value)
 
+    def flush(self) -> None:
+        """Wait until every queued phase is written."""
+        self._queue.join()
+
     def close(self, timeout: float = 5.0) -> None:
         self._queue.put(None)
         self._thread.join(timeout)
@@ -53,6 +57,8 @@ class PhaseRecorder:
                 record_phase(self.config, *item)
             except OSError as exc:
                 log.error("cannot record phase %s for %s: %s", item[1].value, item[0], exc)
+            finally:
+                self._queue.task_done()
 
 
 class DiscoveryLog:

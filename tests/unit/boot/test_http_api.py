@@ -31,6 +31,7 @@ def test_node_script_names_kernel_layers_and_overlay(client, config):
     for i, layer in enumerate(manifest["layers"]):
         assert f"initrd --name l{i} {base}/blobs/sha256/{layer['digest'][7:]}" in text
     assert f"initrd --name l2 {base}/overlays/n2/system" in text
+    client.application.extensions["provisiond"].phases.flush()
     assert read_status(config, "n2")["phase"] == "ipxe"
 
 
@@ -68,9 +69,12 @@ def test_blob_headers_range_and_etag(client, config):
 def test_kernel_fetch_from_node_address_records_phase(client, config):
     manifest = add_image(config, "tiny")
     url = f"/blobs/sha256/{manifest['kernel']['digest'][7:]}"
+    phases = client.application.extensions["provisiond"].phases
     client.get(url, environ_base={"REMOTE_ADDR": "10.200.0.1"})
+    phases.flush()
     assert read_status(config, "n1") is None
     client.get(url, environ_base={"REMOTE_ADDR": ip_of(1)})
+    phases.flush()
     assert read_status(config, "n1")["phase"] == "kernel"
 
 

@@ -1,0 +1,78 @@
+"""Shared by the boot benchmarks: a state dir with N reserved nodes, child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def mac_of(i: int) -> str:
+    return "52:54:00:%02x:%02x:%02x" % ((i >> 16) & 255, (i >> 8) & 255, i & 255)
+
+
+def ip_of(i: int, net: str = "10.99") -> str:
+    return f"{net}.{i // 250}.{i % 250 + 2}"
+
+
+def make_state(count: int, **sections) -> Path:
+    """A fresh state dir with provisiond.yaml `sections` and nodes n1..nCOUNT."""
+    state = Path(tempfile.mkdtemp(prefix="pvbench-")) / "state"
+    state.parent.chmod(0o755)  # the peers (nginx, dnsmasq) drop to unprivileged users
+    state.mkdir(parents=True)
+    (state / "provisiond.yaml").write_text(yaml.safe_dump(sections))
+    nodes = {f"n{i}": {"image": "tiny", "netdevs": {"eth0": {
+        "mac": mac_of(i), "ipaddr": ip_of(i), "netmask": "255.255.0.0"}}}
+        for i in range(1, count + 1)}
+    (state / "inventory.yaml").write_text(yaml.safe_dump(
+        {"revision": 1, "profiles": {}, "nodes": nodes}, sort_keys=False))
+    return state
+
+
+def free_port(kind=socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(cmd: list[str], netns: str | None = None, env: dict | None = None,
+          log: str = os.devnull) -> subprocess.Popen:
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def serve(state: Path, *args: str, netns: str | None = None) -> subprocess.Popen:
+    return start([sys.executable, "-m", "provisiond", "--state-dir", str(state), "serve",
+                  "--log-level", "WARNING", *args], netns=netns, log=str(state / "serve.log"))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for(check, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise TimeoutError("a benchmark server did not come up")

@@ -1,0 +1,133 @@
+"""HTTP boot: iPXE scripts vs a bare Flask+Jinja route, and a 100 MB blob vs nginx-light.
+
+Both apps run under the gunicorn command `provisiond serve` uses; wrk drives them over
+loopback. Prints req/s, p99 and MB/s with the ratios (targets: >= 1.0 with p99 < 50 ms;
+>= 0.9 of nginx's aggregate MB/s with 50 concurrent downloads).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from bench_boot_common import (REPO, free_port, mac_of, make_state, start, stop, wait_for)
+
+SECONDS, NODES = 10, 1000
+NGINX_CONF = """worker_processes 2; error_log {dir}/error.log; pid {dir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{ sendfile on; tcp_nopush on; access_log off; keepalive_timeout 65;
+  server {{ listen 127.0.0.1:{port}; location /blobs/sha256/ {{ alias {blobs}/; }} }} }}
+"""
+LUA = """local n, i = {count}, 0
+request = function()
+  i = i % n + 1
+  return wrk.format("GET", string.format("/boot/ipxe/52:54:00:%02x:%02x:%02x",
+                    (i >> 16) & 255, (i >> 8) & 255, i & 255))
+end
+"""
+
+
+def wrk(url: str, connections: int, script: Path | None = None, seconds: int = SECONDS) -> dict:
+    cmd = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "30s"]
+    out = subprocess.run([*cmd, *(["-s", str(script)] if script else []), url],
+                         capture_output=True, text=True, timeout=SECONDS + 60).stdout
+    print(out, file=sys.stderr)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p99": _ms(re.search(r"99%\s+([\d.]+\w+)", out).group(1)),
+            "mbps": _mb(re.search(r"Transfer/sec:\s+([\d.]+\w+)", out).group(1)),
+            "errors": "Non-2xx" in out or "Socket errors" in out}
+
+
+def _ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
+
+
+def _mb(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()
+    return float(value) * {"B": 1 / 2**20, "KB": 1 / 1024, "MB": 1, "GB": 1024}[unit]
+
+
+def gunicorn(app_spec: str, port: int, state: Path) -> subprocess.Popen:
+    from provisiond.boot.supervisor import gunicorn_command
+    from provisiond.config import load_config
+
+    cmd = gunicorn_command(load_config(state))[:-1] + ["--log-level", "warning", app_spec]
+    cmd[cmd.index("--bind") + 1] = f"127.0.0.1:{port}"
+    return start(cmd, env={"PROVISIOND_STATE_DIR": str(state), "PROVISIOND_LOG_LEVEL": "WARNING",
+                           "PYTHONPATH": f"{REPO}:{REPO / 'bench'}"})
+
+
+def up(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read(10)
+        return True
+    except OSError:
+        return False
+
+
+def setup_state(port: int) -> tuple[Path, str]:
+    import hashlib
+    import json
+
+    state = make_state(NODES, server={"address": "127.0.0.1"}, http={"port": port})
+    blobs = state / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    chunk = os.urandom(1 << 20)
+    layer = hashlib.sha256(chunk * 100).hexdigest()
+    with open(blobs / layer, "wb") as handle:
+        for _ in range(100):
+            handle.write(chunk)
+    manifest = {"name": "tiny", "kernel": {"digest": f"sha256:{layer}"},
+                "layers": [{"digest": f"sha256:{layer}"}] * 2, "kernel_args": ["console=ttyS0"]}
+    (state / "images" / "tiny").mkdir(parents=True)
+    (state / "images" / "tiny" / "manifest.json").write_text(json.dumps(manifest))
+    return state, layer
+
+
+def main() -> None:
+    port_ours, port_bare, port_nginx = free_port(), free_port(), free_port()
+    state, layer = setup_state(port_ours)
+    lua = state / "macs.lua"
+    lua.write_text(LUA.format(count=NODES))
+    (state / "nginx").mkdir()
+    conf = state / "nginx" / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=state / "nginx", port=port_nginx, blobs=state / "blobs/sha256"))
+    procs = [gunicorn("provisiond.api:create_app_from_env()", port_ours, state),
+             gunicorn("bench_boot_bare_app:app", port_bare, state),
+             start(["nginx", "-c", str(conf), "-p", str(state / "nginx"), "-g", "daemon off;"])]
+    base = {name: f"http://127.0.0.1:{port}" for name, port in
+            (("ours", port_ours), ("bare", port_bare), ("nginx", port_nginx))}
+    try:
+        wait_for(lambda: all(up(f"{base[n]}/boot/ipxe/{mac_of(1)}") for n in ("ours", "bare"))
+                 and up(f"{base['nginx']}/blobs/sha256/{layer}"))
+        report(base, layer, lua)
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def report(base: dict, layer: str, lua: Path) -> None:
+    for name in ("ours", "bare"):  # warm up: tables loaded, every node's first phase written
+        wrk(f"{base[name]}/boot/ipxe/x", 50, lua, seconds=3)
+    ours = wrk(f"{base['ours']}/boot/ipxe/x", 50, lua)
+    bare = wrk(f"{base['bare']}/boot/ipxe/x", 50, lua)
+    print(f"ipxe script: provisiond {ours['rps']:.0f} req/s p99 {ours['p99']:.1f} ms, bare "
+          f"Flask+Jinja {bare['rps']:.0f} req/s p99 {bare['p99']:.1f} ms, ratio "
+          f"{ours['rps'] / bare['rps']:.2f} (target >= 1.0), 50 connections")
+    light = wrk(f"{base['ours']}/boot/ipxe/x", 8, lua)
+    print(f"ipxe script, 8 connections: provisiond {light['rps']:.0f} req/s p99 "
+          f"{light['p99']:.1f} ms (target p99 < 50 ms)")
+    blob_ours = wrk(f"{base['ours']}/blobs/sha256/{layer}", 50)
+    blob_nginx = wrk(f"{base['nginx']}/blobs/sha256/{layer}", 50)
+    print(f"100 MB blob, 50 concurrent: provisiond {blob_ours['mbps']:.0f} MB/s, nginx "
+          f"{blob_nginx['mbps']:.0f} MB/s, ratio {blob_ours['mbps'] / blob_nginx['mbps']:.2f} "
+          f"(target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()
