@@ -3,12 +3,13 @@ kernel with just the modules the recipe names, all from cached .debs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
-from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images import kernel
@@ -69,31 +70,39 @@ def _link_applets(root: Path) -> None:
 def add_kernel(config: Config, layer: BusyboxLayer, root: Path) -> None:
     """Unpack vmlinuz and the chosen modules (with their dependencies) into root.
 
-    The first use of a kernel .deb unpacks all modules and remembers their dependencies
-    beside the .deb; later builds unpack only the modules they need.
+    Unpacking a kernel .deb means decompressing ~400 MB, so the result for a module
+    selection is kept beside the cached .deb as a small tar and reused by later builds.
     """
     deb = fetch_deb(config, layer.kernel)
-    sidecar = deb.parent / (deb.name + ".modules.json")
-    index = json.loads(sidecar.read_text()) if sidecar.is_file() else None
-    dirs = ("boot", "lib")
-    if index is None or layer.modules == "all":
-        extract_deb(deb, root, lambda n: n.startswith(("boot/vmlinuz-", "lib/modules/")), dirs)
-        index = kernel.scan_modules(_only_moddir(root))
-        if deb.parent.name == "debs":
-            write_atomic(sidecar, json.dumps(index))
-        chosen = _choose(index, _wanted(index, layer))
-    else:
-        chosen = _choose(index, _wanted(index, layer))
-        prefix = f"lib/modules/{index['version']}/"
-        keep = {prefix + index["modules"][n]["path"] for n in chosen}
-        keep.update(prefix + f for f in kernel.MODULE_FILES)
-        extract_deb(deb, root, lambda n: n.startswith("boot/vmlinuz-") or n in keep, dirs)
-    moddir = _only_moddir(root)
+    selection = hashlib.sha256(json.dumps(layer.modules).encode()).hexdigest()[:16]
+    subset = deb.parent / f"{deb.name}.{selection}.tar"
+    if subset.is_file():
+        with tarfile.open(subset) as archive:
+            archive.extractall(root, filter="fully_trusted")
+        return
+    extract_deb(deb, root, lambda n: n.startswith(("boot/vmlinuz-", "lib/modules/")),
+                ("boot", "lib"))
+    _keep_modules(_only_moddir(root), layer)
+    if deb.parent.name == "debs" and layer.modules != "all":
+        _save_subset(root, subset)
+
+
+def _keep_modules(moddir: Path, layer: BusyboxLayer) -> None:
+    index = kernel.scan_modules(moddir)
+    chosen = _choose(index, _wanted(index, layer))
     kernel.prune_modules(moddir, set(chosen))
     kernel.write_modules_dep(moddir, index, chosen)
     for extra in moddir.iterdir():
         if extra.name not in (*kernel.MODULE_FILES, "modules.dep", "kernel"):
             _remove(extra)
+
+
+def _save_subset(root: Path, subset: Path) -> None:
+    tmp = subset.with_suffix(f".tmp{os.getpid()}")
+    with tarfile.open(tmp, "w") as archive:
+        archive.add(root / "boot", "boot")
+        archive.add(root / "lib", "lib")
+    os.replace(tmp, subset)
 
 
 def _wanted(index: dict, layer: BusyboxLayer) -> list[str]:
