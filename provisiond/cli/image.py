@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import signal
 import sys
@@ -43,20 +44,25 @@ def register(subparsers) -> None:
     gc.set_defaults(func=cmd_gc)
 
 
-def _interrupt_on_term() -> None:
+@contextlib.contextmanager
+def _interrupt_on_term():
     """A SIGTERM stops a build like Ctrl-C does: mounts and temp trees are cleaned up."""
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
 
     try:
-        signal.signal(signal.SIGTERM, raise_interrupt)
-    except ValueError:
-        pass  # not the main thread (e.g. the CLI run inside a server): leave it
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:  # not the main thread (e.g. the CLI run inside a server)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_build(args, ctx) -> int:
-    _interrupt_on_term()
-    with Progress(sys.stderr) as progress:
+    with _interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.build_image(ctx.config, args.name, progress=progress,
                                       rebuild=args.no_cache)
     _summary(ctx, manifest, args.json)
@@ -64,8 +70,7 @@ def cmd_build(args, ctx) -> int:
 
 
 def cmd_import(args, ctx) -> int:
-    _interrupt_on_term()
-    with Progress(sys.stderr) as progress:
+    with _interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_archive(ctx.config, args.archive, args.name, progress,
                                          kernel_args=args.kernel_args, init=args.init)
     _summary(ctx, manifest, False)

@@ -3,6 +3,8 @@ the real cpio tool; layer reuse, reproducibility, whiteouts, failures, locking, 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -81,10 +83,11 @@ def apply_whiteouts(root: Path) -> list[str]:
 
 
 def run_cli(config, *args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "provisiond", "--state-dir",
-                           str(config.state_dir), *args], capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
-    return proc.returncode, proc.stdout + proc.stderr
+    """The CLI in-process against the module's state dir: (exit code, stdout + stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--state-dir", str(config.state_dir), *args])
+    return code, out.getvalue() + err.getvalue()
 
 
 def test_tiny_layers_unpack_into_a_bootable_tree(lab, tmp_path):
