@@ -68,6 +68,5 @@ def lab():
         yield lab
     finally:
         left = lab.down()
-        if not left:
-            shutil.rmtree(lab.dir, ignore_errors=True)
+        shutil.rmtree(lab.state.state_dir, ignore_errors=True)  # logs and consoles stay
     assert not left, f"the lab left these behind: {', '.join(left)}"

@@ -94,5 +94,5 @@ def plan_nodes(plan: str, image: str = "tiny") -> dict[str, LabNode]:
                               index=index + 1, domain=f"pvlab-{name}",
                               mac=f"52:54:00:99:77:{index + 1:02x}",
                               ipaddr=f"{NETWORK}.{index + 11}",
-                              memory_mib=1024 if (rest or [image])[0] == "tiny" else 2048)
+                              memory_mib=1024 if (rest or [image])[0] == "tiny" else 3072)
     return nodes
