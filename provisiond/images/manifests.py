@@ -100,6 +100,7 @@ def _collect_trees(config: Config, keep: set[str]) -> int:
         record = json.loads(record_path.read_text())
         if record.get("digest") not in keep:
             shutil.rmtree(folder / record_path.stem, ignore_errors=True)
+            (folder / "locks" / f"{record_path.stem}.lock").unlink(missing_ok=True)
             record_path.unlink()
             removed += 1
     return removed

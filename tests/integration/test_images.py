@@ -230,8 +230,10 @@ def test_cli_list_show_delete_and_gc(lab, tmp_path):
     code, out = run_cli(config, "image", "delete", "doomed", "--force")
     assert code == 0
     top = blob_path(config, manifest["layers"][-1]["digest"])
+    tree = config.state_dir / "cache/layers" / manifest["layers"][-1]["key"]
+    assert tree.is_dir()
     code, out = run_cli(config, "image", "gc")
-    assert code == 0 and not top.exists()
+    assert code == 0 and not top.exists() and not tree.exists()
     assert blob_path(config, lab["manifest"]["layers"][0]["digest"]).exists()
     code, out = run_cli(config, "image", "show", "doomed")
     assert code == 3 and "no image named 'doomed'" in out
