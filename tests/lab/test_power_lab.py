@@ -7,7 +7,8 @@ Expected of the `lab` fixture (tests/lab/conftest.py, the lab's own; vm-lab/pvla
   bmc.driver redfish and one with ipmi (the lab gives odd nodes Redfish, even ones IPMI);
 - lab.nodes: {node name: LabNode}, each with .domain (the libvirt domain name);
 - the lab is up with `provisiond serve` running and the nodes' image built, so a PXE boot
-  reaches `ready` (lab.wait_ready exists but is not needed: reprovision waits itself).
+  reaches `ready` (lab.wait_ready exists but is not needed: reprovision waits itself);
+- lab.serial_tail(name, lines): the end of a VM's serial log, shown when a boot fails.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def test_reprovision_boots_redfish_and_ipmi_nodes_to_ready(lab):
     names = list(nodes_by_driver(lab).values())
     results = reprovision(lab.config, names, timeout=READY_TIMEOUT)
     failed = {r.node: r.detail for r in results if not r.ok}
-    assert not failed, failed
+    assert not failed, "\n".join(f"{name}: {detail}\n{lab.serial_tail(name, 15)}"
+                                  for name, detail in failed.items())
     print({r.node: f"{r.seconds:.1f} s" for r in results})
     assert set(run(lab, names, operations.power_status).values()) == {"on"}
     run(lab, names, operations.power(PowerAction.OFF))
