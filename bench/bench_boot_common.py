@@ -55,8 +55,14 @@ def start(cmd: list[str], netns: str | None = None, env: dict | None = None,
 
 
 def serve(state: Path, *args: str, netns: str | None = None) -> subprocess.Popen:
-    return start([sys.executable, "-m", "provisiond", "--state-dir", str(state), "serve",
-                  "--log-level", "WARNING", *args], netns=netns, log=str(state / "serve.log"))
+    """`provisiond serve` as configured (INFO log: one line per boot step), once it serves."""
+    log = state / "serve.log"
+    proc = start([sys.executable, "-m", "provisiond", "--state-dir", str(state), "serve",
+                  *args], netns=netns, log=str(log))
+    wait_for(lambda: proc.poll() is not None or b" serving " in log.read_bytes(), 120)
+    if proc.poll() is not None:
+        raise RuntimeError(f"provisiond serve exited: {log.read_text()[-500:]}")
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:

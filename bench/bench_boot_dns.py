@@ -41,7 +41,8 @@ def main() -> None:
     ours = serve(state, "--no-http", "--dns")
     peer = start(["dnsmasq", "-d", "-C", "/dev/null", "--no-resolv", "--no-hosts",
                   f"--addn-hosts={hosts}", f"--port={port_peer}", "--listen-address=127.0.0.1",
-                  "--bind-interfaces", "--local=/cluster/", "--pid-file="], log=str(state / "dnsmasq.log"))
+                  "--bind-interfaces", "--local=/cluster/", "--pid-file="],
+                 log=str(state / "dnsmasq.log"))
     try:
         wait_for(lambda: answers(port_ours) and answers(port_peer))
         qps_ours, lost_ours = dnsperf(port_ours, str(queries))

@@ -96,7 +96,8 @@ def main() -> None:
     lua.write_text(LUA.format(count=NODES))
     (state / "nginx").mkdir()
     conf = state / "nginx" / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=state / "nginx", port=port_nginx, blobs=state / "blobs/sha256"))
+    conf.write_text(NGINX_CONF.format(dir=state / "nginx", port=port_nginx,
+                                      blobs=state / "blobs" / "sha256"))
     procs = [gunicorn("provisiond.api:create_app_from_env()", port_ours, state),
              gunicorn("bench_boot_bare_app:app", port_bare, state),
              start(["nginx", "-c", str(conf), "-p", str(state / "nginx"), "-g", "daemon off;"])]

@@ -28,22 +28,21 @@ def blob(hexdigest: str):
         raise NotFound(f"no blob sha256:{hexdigest}") from None
     response.cache_control.public = True
     response.cache_control.immutable = True
-    node = _kernel_fetch(svc, hexdigest)
-    if node:
-        log_step(node, "kernel", response, started)
+    node = svc.table.node_for_ip(request.remote_addr or "")
+    if node is not None:
+        what = "kernel" if _is_kernel(svc, node, hexdigest) else f"blob {hexdigest[:12]}"
+        if what == "kernel" and not request.headers.get("Range"):
+            svc.phases.record(node.name, NodePhase.KERNEL)
+        log_step(node.name, what, response, started)
     return response
 
 
-def _kernel_fetch(svc, hexdigest: str) -> str | None:
-    """If the requester is a node fetching its image's kernel, record phase `kernel`."""
-    node = svc.table.node_for_ip(request.remote_addr or "")
-    if node is None or not node.record.image or request.headers.get("Range"):
-        return None
+def _is_kernel(svc, node, hexdigest: str) -> bool:
+    """True if `hexdigest` is the kernel of the node's image."""
+    if not node.record.image:
+        return False
     try:
         kernel = svc.manifests.get(node.record.image)["kernel"]["digest"]
     except (ProvisiondError, KeyError, TypeError):
-        return None
-    if kernel != f"sha256:{hexdigest}":
-        return None
-    svc.phases.record(node.name, NodePhase.KERNEL)
-    return node.name
+        return False
+    return kernel == f"sha256:{hexdigest}"

@@ -11,7 +11,7 @@ from pathlib import Path
 from flask import current_app, request
 
 from provisiond.boot.artifacts import ManifestCache
-from provisiond.boot.events import PhaseRecorder
+from provisiond.boot.phases import PhaseRecorder
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from provisiond.config import Config
@@ -22,17 +23,28 @@ class OverlayUnavailable(NotFound):
 
 
 class ManifestCache:
-    """Image manifests by name, re-read only when manifest.json changes."""
+    """Image manifests by name, re-read only when manifest.json changes; a name is stat'ed
+    at most once per `interval` seconds (no syscall on most requests)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, interval: float = 1.0):
         self.config = config
+        self.interval = interval
         self._cache: dict[str, tuple[int, dict]] = {}
+        self._checked: dict[str, float] = {}
 
     def get(self, name: str) -> dict:
+        now = time.monotonic()
+        if name in self._cache and now - self._checked.get(name, 0) < self.interval:
+            return self._cache[name][1]
+        self._checked[name] = now
+        return self._load(name)
+
+    def _load(self, name: str) -> dict:
         path = self.config.images_dir / name / "manifest.json"
         try:
             stamp = os.stat(path).st_mtime_ns
         except (FileNotFoundError, NotADirectoryError):
+            self._cache.pop(name, None)
             raise ImageNotFound(f"no image named {name!r} has been built") from None
         cached = self._cache.get(name)
         if cached and cached[0] == stamp:

@@ -15,7 +15,8 @@ import time
 from provisiond.atomic import write_atomic
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp_reply import Answers, client_kind
-from provisiond.boot.events import DiscoveryLog, PhaseRecorder
+from provisiond.boot.discovery import DiscoveryLog
+from provisiond.boot.phases import PhaseProcess, PhaseRecorder
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.config import Config
@@ -29,7 +30,8 @@ LEASES_FILE = "dhcp-leases.json"
 class DhcpServer(UdpServer):
     name = "dhcp"
 
-    def __init__(self, config: Config, table: BootTable, phases: PhaseRecorder | None = None,
+    def __init__(self, config: Config, table: BootTable,
+                 phases: PhaseRecorder | PhaseProcess | None = None,
                  sock: socket.socket | None = None):
         dhcp = config.dhcp
         super().__init__(sock or open_udp(dhcp.bind, dhcp.port, dhcp.interface, broadcast=True))
@@ -70,15 +72,16 @@ class DhcpServer(UdpServer):
         if not answers.proxy and asked not in ("0.0.0.0", entry.ipaddr):
             self._send(request, answers.nak(request))
             return
+        self.leases[request.mac] = (entry.ipaddr, time.time() + self.config.dhcp.lease_seconds)
+        self._dirty = True
         self._send(request, answers.reply(request, p.ACK))
         self._acked(request, entry)
 
     def _acked(self, request: p.Request, entry) -> None:
-        self.leases[request.mac] = (entry.ipaddr, time.time() + self.config.dhcp.lease_seconds)
-        self._dirty = True
         kind = client_kind(request.options).value
-        self.phases.record(entry.node, NodePhase.DHCP, f"{kind} {entry.ipaddr}")
-        log.info("%s dhcp ack %s %s (%s)", entry.node, entry.ipaddr, request.mac, kind)
+        if self.phases.record(entry.node, NodePhase.DHCP, f"{kind} {entry.ipaddr}"):
+            # One line per boot step: repeats within the recorder's quiet time are not one.
+            log.info("%s dhcp ack %s %s (%s)", entry.node, entry.ipaddr, request.mac, kind)
 
     def _unknown(self, request: p.Request) -> None:
         if request.msg_type not in (p.DISCOVER, p.REQUEST):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-from provisiond.boot.events import PhaseRecorder
+from provisiond.boot.phases import PhaseProcess
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
@@ -48,7 +48,7 @@ class Supervisor:
         self.tftp = None
         self.gunicorn: subprocess.Popen | None = None
         self.watcher = TableWatcher(config)
-        self.phases = PhaseRecorder(config)
+        self.phases: PhaseProcess | None = None
 
     def start(self) -> None:
         try:
@@ -68,6 +68,7 @@ class Supervisor:
 
         table = self.watcher.table
         if self.enabled["dhcp"]:
+            self.phases = PhaseProcess(self.config)
             self.udp.append(DhcpServer(self.config, table, self.phases))
         if self.enabled["dns"]:
             self.udp.append(DnsServer(self.config, table))
@@ -124,7 +125,8 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.gunicorn.kill()
                 self.gunicorn.wait()
-        self.phases.close()
+        if self.phases:
+            self.phases.close()
 
 
 def serve(config: Config, enabled: dict[str, bool]) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from bootdata import add_nodes, ip_of, mac_of
 from netns import make_link
-from provisiond.boot.events import read_discovery
+from provisiond.boot.discovery import read_discovery
 from provisiond.config import load_config, write_default_config
 from provisiond.status import read_status
 from servers import start_serve, stop_serve, write_config

@@ -101,7 +101,8 @@ def test_dig_resolves_names_and_reverse(served):
     assert dig(ports["dns"], "-x", ip_of(3)) == ["n3.cluster."]
     assert dig(ports["dns"], "-x", "fd00::3") == ["n3.cluster."]
     assert dig(ports["dns"], "cluster", "SOA")[0] == "provisiond.cluster."
-    full = run("dig", "+time=2", "+tries=1", "-p", str(ports["dns"]), "@127.0.0.1", "nobody.cluster")
+    full = run("dig", "+time=2", "+tries=1", "-p", str(ports["dns"]), "@127.0.0.1",
+               "nobody.cluster")
     assert b"status: NXDOMAIN" in full.stdout
 
 

@@ -39,6 +39,7 @@ def test_unknown_mac_and_missing_image_get_retry_scripts(client, config):
     text = client.get("/boot/ipxe/02-00-00-00-00-99").get_data(as_text=True)
     assert "unknown MAC 02:00:00:00:00:99" in text and "sleep" in text and "chain" in text
     (config.images_dir / "tiny" / "manifest.json").unlink()
+    client.application.extensions["provisiond"].manifests.interval = 0
     text = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
     assert "no image named 'tiny'" in text and "kernel" not in text.split("echo")[0]
 

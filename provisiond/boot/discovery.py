@@ -1,64 +1,15 @@
-"""Side effects of the UDP servers kept off their hot loop: phase records and discovery.
-
-The DHCP loop must answer thousands of packets a second, so it only queues a phase (one
-writer thread does the locked, fsynced write) and appends discovery lines rate-limited.
-"""
+"""Discovery: unknown MACs asking for DHCP, as JSON lines in the state dir, rate-limited."""
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import time
 
 from provisiond.config import Config
-from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
 DISCOVERY_FILE = "discovery.jsonl"
-
-
-class PhaseRecorder:
-    """Records phases from a single writer thread; repeats within `quiet` seconds are dropped."""
-
-    def __init__(self, config: Config, quiet: float = 5.0):
-        self.config = config
-        self.quiet = quiet
-        self._last: dict[tuple[str, str], float] = {}
-        self._queue: queue.Queue = queue.Queue(maxsize=100_000)
-        self._thread = threading.Thread(target=self._run, name="phase-writer", daemon=True)
-        self._thread.start()
-
-    def record(self, node: str, phase: NodePhase, detail: str = "") -> None:
-        now = time.monotonic()
-        key = (node, phase.value)
-        if now - self._last.get(key, -1e9) < self.quiet:
-            return
-        self._last[key] = now
-        try:
-            self._queue.put_nowait((node, phase, detail))
-        except queue.Full:
-            log.warning("phase queue full, dropped %s %s", node, phase.value)
-
-    def flush(self) -> None:
-        """Wait until every queued phase is written."""
-        self._queue.join()
-
-    def close(self, timeout: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        from provisiond.status import record_phase
-
-        while (item := self._queue.get()) is not None:
-            try:
-                record_phase(self.config, *item)
-            except OSError as exc:
-                log.error("cannot record phase %s for %s: %s", item[1].value, item[0], exc)
-            finally:
-                self._queue.task_done()
 
 
 class DiscoveryLog:

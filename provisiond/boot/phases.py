@@ -1,0 +1,130 @@
+"""Phase records kept off the servers' hot paths.
+
+`record_phase` locks, rewrites and fsyncs a file: too slow for a loop answering thousands of
+DHCP packets a second. The HTTP workers hand phases to one writer thread; the UDP servers
+hand them through a pipe to a writer process (`python -m provisiond.boot.phases STATE`), so
+the writes cost their loop neither time nor the GIL. Repeats within `quiet` s are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from provisiond.config import Config, load_config
+from provisiond.states import NodePhase
+
+log = logging.getLogger("provisiond.boot")
+
+
+class _Recorder:
+    def __init__(self, config: Config, quiet: float):
+        self.config = config
+        self.quiet = quiet
+        self._last: dict[tuple[str, str], float] = {}
+
+    def record(self, node: str, phase: NodePhase, detail: str = "") -> bool:
+        """Queue `phase` for `node` unless it was queued within `quiet` s; True if queued."""
+        now = time.monotonic()
+        key = (node, phase.value)
+        if now - self._last.get(key, -1e9) < self.quiet:
+            return False
+        if len(self._last) > 200_000:
+            self._last.clear()
+        self._last[key] = now
+        return self._send(node, phase, detail)
+
+    def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
+        raise NotImplementedError
+
+
+class PhaseRecorder(_Recorder):
+    """One writer thread per process (the HTTP workers)."""
+
+    def __init__(self, config: Config, quiet: float = 2.0):
+        super().__init__(config, quiet)
+        self._queue: queue.Queue = queue.Queue(maxsize=100_000)
+        self._thread = threading.Thread(target=self._run, name="phase-writer", daemon=True)
+        self._thread.start()
+
+    def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
+        try:
+            self._queue.put_nowait((node, phase, detail))
+            return True
+        except queue.Full:
+            log.warning("phase queue full, dropped %s %s", node, phase.value)
+            return False
+
+    def flush(self) -> None:
+        """Wait until every queued phase is written."""
+        self._queue.join()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            write_phase(self.config, *item)
+            self._queue.task_done()
+
+
+class PhaseProcess(_Recorder):
+    """A writer process fed through a non-blocking pipe (the UDP servers)."""
+
+    def __init__(self, config: Config, quiet: float = 5.0):
+        super().__init__(config, quiet)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "provisiond.boot.phases", str(config.state_dir)],
+            stdin=subprocess.PIPE, env=env)
+        self._fd = self._proc.stdin.fileno()
+        os.set_blocking(self._fd, False)
+
+    def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
+        line = f"{node}\t{phase.value}\t{detail[:200]}".replace("\n", " ") + "\n"
+        try:
+            os.write(self._fd, line.encode())  # < PIPE_BUF: written whole or not at all
+            return True
+        except BlockingIOError:
+            log.warning("phase writer busy, dropped %s %s", node, phase.value)
+            return False
+
+    def close(self, timeout: float = 10.0) -> None:
+        os.set_blocking(self._fd, True)
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def write_phase(config: Config, node: str, phase: NodePhase, detail: str) -> None:
+    from provisiond.status import record_phase
+
+    try:
+        record_phase(config, node, phase, detail)
+    except OSError as exc:
+        log.error("cannot record phase %s for %s: %s", phase.value, node, exc)
+
+
+def main(state_dir: str) -> None:
+    """The writer process: one `node<TAB>phase<TAB>detail` line per phase on stdin."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the parent
+    config = load_config(Path(state_dir))
+    for raw in sys.stdin.buffer:
+        parts = raw.decode(errors="replace").rstrip("\n").split("\t", 2)
+        if len(parts) == 3 and parts[1] in NodePhase._value2member_map_:
+            write_phase(config, parts[0], NodePhase(parts[1]), parts[2])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
