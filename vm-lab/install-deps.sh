@@ -13,14 +13,9 @@ APT_PACKAGES=(
 )
 PIP_PACKAGES=("libvirt-python>=9" "sushy-tools>=1.0" "virtualbmc>=3.0" "sushy>=4.0" "pyghmi>=1.5")
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing Debian packages: ${missing[*]}"
+if ! dpkg -s "${APT_PACKAGES[@]}" >/dev/null 2>&1; then
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}"
 fi
 
 PY=${1:-}

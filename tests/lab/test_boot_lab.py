@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from provisiond.errors import ProvisiondError
@@ -23,6 +25,15 @@ def boot_to_ready(lab, names: list[str], timeout: float) -> dict[str, dict]:
     not_ready = {n: s.get("phase") for n, s in statuses.items() if s.get("phase") != "ready"}
     assert not not_ready, f"{not_ready}\n{report.failure_report(lab, statuses)}"
     return statuses
+
+
+def _wait(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
 
 
 def test_lab_network_stays_inside_its_namespace(lab):
@@ -59,6 +70,6 @@ def test_a_vm_boots_the_debian12_image_with_systemd_and_sshd(lab):
         pytest.skip(f"the {node.image} image does not build here: {exc}")
     statuses = boot_to_ready(lab, ["n4"], timeout=420)
     assert statuses["n4"]["phase"] == NodePhase.READY.value
-    assert lab.tcp_open(node.ipaddr, 22), "sshd is not listening on the node"
+    assert _wait(lambda: lab.tcp_open(node.ipaddr, 22), 60), "sshd is not listening on n4"
     serial = open(node.serial_log, errors="replace").read()
     assert "provisiond-init: switching root to" in serial
