@@ -19,19 +19,40 @@ import yaml
 from provisiond.cli import main
 from provisiond.config import load_config, write_default_config
 from provisiond.images import blob_path, build_image, load_manifest
+from provisiond.images.debs import deb_sha256, fetch_deb
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_CACHE = "/var/tmp/provisiond-test-cache"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def deb_cache():
-    """Downloaded .debs are shared by every test run on this machine (not layer trees)."""
+def deb_cache(tmp_path_factory):
+    """A cache dir for this module holding only the downloaded .debs (hard links into the
+    machine-wide download cache), so the first tiny build below really unpacks them."""
+    shared = Path(os.environ.get("PROVISIOND_CACHE_DIR") or SHARED_CACHE)
     old = os.environ.get("PROVISIOND_CACHE_DIR")
-    os.environ["PROVISIOND_CACHE_DIR"] = old or SHARED_CACHE
+    os.environ["PROVISIOND_CACHE_DIR"] = str(shared)
+    probe = tmp_path_factory.mktemp("probe")
+    write_default_config(probe)
+    for package in ("busybox-static", "linux-image-amd64"):
+        deb_sha256(fetch_deb(load_config(probe), package))
+    private = tmp_path_factory.mktemp("cache")
+    (private / "debs").mkdir()
+    for path in (shared / "debs").iterdir():
+        if path.name.endswith((".deb", ".sha256", ".json")):
+            _link_or_copy(path, private / "debs" / path.name)
+    os.environ["PROVISIOND_CACHE_DIR"] = str(private)
     yield
-    if old is None:
-        del os.environ["PROVISIOND_CACHE_DIR"]
+    os.environ.pop("PROVISIOND_CACHE_DIR")
+    if old is not None:
+        os.environ["PROVISIOND_CACHE_DIR"] = old
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +167,8 @@ def test_top_layer_change_rebuilds_only_that_layer(lab):
 
 
 def test_two_builds_give_identical_digests(lab, tmp_path):
+    """The first build unpacked the kernel .deb; this one reuses the kept module selection:
+    both paths must give the same bytes."""
     write_default_config(tmp_path / "fresh")
     fresh = build_image(load_config(tmp_path / "fresh"), "tiny")
     assert [l["digest"] for l in fresh["layers"]] == [
