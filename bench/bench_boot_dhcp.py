@@ -14,7 +14,7 @@ import time
 from bench_boot_common import ip_of, mac_of, make_state, serve, start, stop
 
 COUNT, SECONDS = 10_000, 10
-RATE = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+RATE = 4000
 SRV_NS, CLI_NS, SRV_IF, CLI_IF = "pvbdhcps", "pvbdhcpc", "pvbdhs", "pvbdhc"
 SERVER, RELAY = "10.99.250.1", "10.99.250.2"
 
@@ -86,4 +86,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    RATE = int(sys.argv[1]) if len(sys.argv) > 1 else RATE
     main()

@@ -8,6 +8,7 @@ the writes cost their loop neither time nor the GIL. Repeats within `quiet` s ar
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
@@ -22,6 +23,7 @@ from provisiond.config import Config, load_config
 from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class _Recorder:
@@ -77,7 +79,8 @@ class PhaseRecorder(_Recorder):
 
 
 class PhaseProcess(_Recorder):
-    """A writer process fed through a non-blocking pipe (the UDP servers)."""
+    """A low-priority writer process fed through a large non-blocking pipe (UDP servers):
+    under a burst of boots it lags behind and catches up, the answers never wait for it."""
 
     def __init__(self, config: Config, quiet: float = 5.0):
         super().__init__(config, quiet)
@@ -87,6 +90,11 @@ class PhaseProcess(_Recorder):
             stdin=subprocess.PIPE, env=env)
         self._fd = self._proc.stdin.fileno()
         os.set_blocking(self._fd, False)
+        try:
+            fcntl.fcntl(self._fd, F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass  # above /proc/sys/fs/pipe-max-size: keep the default
+        self.dropped = 0
 
     def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
         line = f"{node}\t{phase.value}\t{detail[:200]}".replace("\n", " ") + "\n"
@@ -94,7 +102,9 @@ class PhaseProcess(_Recorder):
             os.write(self._fd, line.encode())  # < PIPE_BUF: written whole or not at all
             return True
         except BlockingIOError:
-            log.warning("phase writer busy, dropped %s %s", node, phase.value)
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # 1st, 2nd, 4th... drop
+                log.warning("phase writer behind: %d phase records dropped", self.dropped)
             return False
 
     def close(self, timeout: float = 10.0) -> None:
@@ -119,6 +129,7 @@ def write_phase(config: Config, node: str, phase: NodePhase, detail: str) -> Non
 def main(state_dir: str) -> None:
     """The writer process: one `node<TAB>phase<TAB>detail` line per phase on stdin."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the parent
+    os.nice(10)  # answering packets comes first; the records catch up after a burst
     config = load_config(Path(state_dir))
     for raw in sys.stdin.buffer:
         parts = raw.decode(errors="replace").rstrip("\n").split("\t", 2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 SERVICES = ("http", "dhcp", "tftp", "dns")
 
@@ -21,9 +20,9 @@ def register(subparsers) -> None:
 
 
 def handler(args, ctx) -> int:
-    from provisiond.boot.supervisor import serve
+    from provisiond.boot.supervisor import serve, setup_logging
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    setup_logging(args.log_level)
     config = ctx.config
     enabled = {name: getattr(config, name).enabled if getattr(args, name) is None
                else getattr(args, name) for name in SERVICES}

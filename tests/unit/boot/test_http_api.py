@@ -128,3 +128,28 @@ def test_junk_requests_get_json_4xx(client, method, path):
     response = client.open(path, method=method)
     assert 400 <= response.status_code < 500
     assert set(response.json) == {"error", "type"}
+
+
+def test_overlays_built_by_the_real_ensure_overlay(client, config):
+    overlays = pytest.importorskip("provisiond.overlays")
+    from provisiond.inventory import InventoryStore
+
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"].system_overlays = ["hostname"]
+        inv.nodes["n1"].runtime_overlays = ["hosts"]
+    client.application.extensions["provisiond"].watcher.interval = 0
+    system = client.get("/overlays/n1/system")
+    assert system.status_code == 200
+    assert system.data == overlays.ensure_overlay(config, "n1", "system").read_bytes()
+    runtime = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
+    assert runtime.status_code == 200 and runtime.data
+    again = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)},
+                       headers={"If-None-Match": runtime.headers["ETag"]})
+    assert again.status_code == 304
+
+
+def test_boot_files_serve_ipxe_binaries(client):
+    for name in ("ipxe.efi", "undionly.kpxe"):
+        response = client.get(f"/boot/files/{name}")
+        assert response.status_code == 200
+        assert response.data == open(f"/usr/lib/ipxe/{name}", "rb").read()
