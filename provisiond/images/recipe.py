@@ -1,7 +1,7 @@
 """Image recipes: `images/<name>/image.yaml`, an ordered list of layers, validated.
 
-A recipe's first layer is a base (busybox, debootstrap, oci-archive, or another image of
-ours); the layers after it add packages, copy files or run commands in a chroot. An `image`
+A recipe's first layer is a base (busybox, debootstrap, oci-archive, a directory, or
+another image of ours); the layers after it add packages, copy files or run commands in a chroot. An `image`
 base expands into the parent recipe's layers, so parent and child share their layer blobs.
 """
 
@@ -56,6 +56,11 @@ class OciLayer(_Layer):
     path: str
 
 
+class DirectoryLayer(_Layer):
+    kind: Literal["directory"]
+    path: str
+
+
 class ImageLayer(_Layer):
     kind: Literal["image"]
     name: str
@@ -85,8 +90,9 @@ class RunLayer(_Layer):
 
 
 LAYER_MODELS = {m.model_fields["kind"].annotation.__args__[0]: m for m in (
-    BusyboxLayer, DebootstrapLayer, OciLayer, ImageLayer, PackagesLayer, CopyLayer, RunLayer)}
-BASE_KINDS = {"busybox", "debootstrap", "oci-archive", "image"}
+    BusyboxLayer, DebootstrapLayer, OciLayer, DirectoryLayer, ImageLayer, PackagesLayer,
+    CopyLayer, RunLayer)}
+BASE_KINDS = {"busybox", "debootstrap", "oci-archive", "directory", "image"}
 
 
 @dataclass

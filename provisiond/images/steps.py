@@ -33,6 +33,8 @@ def step_inputs(config: Config, step: Step) -> dict:
         return {"files": [_source_digest(step, item.src) for item in layer.files]}
     if step.kind == "oci-archive":
         return {"archive": file_sha256(_source(step, layer.path))}
+    if step.kind == "directory":
+        return {"tree": _source_digest(step, layer.path)}
     return {}
 
 
@@ -50,16 +52,20 @@ def _source_digest(step: Step, rel: str) -> str:
     sha = hashlib.sha256()
     for sub in sorted(p for p in path.rglob("*")):
         st = sub.lstat()
-        sha.update(f"{sub.relative_to(path)}\0{st.st_mode:o}\0".encode())
+        meta = f"{sub.relative_to(path)}\0{st.st_mode:o}\0{st.st_uid}:{st.st_gid}\0"
+        sha.update(meta.encode())
         sha.update(file_sha256(sub).encode() if sub.is_file() else os.fsencode(
             os.readlink(sub) if sub.is_symlink() else ""))
     return sha.hexdigest()
 
 
 def build_base(config: Config, step: Step, root: Path, log: Path) -> None:
-    """Fill an empty root from a base kind (busybox or debootstrap)."""
+    """Fill an empty root from a base kind (busybox, debootstrap or a directory)."""
     if step.kind == "busybox":
         busybox.build_busybox(config, step.layer, root)
+    elif step.kind == "directory":
+        source = _source(step, step.layer.path)
+        run_tool(["cp", "-a", "--", f"{source}/.", str(root)], step.where)
     elif step.kind == "debootstrap":
         _debootstrap(step, root, log)
     else:

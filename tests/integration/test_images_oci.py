@@ -169,3 +169,21 @@ def test_entry_through_a_symlink_out_of_the_image_is_refused(cli, config, tmp_pa
     result = cli("image", "import", str(archive), "evil")
     assert result.code != 0 and "points outside the image" in result.err
     assert not (outside / "planted").exists()
+
+
+def test_directory_base_keeps_modes_and_owners(cli, config, state_dir, tmp_path):
+    folder = state_dir / "recipes" / "fromdir"
+    (folder / "rootfs/boot").mkdir(parents=True)
+    (folder / "rootfs/boot/vmlinuz-0.0-dir").write_bytes(KERNEL)
+    (folder / "rootfs/sbin").mkdir()
+    (folder / "rootfs/sbin/init").write_text("#!/bin/sh\n")
+    os.chmod(folder / "rootfs/sbin/init", 0o750)
+    os.chown(folder / "rootfs/sbin/init", 0, 42)
+    (folder / "image.yaml").write_text("layers:\n  - {kind: directory, path: rootfs}\n")
+    assert cli("image", "build", "fromdir").code == 0
+    manifest = load_manifest(config, "fromdir")
+    assert manifest["kernel"]["version"] == "0.0-dir"
+    assert unpack_image(config, manifest, tmp_path / "root") == []
+    init = (tmp_path / "root/sbin/init").stat()
+    assert init.st_mode & 0o777 == 0o750 and init.st_gid == 42
+    assert not (tmp_path / "root/boot/vmlinuz-0.0-dir").exists()
