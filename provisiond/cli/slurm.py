@@ -6,6 +6,7 @@ nothing from it but the exit status; each node's outcome goes to syslog or `--lo
 
 from __future__ import annotations
 
+import argparse
 import logging
 import logging.handlers
 import os
@@ -16,11 +17,20 @@ from provisiond.power.report import exit_code
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 SYSLOG_SOCKET = "/dev/log"
+EPILOG = """Slurm runs a program with the hostlist as its only argument, so wrap each verb:
+  /usr/local/sbin/provisiond-resume:
+    #!/bin/sh
+    exec provisiond --state-dir /var/lib/provisiond slurm resume "$1"
+  slurm.conf:
+    ResumeProgram=/usr/local/sbin/provisiond-resume
+    SuspendProgram=/usr/local/sbin/provisiond-suspend
+The program runs as SlurmUser, which must be able to read the state dir and secrets."""
 
 
 def register(subparsers) -> None:
-    slurm = subparsers.add_parser("slurm", help="Slurm power saving (ResumeProgram, "
-                                  "SuspendProgram)")
+    slurm = subparsers.add_parser(
+        "slurm", help="Slurm power saving (ResumeProgram, SuspendProgram)", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = slurm.add_subparsers(dest="verb", metavar="VERB", required=True)
     resume = verbs.add_parser("resume", help="PXE boot the nodes: boot device pxe once, "
                               "then power on (cycle if on)")
