@@ -58,8 +58,8 @@ def gunicorn(app_spec: str, port: int, state: Path) -> subprocess.Popen:
 
     cmd = gunicorn_command(load_config(state))[:-1] + ["--log-level", "warning", app_spec]
     cmd[cmd.index("--bind") + 1] = f"127.0.0.1:{port}"
-    return start(cmd, env={"PROVISIOND_STATE_DIR": str(state), "PROVISIOND_LOG_LEVEL": "WARNING",
-                           "PYTHONPATH": f"{REPO}:{REPO / 'bench'}"})
+    env = {"PROVISIOND_STATE_DIR": str(state), "PYTHONPATH": f"{REPO}:{REPO / 'bench'}"}
+    return start(cmd, env=env, log=str(state / f"gunicorn-{port}.log"))
 
 
 def up(url: str) -> bool:

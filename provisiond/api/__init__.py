@@ -36,8 +36,9 @@ def create_app(config: Config) -> Flask:
 
 def create_app_from_env() -> Flask:
     """For gunicorn: the state dir comes from $PROVISIOND_STATE_DIR."""
-    logging.basicConfig(level=os.environ.get("PROVISIOND_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(name)s %(message)s")
+    from provisiond.boot.logs import setup_logging
+
+    setup_logging(os.environ.get("PROVISIOND_LOG_LEVEL", "INFO"))
     return create_app(load_config(resolve_state_dir(None)))
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 
+from provisiond.boot.logs import flush_logs
 from provisiond.boot.phases import PhaseProcess
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config
@@ -21,28 +22,6 @@ from provisiond.errors import ProvisiondError
 log = logging.getLogger("provisiond.boot")
 SERVICES = ("http", "dhcp", "tftp", "dns")
 HTTP_THREADS = 16
-
-
-class BufferedLogHandler(logging.StreamHandler):
-    """Log lines go into a 64 KiB buffer that `flush_now` empties (the supervisor, once a
-    second): a write per line to a slow log file cost the DHCP loop half its rate."""
-
-    def __init__(self):
-        super().__init__(open(sys.stderr.fileno(), "w", buffering=1 << 16, closefd=False))
-
-    def flush(self) -> None:
-        pass
-
-    def flush_now(self) -> None:
-        with self.lock:
-            self.stream.flush()
-
-
-def setup_logging(level: str) -> BufferedLogHandler:
-    handler = BufferedLogHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-    return handler
 
 
 class ServeFailed(ProvisiondError):
@@ -123,7 +102,6 @@ class Supervisor:
     def run(self) -> int:
         """Reload tables when the inventory changes until stopped; the exit code."""
         while not self.stopping.wait(1.0):
-            flush_logs()
             if self.gunicorn and self.gunicorn.poll() is not None:
                 log.error("gunicorn exited with %s; stopping", self.gunicorn.returncode)
                 self.stop()
@@ -150,11 +128,6 @@ class Supervisor:
                 self.gunicorn.wait()
         if self.phases:
             self.phases.close()
-
-
-def flush_logs() -> None:
-    for handler in logging.getLogger().handlers:
-        getattr(handler, "flush_now", handler.flush)()
 
 
 def serve(config: Config, enabled: dict[str, bool]) -> int:

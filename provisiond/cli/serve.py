@@ -20,7 +20,8 @@ def register(subparsers) -> None:
 
 
 def handler(args, ctx) -> int:
-    from provisiond.boot.supervisor import serve, setup_logging
+    from provisiond.boot.logs import setup_logging
+    from provisiond.boot.supervisor import serve
 
     setup_logging(args.log_level)
     config = ctx.config
