@@ -21,13 +21,15 @@ DIRS = {"bin": 0o755, "sbin": 0o755, "usr/bin": 0o755, "usr/sbin": 0o755, "etc":
         "root": 0o700, "var/log": 0o755, "var/run": 0o755, "mnt": 0o755, "lib/modules": 0o755,
         "usr/share/udhcpc": 0o755}
 ETC = {
-    "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    "passwd": ("root:x:0:0:root:/root:/bin/sh\n"
+               "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"),
     "group": "root:x:0:\nnogroup:x:65534:\n",
     "shadow": "root:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n",
     "hostname": "tiny\n",
     "hosts": "127.0.0.1 localhost\n::1 localhost\n",
     "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-    "os-release": 'NAME="provisiond tiny"\nID=provisiond-tiny\nPRETTY_NAME="provisiond tiny (busybox)"\n',
+    "os-release": ('NAME="provisiond tiny"\nID=provisiond-tiny\n'
+                   'PRETTY_NAME="provisiond tiny (busybox)"\n'),
 }
 
 

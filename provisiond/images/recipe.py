@@ -1,8 +1,9 @@
 """Image recipes: `images/<name>/image.yaml`, an ordered list of layers, validated.
 
 A recipe's first layer is a base (busybox, debootstrap, oci-archive, a directory, or
-another image of ours); the layers after it add packages, copy files or run commands in a chroot. An `image`
-base expands into the parent recipe's layers, so parent and child share their layer blobs.
+another image of ours); the layers after it add packages, copy files or run commands in a
+chroot. An `image` base expands into the parent recipe's layers, so parent and child share
+their layer blobs.
 """
 
 from __future__ import annotations

@@ -182,7 +182,8 @@ def test_deletions_become_the_final_images_whiteouts(lab, tmp_path):
         {"kind": "run", "commands": ["rm /etc/hostname /etc/hosts",
                                      "rm -r /usr/share/udhcpc"]},
         {"kind": "run", "commands": ["echo again > /etc/hosts",
-                                     "mkdir /usr/share/udhcpc && echo new > /usr/share/udhcpc/new"]},
+                                     "mkdir /usr/share/udhcpc",
+                                     "echo new > /usr/share/udhcpc/new"]},
     ]})
     manifest = build_image(lab["config"], "whiteouts")
     assert len(manifest["layers"]) == 4
