@@ -14,7 +14,8 @@ the end, failing the session if anything of it is still alive. What it offers
 - lab.redfish      (host, port) of sushy-tools (libvirt driver, no auth; system id = UUID)
 - lab.ipmi         name -> (host, port) of its virtualbmc endpoint (admin/password; needs
                    IPMI cipher suite 3)
-- lab.serve_pid    PID of the running `provisiond serve` (None if it stopped)
+- lab.serve        {'pid', 'log', 'url'} of the running `provisiond serve` (pid None if it
+                   stopped); lab.serve_pid the same pid
 - lab.tcp_open(host, port)   TCP connect from inside the namespace
 - lab.state.libvirt_uri      libvirt URI of the lab's private libvirtd
 

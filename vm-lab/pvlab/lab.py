@@ -12,7 +12,8 @@ from provisiond.states import NodePhase
 from provisiond.status import clear_status, read_all_status
 from pvlab import bmc, domains, libvirtd, netns, process, provision
 from pvlab.errors import LabError
-from pvlab.layout import DEFAULT_DIR, DEFAULT_PLAN, LabNode, LabState, load_state, plan_nodes
+from pvlab.layout import (DEFAULT_DIR, DEFAULT_PLAN, SERVER_ADDRESS, LabNode, LabState,
+                          load_state, plan_nodes)
 
 PHASES = [p.value for p in NodePhase if p is not NodePhase.FAILED]
 
@@ -108,6 +109,12 @@ class Lab:
     def serve_pid(self) -> int | None:
         pid = self.state.pids.get("serve")
         return pid if process.alive(pid, "serve") else None
+
+    @property
+    def serve(self) -> dict:
+        """The running `provisiond serve`: its pid, log file and URL (inside the namespace)."""
+        return {"pid": self.serve_pid, "log": self.state.dir / "logs" / "serve.log",
+                "url": f"http://{SERVER_ADDRESS}:{provision.HTTP_PORT}"}
 
     def tcp_open(self, host: str, port: int) -> bool:
         """A TCP connect to host:port from inside the lab namespace."""
