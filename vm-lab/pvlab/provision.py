@@ -65,6 +65,9 @@ def node_record(node: LabNode, redfish_port: int) -> Record:
 def register_nodes(state: LabState, config: Config) -> None:
     """Put every lab node in the inventory (replacing older lab records) with its password."""
     with InventoryStore(config).edit() as inventory:
+        for name, record in list(inventory.nodes.items()):
+            if (record.tags or {}).get("lab") == "pvlab" and name not in state.nodes:
+                del inventory.nodes[name]  # a node of an earlier lab plan
         for node in state.nodes.values():
             inventory.nodes[node.name] = node_record(node, state.redfish_port)
     SecretStore(config).set("nodes", list(state.nodes), BMC_PASSWORD, LAB_BMC_PASSWORD)
