@@ -11,7 +11,7 @@ from pathlib import Path
 from flask import current_app, request
 
 from provisiond.boot.artifacts import ManifestCache
-from provisiond.boot.phases import PhaseRecorder
+from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound
@@ -25,13 +25,13 @@ class BootServices:
         self.watcher = TableWatcher(config)
         self.manifests = ManifestCache(config)
         self._etags: dict[tuple, str] = {}
-        self._phases: PhaseRecorder | None = None
+        self._phases = None
 
     @property
-    def phases(self) -> PhaseRecorder:
-        """Phase writes leave the request path (one writer thread, started in the worker)."""
+    def phases(self):
+        """Phase writes leave the request path (made in the worker, after gunicorn's fork)."""
         if self._phases is None:
-            self._phases = PhaseRecorder(self.config, quiet=2.0)
+            self._phases = recorder_from_env(self.config)
         return self._phases
 
     @property

@@ -1,9 +1,10 @@
 """Phase records kept off the servers' hot paths.
 
 `record_phase` locks, rewrites and fsyncs a file: too slow for a loop answering thousands of
-DHCP packets a second. The HTTP workers hand phases to one writer thread; the UDP servers
-hand them through a pipe to a writer process (`python -m provisiond.boot.phases STATE`), so
-the writes cost their loop neither time nor the GIL. Repeats within `quiet` s are dropped.
+DHCP packets a second. `provisiond serve` starts one writer process
+(`python -m provisiond.boot.phases STATE`); the DHCP loop and every HTTP worker write lines
+into its pipe, so the writes cost them neither time nor the GIL. Without serve (tests, a
+bare gunicorn) an HTTP worker uses a writer thread. Repeats within `quiet` s are dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+PHASE_FD_ENV = "PROVISIOND_PHASE_FD"
 
 
 class _Recorder:
@@ -78,28 +80,19 @@ class PhaseRecorder(_Recorder):
             self._queue.task_done()
 
 
-class PhaseProcess(_Recorder):
-    """A low-priority writer process fed through a large non-blocking pipe (UDP servers):
-    under a burst of boots it lags behind and catches up, the answers never wait for it."""
+class PhasePipe(_Recorder):
+    """Writes phase lines into the writer process's pipe; any process holding its fd may
+    (the DHCP loop, every HTTP worker: lines under PIPE_BUF never interleave)."""
 
-    def __init__(self, config: Config, quiet: float = 5.0):
+    def __init__(self, config: Config, fd: int, quiet: float = 2.0):
         super().__init__(config, quiet)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "provisiond.boot.phases", str(config.state_dir)],
-            stdin=subprocess.PIPE, env=env)
-        self._fd = self._proc.stdin.fileno()
-        os.set_blocking(self._fd, False)
-        try:
-            fcntl.fcntl(self._fd, F_SETPIPE_SZ, 1 << 20)
-        except OSError:
-            pass  # above /proc/sys/fs/pipe-max-size: keep the default
+        self.fd = fd
         self.dropped = 0
 
     def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
         line = f"{node}\t{phase.value}\t{detail[:200]}".replace("\n", " ") + "\n"
         try:
-            os.write(self._fd, line.encode())  # < PIPE_BUF: written whole or not at all
+            os.write(self.fd, line.encode())  # < PIPE_BUF: written whole or not at all
             return True
         except BlockingIOError:
             self.dropped += 1
@@ -107,14 +100,40 @@ class PhaseProcess(_Recorder):
                 log.warning("phase writer behind: %d phase records dropped", self.dropped)
             return False
 
+
+class PhaseProcess(PhasePipe):
+    """Starts the low-priority writer process behind a large non-blocking pipe: under a
+    burst of boots it lags behind and catches up, the answers never wait for it."""
+
+    def __init__(self, config: Config, quiet: float = 5.0):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "provisiond.boot.phases", str(config.state_dir)],
+            stdin=subprocess.PIPE, env=env)
+        super().__init__(config, self._proc.stdin.fileno(), quiet)
+        os.set_blocking(self.fd, False)
+        try:
+            fcntl.fcntl(self.fd, F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass  # above /proc/sys/fs/pipe-max-size: keep the default
+
     def close(self, timeout: float = 10.0) -> None:
-        os.set_blocking(self._fd, True)
+        """EOF for the writer once every holder of the pipe (gunicorn) has exited."""
+        os.set_blocking(self.fd, True)
         self._proc.stdin.close()
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def recorder_from_env(config: Config) -> _Recorder:
+    """The pipe `provisiond serve` passed down ($PROVISIOND_PHASE_FD), else a writer thread."""
+    fd = os.environ.get(PHASE_FD_ENV)
+    if fd and fd.isdigit():
+        return PhasePipe(config, int(fd))
+    return PhaseRecorder(config)
 
 
 def write_phase(config: Config, node: str, phase: NodePhase, detail: str) -> None:

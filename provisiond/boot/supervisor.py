@@ -14,7 +14,7 @@ import sys
 import threading
 
 from provisiond.boot.logs import flush_logs
-from provisiond.boot.phases import PhaseProcess
+from provisiond.boot.phases import PHASE_FD_ENV, PhaseProcess
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
@@ -52,6 +52,8 @@ class Supervisor:
         self.phases: PhaseProcess | None = None
 
     def start(self) -> None:
+        if self.enabled["dhcp"] or self.enabled["http"]:
+            self.phases = PhaseProcess(self.config)
         try:
             self._start_udp()
             if self.enabled["tftp"]:
@@ -69,7 +71,6 @@ class Supervisor:
 
         table = self.watcher.table
         if self.enabled["dhcp"]:
-            self.phases = PhaseProcess(self.config)
             self.udp.append(DhcpServer(self.config, table, self.phases))
         if self.enabled["dns"]:
             self.udp.append(DnsServer(self.config, table))
@@ -90,8 +91,10 @@ class Supervisor:
         log.info("tftp listening on %s:%s serving %s", tftp.bind, tftp.port, tftp.root)
 
     def _start_http(self) -> None:
-        env = dict(os.environ, PROVISIOND_STATE_DIR=str(self.config.state_dir))
-        self.gunicorn = subprocess.Popen(gunicorn_command(self.config), env=env)
+        env = dict(os.environ, PROVISIOND_STATE_DIR=str(self.config.state_dir),
+                   **{PHASE_FD_ENV: str(self.phases.fd)})
+        self.gunicorn = subprocess.Popen(gunicorn_command(self.config), env=env,
+                                         pass_fds=(self.phases.fd,))
         log.info("http (gunicorn pid %d) on %s:%s", self.gunicorn.pid,
                  self.config.http.bind, self.config.http.port)
 

@@ -14,6 +14,7 @@ import pytest
 
 from bootdata import add_blob, add_image, add_nodes, ip_of, mac_of
 from provisiond.config import load_config, write_default_config
+from provisiond.status import read_status
 from servers import REPO, free_port, session_alive, start_serve, stop_serve, wait_http, write_config
 
 IPXE_ROOT = "/usr/lib/ipxe"
@@ -113,6 +114,10 @@ def test_ipxe_script_for_known_mac(served):
     assert f"provisiond.node=n4" in text and "initrd --name l2" in text
     kernel_line = next(line for line in text.splitlines() if line.startswith("kernel "))
     assert kernel_line.split()[1].rsplit("/", 1)[1] in manifest_kernel
+    deadline = time.monotonic() + 10  # written by serve's phase writer process
+    while not read_status(config, "n4") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert read_status(config, "n4")["phase"] == "ipxe"
 
 
 def test_blob_download_resumes_with_curl_c(served, tmp_path):
