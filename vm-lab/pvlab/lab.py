@@ -15,9 +15,6 @@ from pvlab.errors import LabError
 from pvlab.layout import (DEFAULT_DIR, DEFAULT_PLAN, SERVER_ADDRESS, LabNode, LabState,
                           load_state, plan_nodes)
 
-PHASES = [p.value for p in NodePhase if p is not NodePhase.FAILED]
-
-
 class Lab:
     """A lab rooted at `lab_dir`; `plan` names its nodes ('n1:bios,n2:uefi:debian12')."""
 
