@@ -1,23 +1,27 @@
 """Per-node overlay builds under `overlay-builds/<node>/`, cached by the hash of their inputs.
 
-`<kind>.cpio.<ext>` is the build and `<kind>.key` the hash it was built from; the key is
-written after the build, so a crash between the two only causes a rebuild. Builds are
-derived data and are not fsynced (that made 10,000 builds disk-bound); each file is still
-replaced by rename, so readers see a whole old or a whole new build.
+`<kind>.cpio.<ext>` is the build; the hash it was built from is its `user.provisiond.key`
+xattr, set before the file is renamed into place (or, where the file system has no user
+xattrs, a `<kind>.key` file written after it: a crash between the two only causes a
+rebuild). Builds are derived data and are not fsynced (that made 10,000 builds disk-bound);
+each file is still replaced by rename, so readers see a whole old or a whole new build.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
 from pathlib import Path
 
-from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound
 from provisiond.overlays import cpio
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
+
+KEY_XATTR = "user.provisiond.key"
 
 
 def node_dir(config: Config, node: str) -> Path:
@@ -32,44 +36,73 @@ def _key_path(config: Config, node: str, kind: str) -> Path:
     return node_dir(config, node) / f"{kind}.key"
 
 
-def _read_key(path: Path) -> str | None:
+def _read_key(path: Path, key_path: Path) -> str | None:
+    """The key the build at `path` was made from: its xattr, else the `.key` file."""
     try:
-        return path.read_text()
+        return os.getxattr(path, KEY_XATTR).decode()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass  # no xattr (an older build, or a file system without user xattrs)
+    try:
+        return key_path.read_text() if path.exists() else None
     except FileNotFoundError:
         return None
 
 
-def _replace(path: Path, data: bytes, mode: int = 0o644) -> None:
+def _replace(path: Path, data: bytes, mode: int, key: str, key_path: Path) -> None:
+    """Write a temp file, tag it with its key and rename it over `path` (no fsync: builds
+    can always be rebuilt). Without user xattrs the key goes to `key_path` afterwards."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tagged = True
     try:
         os.fchmod(fd, mode)
+        try:
+            os.setxattr(fd, KEY_XATTR, key.encode())
+        except OSError:
+            tagged = False
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not tagged:
+        key_path.write_text(key)
+
+
+@contextlib.contextmanager
+def _locked_dir(folder: Path):
+    """An exclusive flock on the node's build directory itself (no lock file to create)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _is_current(path: Path, key_path: Path, key: str) -> bool:
+    return _read_key(path, key_path) == key
 
 
 def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> bool:
     """Build the node's `kind` overlay if its inputs changed; True when it was rebuilt.
 
-    A render error raises before anything is written: the previous build stays.
+    A render error raises before anything is written: the previous build stays. The key
+    file is written in place after the build is renamed in: a torn key only means a rebuild.
     """
     config = builder.config
     key = builder.node_key(node, kind)
     path = output_path(config, builder, node, kind)
     key_path = _key_path(config, node, kind)
-    if not force and _read_key(key_path) == key and path.exists():
+    if not force and _is_current(path, key_path, key):
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with locked(path.parent / ".lock"):
-        if not force and _read_key(key_path) == key and path.exists():
-            return False
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked_dir(path.parent):  # a concurrent builder of the same key writes the same
         data = builder.pack(node, kind)
-        mode = 0o600 if kind == "runtime" else 0o644
-        _replace(path, data, mode)
-        _replace(key_path, key.encode())
+        _replace(path, data, 0o600 if kind == "runtime" else 0o644, key, key_path)
     return True
 
 

@@ -16,6 +16,7 @@ import zstandard
 from provisiond.errors import InvalidInput
 
 TRAILER = "TRAILER!!!"
+HEADER_FORMAT = "070701" + "%08X" * 13
 ZSTD_LEVEL = 3
 GZIP_LEVEL = 6
 SUFFIXES = {"zstd": "zst", "gzip": "gz"}
@@ -51,7 +52,7 @@ def symlink_entry(path: str, target: str) -> Entry:
 def _header(ino: int, entry: Entry, name: bytes) -> bytes:
     fields = (ino, entry.mode, 0, 0, 2 if entry.is_dir else 1, 0, len(entry.data),
               0, 0, 0, 0, len(name) + 1, 0)
-    return b"070701" + "".join(f"{v:08X}" for v in fields).encode()
+    return (HEADER_FORMAT % fields).encode()
 
 
 def _pad(length: int) -> bytes:

@@ -48,6 +48,7 @@ class Builder:
         self.images = ImageCache(config)
         self._shared: dict[str, bytes] = {}
         self._secrets: dict[str, tuple[dict, str]] = {}
+        self._overlays: dict[str, Overlay] = {}
 
     def compression(self, kind: str) -> str:
         return self.config.build.compression if kind == "system" else RUNTIME_COMPRESSION
@@ -55,13 +56,19 @@ class Builder:
     def overlays(self, node: str, kind: str) -> list[Overlay]:
         record = self.snapshot.nodes[node].record
         names = (record.system_overlays if kind == "system" else record.runtime_overlays) or []
-        overlays = [load_overlay(self.config, name) for name in names]
+        overlays = [self.overlay(name) for name in names]
         for overlay in overlays:
             if overlay.secret and kind == "system":
                 raise OverlayTemplateError(
                     f"overlay {overlay.name} holds secrets: node {node} must list it in "
                     "runtime_overlays, not system_overlays")
         return overlays
+
+    def overlay(self, name: str) -> Overlay:
+        """The overlay as it was when first asked for in this build (read once)."""
+        if name not in self._overlays:
+            self._overlays[name] = load_overlay(self.config, name)
+        return self._overlays[name]
 
     def node_key(self, node: str, kind: str) -> str:
         """The hash of everything the node's `kind` build reads."""
