@@ -23,10 +23,17 @@ from provisiond.config import Config
 log = logging.getLogger("provisiond.boot")
 
 
+NO_OTHER_RECORDS = bytes(6)  # ancount, nscount, arcount
+
+
 def parse_question(data: bytes) -> tuple[bytes, bytes, int] | None:
     """(lowercased wire name, type+class, end offset) of a plain one-question query."""
     if len(data) < 17 or data[2] & 0xF8 or data[4:6] != b"\0\1":
         return None  # a response, not a QUERY opcode, or not exactly one question
+    if data[6:12] == NO_OTHER_RECORDS:
+        # Nothing after the question: no label walk (length bytes are < 64, so lower()
+        # changes only letters).
+        return data[12:-4].lower(), data[-4:], len(data)
     pos, end = 12, len(data)
     while pos < end:
         length = data[pos]
