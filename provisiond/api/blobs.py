@@ -33,7 +33,7 @@ def blob(hexdigest: str):
         what = "kernel" if _is_kernel(svc, node, hexdigest) else f"blob {hexdigest[:12]}"
         if what == "kernel" and not request.headers.get("Range"):
             svc.phases.record(node.name, NodePhase.KERNEL)
-        log_step(node.name, what, response, started)
+        log_step(node.name, what, started)
     return response
 
 

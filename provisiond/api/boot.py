@@ -39,7 +39,7 @@ def node_ipxe(mac: str):
     text = node_script(svc.config, svc.manifests, entry, table.nodes.get(entry.node))
     response = Response(text, mimetype=IPXE_TYPE)
     svc.phases.record(entry.node, NodePhase.IPXE)
-    log_step(entry.node, "ipxe-script", response, started)
+    log_step(entry.node, "ipxe-script", started)
     return response
 
 

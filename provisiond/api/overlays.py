@@ -28,7 +28,7 @@ def overlay(node: str, kind: str):
                          etag=svc.file_etag(path), max_age=0)
     response.cache_control.no_cache = True
     response.cache_control.private = kind == "runtime"
-    log_step(node, f"{kind}-overlay", response, started)
+    log_step(node, f"{kind}-overlay", started)
     return response
 
 

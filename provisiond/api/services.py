@@ -17,6 +17,7 @@ from provisiond.config import Config
 from provisiond.errors import NodeNotFound
 
 log = logging.getLogger("provisiond.boot")
+STEP_KEY = "provisiond.boot_step"
 
 
 class BootServices:
@@ -61,14 +62,16 @@ def services() -> BootServices:
     return current_app.extensions["provisiond"]
 
 
-def log_step(node: str, what: str, response, started: float) -> None:
-    """One log line per boot step (node, what, size, time), written when the body is sent."""
-    size = response.content_length
-    status = response.status_code
-    peer = request.remote_addr
+def log_step(node: str, what: str, started: float) -> None:
+    """Note the boot step of this request; `log_sent` writes its line once the body is out."""
+    request.environ[STEP_KEY] = (node, what, started)
 
-    def done() -> None:
+
+def log_sent(environ: dict, status, sent: int | None) -> None:
+    """One log line per boot step (node, what, size, time): gunicorn's post_request hook."""
+    step = environ.get(STEP_KEY)
+    if step:
+        node, what, started = step
         log.info("%s %s %s %s bytes %.1f ms from %s", node, what, status,
-                 "-" if size is None else size, (time.monotonic() - started) * 1000, peer)
-
-    response.call_on_close(done)
+                 "-" if sent is None else sent, (time.monotonic() - started) * 1000,
+                 environ.get("REMOTE_ADDR"))

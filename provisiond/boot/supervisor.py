@@ -35,6 +35,7 @@ def gunicorn_command(config: Config) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "--bind", f"{http.bind}:{http.port}",
             "--workers", str(http.workers), "--worker-class", "gthread",
             "--threads", str(HTTP_THREADS), "--graceful-timeout", "5",
+            "--config", "python:provisiond.api.gunicorn_conf",
             "provisiond.api:create_app_from_env()"]
 
 

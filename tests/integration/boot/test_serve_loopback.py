@@ -4,6 +4,7 @@ curl (HTTP, TFTP), tftp-hpa's client, dig."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 
 from bootdata import add_blob, add_image, add_nodes, ip_of, mac_of
 from provisiond.config import load_config, write_default_config
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import NetDev, Record
 from provisiond.status import read_status
 from servers import REPO, free_port, session_alive, start_serve, stop_serve, wait_http, write_config
 
@@ -32,6 +35,9 @@ def served(tmp_path_factory):
                  dns={"enabled": True, "bind": "127.0.0.1", "port": ports["dns"]})
     config = load_config(state)
     add_nodes(config, 20)
+    with InventoryStore(config).edit() as inv:  # a node whose reserved address is loopback
+        inv.nodes["lo1"] = Record(image="tiny", netdevs={"eth0": NetDev(
+            mac="02:00:00:00:00:01", ipaddr="127.0.0.1")})
     add_image(config, "tiny")
     proc = start_serve(state)
     base = f"http://127.0.0.1:{ports['http']}"
@@ -114,10 +120,31 @@ def test_ipxe_script_for_known_mac(served):
     assert f"provisiond.node=n4" in text and "initrd --name l2" in text
     kernel_line = next(line for line in text.splitlines() if line.startswith("kernel "))
     assert kernel_line.split()[1].rsplit("/", 1)[1] in manifest_kernel
-    deadline = time.monotonic() + 10  # written by serve's phase writer process
-    while not read_status(config, "n4") and time.monotonic() < deadline:
+    assert wait_status(config, "n4", "ipxe")["phase"] == "ipxe"
+
+
+def wait_status(config, node: str, phase: str, timeout: float = 10) -> dict | None:
+    deadline = time.monotonic() + timeout  # written by serve's phase writer process
+    while time.monotonic() < deadline:
+        status = read_status(config, node)
+        if status and status["phase"] == phase:
+            return status
         time.sleep(0.1)
-    assert read_status(config, "n4")["phase"] == "ipxe"
+    return read_status(config, node)
+
+
+def test_kernel_fetch_by_a_node_is_a_logged_boot_step(served):
+    config, _, base, _ = served
+    manifest = json.loads((config.images_dir / "tiny" / "manifest.json").read_text())
+    kernel = manifest["kernel"]["digest"][7:]
+    assert run("curl", "-sSf", "-o", "/dev/null", f"{base}/blobs/sha256/{kernel}").returncode == 0
+    assert wait_status(config, "lo1", "kernel")["phase"] == "kernel"
+    log = config.state_dir / "serve.log"
+    deadline = time.monotonic() + 5  # the log is flushed once a second
+    while " lo1 kernel 200 " not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    line = next(x for x in log.read_text().splitlines() if " lo1 kernel 200 " in x)
+    assert f" {len(b'kernel-tiny')} bytes " in line
 
 
 def test_blob_download_resumes_with_curl_c(served, tmp_path):
