@@ -2,7 +2,8 @@
 
 Quirks are settings: `port`, and `cipher_suite`. pyghmi >= 1.5 proposes RAKP-HMAC-SHA256
 (suite 17) first and falls back to SHA1 only when the BMC refuses; a BMC that accepts but
-answers SHA1 (virtualbmc's pyghmi server) breaks the login. `cipher_suite: 3` proposes SHA1.
+answers SHA1 (virtualbmc's pyghmi server) breaks the login. `cipher_suite: 3` proposes SHA1,
+and such a mismatch fails the login cleanly with a hint instead of pyghmi's struct.error.
 """
 
 from __future__ import annotations
