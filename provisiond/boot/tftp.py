@@ -8,12 +8,13 @@ with a socket -> session map, so a 1 MB transfer costs about what tftpd-hpa's do
 from __future__ import annotations
 
 import logging
+import os
 import select
 import time
 
 import tftpy
 from tftpy.TftpContexts import TftpContextServer
-from tftpy.TftpPacketTypes import TftpPacketACK, TftpPacketRRQ
+from tftpy.TftpPacketTypes import TftpPacketRRQ
 from tftpy.TftpShared import TftpErrors, TftpException, TftpTimeout, TftpTimeoutExpectACK
 
 from provisiond.config import Config
@@ -45,6 +46,9 @@ class _Context(TftpContextServer):
         if why:
             self.state.sendError(TftpErrors.AccessViolation)
             raise TftpException(f"{self.host}: {why}: {getattr(pkt, 'filename', '')[:80]!r}")
+        if os.path.isdir(os.path.join(self.root, pkt.filename)):
+            self.state.sendError(TftpErrors.FileNotFound)
+            raise TftpException(f"{self.host}: {pkt.filename[:80]!r} is a directory")
         self.state = self.state.handle(pkt, self.host, self.port)
 
 

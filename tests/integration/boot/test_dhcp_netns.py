@@ -29,8 +29,8 @@ printf '{"ip":"%s","subnet":"%s","router":"%s","dns":"%s","domain":"%s","hostnam
 
 @pytest.fixture(scope="module")
 def dhcp_link(tmp_path_factory):
-    if not shutil.which("ip") or not shutil.which("busybox"):
-        pytest.skip("needs iproute2 and busybox")
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("busybox"):
+        pytest.skip("needs root (network namespaces), iproute2 and busybox")
     tmp = tmp_path_factory.mktemp("dhcp")
     link = make_link("d")
     state = tmp / "state"

@@ -86,6 +86,12 @@ def test_tftp_refuses_escapes_and_absolute_paths(served, name):
     assert answer[2:4] == b"\0\2"  # access violation
 
 
+def test_tftp_answers_missing_files_and_directories_with_not_found(served):
+    _, ports, _, _ = served
+    assert rrq(ports["tftp"], b"nothing-here.efi")[:4] == b"\0\5\0\1"
+    assert rrq(ports["tftp"], b"qemu")[:4] == b"\0\5\0\1"
+
+
 def test_tftp_refuses_writes(served):
     _, ports, _, _ = served
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -117,7 +123,7 @@ def test_ipxe_script_for_known_mac(served):
     config, _, base, _ = served
     text = run("curl", "-sS", f"{base}/boot/ipxe/{mac_of(4)}").stdout.decode()
     manifest_kernel = (config.images_dir / "tiny" / "manifest.json").read_text()
-    assert f"provisiond.node=n4" in text and "initrd --name l2" in text
+    assert "provisiond.node=n4" in text and "initrd --name l2" in text
     kernel_line = next(line for line in text.splitlines() if line.startswith("kernel "))
     assert kernel_line.split()[1].rsplit("/", 1)[1] in manifest_kernel
     assert wait_status(config, "n4", "ipxe")["phase"] == "ipxe"

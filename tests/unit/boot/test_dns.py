@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 from dnslib import DNSRecord, QTYPE, RCODE
