@@ -107,3 +107,13 @@ def test_unknown_mac_gets_nothing_and_is_discovered(dhcp_link):
     assert result.returncode != 0 and lease is None
     events = [e for e in read_discovery(config) if e["mac"] == "02:aa:bb:cc:dd:ee"]
     assert len(events) == 1 and events[0]["arch"] == 7
+
+
+def test_a_node_added_while_serving_gets_its_address(dhcp_link):
+    link, config, script, tmp = dhcp_link
+    add_nodes(config, 6, gateway="10.99.0.1")  # n6 is new; serve reloads within a second or so
+    link.set_client_mac(mac_of(6))
+    deadline, lease = time.monotonic() + 20, None
+    while lease is None and time.monotonic() < deadline:
+        _, lease = udhcpc(link, script, tmp / "lease6.json", "-x", "0x5d:0000")
+    assert lease["ip"] == ip_of(6) and lease["hostname"] == "n6"
