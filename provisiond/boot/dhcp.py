@@ -27,6 +27,9 @@ CLIENT_PORT, SERVER_PORT = 68, 67
 LEASES_FILE = "dhcp-leases.json"
 
 
+PROXY_PORT = 4011
+
+
 class DhcpServer(UdpServer):
     name = "dhcp"
 
@@ -40,9 +43,20 @@ class DhcpServer(UdpServer):
         self.phases = phases or PhaseRecorder(config)
         self.discovery = DiscoveryLog(config)
         self.client_port, self.relay_port = CLIENT_PORT, SERVER_PORT
+        self.answer_peer = False  # the proxyDHCP port answers where the request came from
+        self._peer: tuple = ("255.255.255.255", CLIENT_PORT)
         self.leases: dict[str, tuple[str, float]] = {}
         self._dirty = False
         self._saved = 0.0
+
+    @classmethod
+    def proxy_port(cls, config: Config, table: BootTable, phases) -> "DhcpServer":
+        """proxyDHCP's second port: PXE clients unicast their request for boot data there."""
+        dhcp = config.dhcp
+        server = cls(config, table, phases, sock=open_udp(dhcp.bind, PROXY_PORT, dhcp.interface,
+                                                          broadcast=True))
+        server.name, server.answer_peer = "proxydhcp", True
+        return server
 
     def update_table(self, table: BootTable) -> None:
         """Swap in the answers for a rebuilt table (one attribute store: loop-safe)."""
@@ -50,6 +64,7 @@ class DhcpServer(UdpServer):
 
     def handle(self, data: bytes, peer: tuple) -> None:
         request = p.decode(data)
+        self._peer = peer
         answers = self.answers
         if request.mac not in answers.entries:
             self._unknown(request)
@@ -93,7 +108,9 @@ class DhcpServer(UdpServer):
             relay=request.giaddr)
 
     def _send(self, request: p.Request, reply: bytes) -> None:
-        if request.giaddr != "0.0.0.0":
+        if self.answer_peer:
+            self.sock.sendto(reply, self._peer)
+        elif request.giaddr != "0.0.0.0":
             self.sock.sendto(reply, (request.giaddr, self.relay_port))
         elif request.ciaddr != "0.0.0.0":
             self.sock.sendto(reply, (request.ciaddr, self.client_port))

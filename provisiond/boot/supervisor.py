@@ -73,6 +73,8 @@ class Supervisor:
         table = self.watcher.table
         if self.enabled["dhcp"]:
             self.udp.append(DhcpServer(self.config, table, self.phases))
+            if self.config.dhcp.proxy:
+                self.udp.append(DhcpServer.proxy_port(self.config, table, self.phases))
         if self.enabled["dns"]:
             self.udp.append(DnsServer(self.config, table))
         for server in self.udp:

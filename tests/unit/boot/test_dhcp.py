@@ -87,6 +87,23 @@ def test_proxy_mode_gives_boot_information_only(state_dir, client_sock):
     assert opts[p.OPT_VENDOR_CLASS] == b"PXEClient" and p.OPT_SUBNET not in opts
 
 
+def test_proxy_port_answers_the_requesting_socket(state_dir, client_sock):
+    (state_dir / "provisiond.yaml").write_text("dhcp:\n  proxy: true\n")
+    config = load_config(state_dir)
+    add_nodes(config, 1)
+    server = start(config, client_sock)
+    server.answer_peer = True
+    server.client_port = server.relay_port = 9  # were the reply routed by address, it would miss
+    try:
+        request = bytearray(p.encode_request(mac_of(1), p.REQUEST, options=[
+            (p.OPT_ARCH, b"\0\7"), (p.OPT_VENDOR_CLASS, b"PXEClient:Arch:00007")]))
+        request[12:16] = socket.inet_aton("127.0.0.1")  # ciaddr: the client has its address
+        _, _, bootfile, opts = exchange(server, client_sock, bytes(request))
+    finally:
+        server.close()
+    assert opts[p.OPT_MSG_TYPE] == bytes((p.ACK,)) and bootfile == b"snponly.efi"
+
+
 def test_random_junk_never_stops_the_server(server, client_sock):
     rng = random.Random(1234)
     target = server.sock.getsockname()
