@@ -40,9 +40,8 @@ def init_state(state: LabState) -> Config:
     data = yaml.safe_load(path.read_text()) or {}
     for section, values in SETTINGS.items():
         data.setdefault(section, {}).update(values)
-    extra = os.environ.get("PVLAB_OVERLAY_DIRS")  # site overlays to try in the lab
-    if extra:
-        data["overlay_dirs"] = extra.split(":")
+    extra = os.environ.get("PVLAB_OVERLAY_DIRS", "")  # site overlays to try in the lab
+    data["overlay_dirs"] = [path for path in extra.split(":") if path]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return load_config(state.state_dir)
 
