@@ -38,7 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "vm-lab"))
 
 LAB_PLAN = "n1:bios,n2:bios,n3:uefi,n4:bios:debian12"
-TINY_NODES = ["n1", "n2", "n3"]
 
 
 def _missing() -> str | None:

@@ -1,19 +1,21 @@
 """Real VMs PXE-boot through provisiond (DHCP, iPXE script, blobs, overlays) to `ready`:
-2 BIOS + 1 UEFI with the tiny image at once, and one VM with the debian12 image."""
+2 BIOS + 1 UEFI with the tiny image at once, and one VM with the debian12 image. The first
+tests check the lab's own logic (domain XML, node plan, router advertisement) without VMs."""
 
 from __future__ import annotations
 
 import time
+from xml.etree import ElementTree
 
 import pytest
 
 from provisiond.errors import ProvisiondError
 from provisiond.states import NodePhase
-from pvlab import report
+from pvlab import domains, report
+from pvlab.layout import plan_nodes
+from pvlab.ra import advertisement
 
-from .conftest import TINY_NODES
-
-pytestmark = pytest.mark.lab
+TINY_NODES = ["n1", "n2", "n3"]  # bios, bios, uefi in the fixture's plan
 ORDER = ["dhcp", "ipxe", "kernel", "booted", "runtime", "ready"]
 
 
@@ -27,6 +29,25 @@ def boot_to_ready(lab, names: list[str], timeout: float) -> dict[str, dict]:
     return statuses
 
 
+def test_domain_xml_boots_from_the_network_with_the_right_firmware(tmp_path):
+    nodes = plan_nodes("a:bios,b:uefi:debian12")
+    bios = ElementTree.fromstring(domains.domain_xml(nodes["a"], "tcg", tmp_path))
+    uefi = ElementTree.fromstring(domains.domain_xml(nodes["b"], "kvm", tmp_path))
+    assert bios.get("type") == "qemu" and uefi.get("type") == "kvm"
+    assert bios.find("os/boot").get("dev") == "network" and bios.find("os/loader") is None
+    assert uefi.find("os/loader").text == domains.OVMF_CODE
+    assert uefi.find("devices/interface/mac").get("address") == "52:54:00:99:77:02"
+    assert (nodes["b"].image, nodes["b"].ipaddr, nodes["b"].memory_mib) == (
+        "debian12", "10.99.77.12", 3072)
+
+
+def test_router_advertisement_is_a_prefix_only_ra():
+    message = advertisement("fd99:77::", bytes(6))
+    assert message[0] == 134 and message[5] == 0  # RA, M and O flags clear
+    assert message[6:8] == b"\0\0"  # router lifetime 0: not a default router
+    assert message[16:18] == bytes([3, 4]) and message[18] == 64  # a /64 prefix option
+
+
 def _wait(predicate, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -36,6 +57,7 @@ def _wait(predicate, seconds: float) -> bool:
     return True
 
 
+@pytest.mark.lab
 def test_lab_network_stays_inside_its_namespace(lab):
     routes = lab.tcp_open("10.99.77.1", 9873), _routes(lab)
     assert routes[0], "provisiond serve's HTTP port is not reachable inside the namespace"
@@ -49,6 +71,7 @@ def _routes(lab) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+@pytest.mark.lab
 def test_two_bios_and_one_uefi_vm_boot_the_tiny_image_to_ready(lab):
     statuses = boot_to_ready(lab, TINY_NODES, timeout=240)
     for name in TINY_NODES:
@@ -61,6 +84,7 @@ def test_two_bios_and_one_uefi_vm_boot_the_tiny_image_to_ready(lab):
     assert {lab.nodes[n].firmware for n in TINY_NODES} == {"bios", "uefi"}
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_a_vm_boots_the_debian12_image_with_systemd_and_sshd(lab):
     node = lab.nodes["n4"]
