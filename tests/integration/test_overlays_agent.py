@@ -92,7 +92,12 @@ def _http_clients(tmp_path: Path) -> dict[str, dict]:
     return {"curl": {"PROVISIOND_AGENT_HTTP": "curl"},
             "gnu-wget": {"PROVISIOND_AGENT_HTTP": "wget"},
             "busybox-wget": {"PROVISIOND_AGENT_HTTP": "wget",
-                             "PATH": f"{bb_dir}:{os.environ['PATH']}"}}
+                             "PATH": f"{bb_dir}:{os.environ['PATH']}"},
+            "curl-without-cpio": {"PROVISIOND_AGENT_HTTP": "curl", "PROVISIOND_AGENT_CPIO": "sh"},
+            "busybox-sh-without-cpio": {"PROVISIOND_AGENT_HTTP": "wget",
+                                        "PROVISIOND_AGENT_CPIO": "sh",
+                                        "PATH": f"{bb_dir}:{os.environ['PATH']}",
+                                        "SHELL_CMD": "/bin/busybox sh"}}
 
 
 def run_agent(tmp_path: Path, url: str, extra: dict, *args: str) -> subprocess.CompletedProcess:
@@ -100,15 +105,17 @@ def run_agent(tmp_path: Path, url: str, extra: dict, *args: str) -> subprocess.C
                PROVISIOND_AGENT_ROOT=str(tmp_path / "root"),
                PROVISIOND_AGENT_STATE=str(tmp_path / "state-agent"))
     env.update(extra)
-    return subprocess.run(["sh", str(AGENT), *args], env=env, capture_output=True, text=True,
-                          timeout=60)
+    shell = env.pop("SHELL_CMD", "sh").split()
+    return subprocess.run([*shell, str(AGENT), *args], env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
-@pytest.mark.parametrize("client", ["curl", "gnu-wget", "busybox-wget"])
+@pytest.mark.parametrize("client", ["curl", "gnu-wget", "busybox-wget", "curl-without-cpio",
+                                    "busybox-sh-without-cpio"])
 def test_agent_boot_installs_runtime_overlay_and_reports(tmp_path, fixture_config, server,
                                                          client):
     extra = _http_clients(tmp_path)[client]
-    if client != "busybox-wget" and not shutil.which(extra["PROVISIOND_AGENT_HTTP"]):
+    if "busybox" not in client and not shutil.which(extra["PROVISIOND_AGENT_HTTP"]):
         pytest.skip(f"{client} not installed")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     result = run_agent(tmp_path, url, extra, "boot")

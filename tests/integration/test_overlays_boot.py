@@ -24,7 +24,7 @@ echo "TEST-INIT: hostname file says $(cat /etc/hostname)"
 if [ -e /etc/delete-me ]; then echo "TEST-INIT: whiteout NOT applied"; else
   echo "TEST-INIT: whiteout applied"; fi
 grep -q "n002.lab" /etc/hosts && echo "TEST-INIT: hosts lists n002"
-grep -q provisiond-agent /etc/inittab && echo "TEST-INIT: inittab runs the agent"
+grep -q "provisiond-agent boot" /etc/init.d/S90agent && echo "TEST-INIT: rcS hook runs the agent"
 /usr/local/sbin/provisiond-agent boot; echo "TEST-INIT: agent exit $?"
 /usr/local/sbin/provisiond-network; echo "TEST-INIT: network exit $?"
 echo "TEST-INIT: done"
@@ -73,7 +73,8 @@ def busybox_image() -> bytes:
     """A minimal image layer: busybox-static with its applets, a test init, a whiteout."""
     applets = subprocess.run([str(BUSYBOX), "--list-full"], capture_output=True, text=True,
                              check=True).stdout.split()
-    entries = [cpio.file_entry("bin/busybox", BUSYBOX.read_bytes(), 0o755),
+    entries = [cpio.dir_entry("bin"), cpio.dir_entry("sbin"),  # not implied (merged /usr)
+               cpio.file_entry("bin/busybox", BUSYBOX.read_bytes(), 0o755),
                cpio.file_entry("sbin/init", TEST_INIT.encode(), 0o755),
                cpio.file_entry("sbin/test-init", TEST_INIT.encode(), 0o755),
                cpio.file_entry("etc/delete-me", b"the image's whiteout list removes me\n"),
@@ -134,7 +135,7 @@ def test_init_overlay_switches_root_into_the_image_init(tmp_path, config, compre
     assert "TEST-INIT: hostname file says n001" in log
     assert "TEST-INIT: whiteout applied" in log
     assert "TEST-INIT: hosts lists n002" in log
-    assert "TEST-INIT: inittab runs the agent" in log
+    assert "TEST-INIT: rcS hook runs the agent" in log
     assert "TEST-INIT: agent exit 0" in log  # no provisiond.url: nothing to do, exits 0
     assert "provisiond-network: no interface has MAC 52:54:00:00:00:01" in log
     assert "TEST-INIT: done" in log
