@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pvlab.errors import LabError
 
+_children: dict[int, subprocess.Popen] = {}  # daemons this process spawned, for exit codes
+
 
 def run(argv: list[str], netns: str | None = None, check: bool = True,
         timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
@@ -34,7 +36,17 @@ def spawn(argv: list[str], log: Path, netns: str | None = None, env: dict | None
         proc = subprocess.Popen(in_netns(argv, netns), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env=env, cwd=cwd)
+    _children[proc.pid] = proc
     return proc.pid
+
+
+def exit_status(pid: int | None) -> str:
+    """How a daemon this process spawned ended: 'exit N', 'signal N' or 'unknown'."""
+    proc = _children.get(pid or 0)
+    code = proc.poll() if proc else None
+    if code is None:
+        return "unknown"
+    return f"signal {-code}" if code < 0 else f"exit {code}"
 
 
 def alive(pid: int | None, marker: str = "") -> bool:

@@ -14,7 +14,7 @@ from provisiond.config import REPO_ROOT, Config, load_config
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Bmc, NetDev, Record
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
-from pvlab import process
+from pvlab import netns, process
 from pvlab.bmc import BMC_HOST, BMC_PASSWORD as LAB_BMC_PASSWORD, BMC_USER
 from pvlab.errors import LabError
 from pvlab.layout import BRIDGE, SERVER_ADDRESS, LabNode, LabState
@@ -86,19 +86,39 @@ def build_image(state: LabState, name: str, timeout: float = 1800) -> float:
     return time.monotonic() - started
 
 
-def start_serve(state: LabState, timeout: float = 60) -> None:
-    """`provisiond serve` inside the namespace; waits until its HTTP port answers there."""
-    if not process.alive(state.pids.get("serve"), "serve"):
-        argv = provisiond_cmd(state, "serve")
-        state.pids["serve"] = process.spawn(argv, state.dir / "logs" / "serve.log",
-                                            netns=state.netns, cwd=REPO_ROOT)
-        state.save()
-    process.wait_for(lambda: serve_answers(state), timeout, "provisiond serve's HTTP port")
+def start_serve(state: LabState, timeout: float = 60, attempts: int = 2) -> None:
+    """`provisiond serve` inside the namespace; waits until its HTTP port answers there.
+    A serve that dies while starting is started once more (its log says why)."""
+    for attempt in range(attempts):
+        if not process.alive(state.pids.get("serve"), "serve"):
+            argv = provisiond_cmd(state, "serve")
+            state.pids["serve"] = process.spawn(argv, state.dir / "logs" / "serve.log",
+                                                netns=state.netns, cwd=REPO_ROOT)
+            state.save()
+        try:
+            process.wait_for(lambda: serve_answers(state), timeout, "provisiond serve's HTTP port")
+            return
+        except LabError:
+            if attempt + 1 == attempts:
+                raise
+            stop_session_leftovers(state, state.pids.pop("serve", 0))
+
+
+def stop_session_leftovers(state: LabState, leader: int) -> None:
+    """Stop what a dead serve left in its session inside the namespace (gunicorn)."""
+    for pid in netns.pids_in_netns(state.netns):
+        try:
+            if os.getpgid(pid) == leader:
+                process.stop(pid)
+        except ProcessLookupError:
+            continue
 
 
 def serve_answers(state: LabState) -> bool:
-    if not process.alive(state.pids.get("serve"), "serve"):
-        raise LabError(f"provisiond serve exited; see {state.dir / 'logs' / 'serve.log'}")
+    pid = state.pids.get("serve")
+    if not process.alive(pid, "serve"):
+        raise LabError(f"provisiond serve ({process.exit_status(pid)}) is not running; "
+                       f"see {state.dir / 'logs' / 'serve.log'}")
     return tcp_open(state.netns, SERVER_ADDRESS, HTTP_PORT)
 
 
