@@ -56,7 +56,7 @@ def cmd_show(args, ctx) -> int:
     overlay = overlays.load_overlay(ctx.config, args.name)
     _, shadowed = overlays.list_overlay_dirs(ctx.config).get(args.name, (None, []))
     files = [{"path": "/" + f.target, "kind": f.kind, "mode": f"{f.mode:04o}",
-              "source": f.origin or str(overlay.root / f.rel)} for f in overlay.files]
+              "source": f.rel} for f in overlay.files]
     if args.json:
         ctx.print_json({"name": overlay.name, "path": str(overlay.root),
                         "shadows": [str(p) for p in shadowed], "secret": overlay.secret,

@@ -20,6 +20,10 @@ from provisiond.overlays.templates import OverlayTemplateError, render_template,
 FORMAT = "provisiond-overlay-1"
 KINDS = ("system", "runtime")
 RUNTIME_COMPRESSION = "gzip"  # the node unpacks it with busybox, which has no zstd applet
+SHARED_LIMIT = 64
+# Packed node-independent overlays by content key, kept across builds and requests (hosts
+# of 10,000 nodes takes ~70 ms to render and compress).
+_SHARED: dict[str, bytes] = {}
 
 
 def render_overlay(overlay: Overlay, context: dict, node: str) -> list[cpio.Entry]:
@@ -46,7 +50,6 @@ class Builder:
         self.config = config
         self.snapshot = snapshot
         self.images = ImageCache(config)
-        self._shared: dict[str, bytes] = {}
         self._secrets: dict[str, tuple[dict, str]] = {}
         self._overlays: dict[str, Overlay] = {}
 
@@ -121,10 +124,12 @@ class Builder:
         """One overlay's compressed archive; node-independent ones are packed once."""
         if overlay.node_specific:
             return self._packed(overlay, node)
-        key = self.overlay_key(overlay, node, "system")
-        if key not in self._shared:
-            self._shared[key] = self._packed(overlay, node)
-        return self._shared[key]
+        key = f"{self.compression('system')}:{self.overlay_key(overlay, node, 'system')}"
+        if key not in _SHARED:
+            if len(_SHARED) >= SHARED_LIMIT:
+                del _SHARED[next(iter(_SHARED))]
+            _SHARED[key] = self._packed(overlay, node)
+        return _SHARED[key]
 
     def _packed(self, overlay: Overlay, node: str) -> bytes:
         entries = self.render(overlay, node, "system")

@@ -7,7 +7,6 @@ symlinks stay symlinks. An optional `overlay.yaml` at the top (not packed) may s
     description: one line
     secret: true            # runtime overlays only (holds per-node secrets)
     modes: {path: "0600"}   # modes git cannot keep (files and directories)
-    host_files: {path: /bin/busybox}   # copied from the build host when packed
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from jinja2 import TemplateSyntaxError, meta
 
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, OverlayNotFound
-from provisiond.overlays.templates import ENVIRONMENT, OverlayTemplateError, compile_template
+from provisiond.overlays.templates import ENVIRONMENT, compile_template
 
 META_FILE = "overlay.yaml"
 TEMPLATE_SUFFIX = ".j2"
@@ -36,11 +35,10 @@ class SourceFile:
     rel: str
     target: str
     kind: str
-    """template, file, symlink, dir or host (copied from the build host)"""
+    """template, file, symlink or dir"""
     mode: int
     data: bytes
     template: object = None
-    origin: str = ""
 
 
 @dataclass
@@ -115,17 +113,7 @@ def _signature(root: Path) -> tuple:
     for rel, path in _walk(root):
         st = path.lstat()
         parts.append((rel, st.st_mtime_ns, st.st_size, st.st_mode))
-    meta_hosts = [Path(p) for p in _read_meta(root).get("host_files", {}).values()]
-    parts += [(str(p), *_host_stat(p)) for p in meta_hosts]
     return tuple(parts)
-
-
-def _host_stat(path: Path) -> tuple:
-    try:
-        st = path.stat()
-    except OSError:
-        return (None,)
-    return (st.st_mtime_ns, st.st_size)
 
 
 def _read_meta(root: Path) -> dict:
@@ -146,8 +134,6 @@ def _read_overlay(name: str, root: Path) -> Overlay:
     modes = {k.strip("/"): int(str(v), 8) for k, v in (meta_data.get("modes") or {}).items()}
     files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
              if rel != META_FILE]
-    files += [_host_file(name, rel, Path(src), modes)
-              for rel, src in sorted((meta_data.get("host_files") or {}).items())]
     uses = frozenset().union(*(_variables(f) for f in files if f.kind == "template"))
     return Overlay(
         name=name, root=root, files=files, uses=uses, digest=_digest(files, modes),
@@ -168,17 +154,6 @@ def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> Sour
     target = rel.removesuffix(TEMPLATE_SUFFIX)
     template = compile_template(name, rel, path, data)
     return SourceFile(rel, target, "template", perm, data, template)
-
-
-def _host_file(name: str, rel: str, src: Path, modes: dict[str, int]) -> SourceFile:
-    rel = rel.strip("/")
-    try:
-        data = src.read_bytes()
-        perm = modes.get(rel, stat.S_IMODE(src.stat().st_mode))
-    except OSError as exc:
-        raise OverlayTemplateError(
-            f"overlay {name}, file {rel}: host file {src}: {exc.strerror}") from None
-    return SourceFile(rel, rel, "host", perm, data, origin=str(src))
 
 
 def _variables(source: SourceFile) -> set[str]:
