@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 import traceback
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def _make_environment() -> Environment:
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True,
                       trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["prefixlen"] = prefixlen
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
     return env
 
 
