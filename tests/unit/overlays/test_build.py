@@ -162,3 +162,24 @@ def test_site_overlay_shadows_shipped_one(cfg, state_dir):
     folder.mkdir(parents=True)
     (folder / "hostname.j2").write_text("site-{{ node.name }}\n")
     assert files_of(ensure_overlay(cfg, "n1", "system"))["etc/hostname"] == b"site-n1\n"
+
+
+def test_key_file_when_the_file_system_has_no_user_xattrs(cfg, monkeypatch):
+    def no_xattr(*args):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr("os.setxattr", no_xattr)
+    monkeypatch.setattr("os.getxattr", no_xattr)
+    assert build_overlays(cfg, kinds=("system",))["rebuilt"] == {"system": 3}
+    assert (cfg.overlay_build_dir / "n1" / "system.key").is_file()
+    assert build_overlays(cfg, kinds=("system",))["reused"] == {"system": 3}
+
+
+def test_init_takes_the_image_manifest_init(cfg, monkeypatch):
+    monkeypatch.setattr("provisiond.overlays.context.ImageCache._load",
+                        lambda self, name: {"name": name, "init": "/lib/systemd/systemd"})
+    data = yaml.safe_load((cfg.state_dir / "inventory.yaml").read_text())
+    data["profiles"]["default"]["image"] = "debian12"
+    (cfg.state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    init = files_of(ensure_overlay(cfg, "n1", "system"))["init"]
+    assert b"DEFAULT_INIT='/lib/systemd/systemd'" in init
