@@ -9,7 +9,7 @@ from flask import Blueprint, Response, send_file
 from werkzeug.security import safe_join
 
 from provisiond.api.services import log_step, services
-from provisiond.boot.ipxe import chain_script, node_script, retry_script
+from provisiond.boot.ipxe import chain_script, retry_script
 from provisiond.errors import InvalidInput, NotFound
 from provisiond.inventory.model import normalise_mac
 from provisiond.states import NodePhase
@@ -36,7 +36,7 @@ def node_ipxe(mac: str):
     if entry is None:
         text = retry_script(svc.config, f"unknown MAC {mac}: add it to a node's netdevs")
         return Response(text, mimetype=IPXE_TYPE)
-    text = node_script(svc.config, svc.manifests, entry, table.nodes.get(entry.node))
+    text = svc.scripts.script(table, entry)
     response = Response(text, mimetype=IPXE_TYPE)
     svc.phases.record(entry.node, NodePhase.IPXE)
     log_step(entry.node, "ipxe-script", started)

@@ -11,6 +11,7 @@ from pathlib import Path
 from flask import current_app, request
 
 from provisiond.boot.artifacts import ManifestCache
+from provisiond.boot.ipxe import ScriptCache
 from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
@@ -25,6 +26,7 @@ class BootServices:
         self.config = config
         self.watcher = TableWatcher(config)
         self.manifests = ManifestCache(config)
+        self.scripts = ScriptCache(config, self.manifests)
         self._etags: dict[tuple, str] = {}
         self._phases = None
 

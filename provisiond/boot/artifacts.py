@@ -29,7 +29,7 @@ class ManifestCache:
     def __init__(self, config: Config, interval: float = 1.0):
         self.config = config
         self.interval = interval
-        self._cache: dict[str, tuple[int, dict]] = {}
+        self._cache: dict[str, tuple[tuple, dict]] = {}
         self._checked: dict[str, float] = {}
 
     def get(self, name: str) -> dict:
@@ -42,7 +42,8 @@ class ManifestCache:
     def _load(self, name: str) -> dict:
         path = self.config.images_dir / name / "manifest.json"
         try:
-            stamp = os.stat(path).st_mtime_ns
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_ino, st.st_size)  # a rename within a tick: new inode
         except (FileNotFoundError, NotADirectoryError):
             self._cache.pop(name, None)
             raise ImageNotFound(f"no image named {name!r} has been built") from None

@@ -1,6 +1,7 @@
 """Per-node iPXE scripts: kernel, one initrd per image layer, then the system overlay.
 
-The template is compiled once per process; a render is a dict lookup and a Jinja call.
+The template is compiled once per process, and a rendered script is kept until the boot
+table or the node's image manifest changes: most requests are a dict lookup.
 """
 
 from __future__ import annotations
@@ -80,3 +81,28 @@ def kernel_args(config: Config, manifest: dict, name: str, node, initrds) -> lis
     if manifest.get("init") and manifest["init"] != "/sbin/init":
         args.append(f"provisiond.init={manifest['init']}")
     return args + [f"provisiond.url={base_url(config)}", f"provisiond.node={name}"]
+
+
+class ScriptCache:
+    """Rendered scripts by MAC, reused while the boot table and the node's manifest are the
+    same objects (both are replaced, never changed, when their files change)."""
+
+    def __init__(self, config: Config, manifests: ManifestCache):
+        self.config = config
+        self.manifests = manifests
+        self._scripts: dict[str, tuple] = {}
+
+    def script(self, table, entry: BootEntry) -> str:
+        manifest = self._manifest(entry.image)
+        hit = self._scripts.get(entry.mac)
+        if hit and hit[0] is table and hit[1] is manifest:
+            return hit[2]
+        text = node_script(self.config, self.manifests, entry, table.nodes.get(entry.node))
+        self._scripts[entry.mac] = (table, manifest, text)
+        return text
+
+    def _manifest(self, image: str | None) -> dict | None:
+        try:
+            return self.manifests.get(image) if image else None
+        except ProvisiondError:
+            return None

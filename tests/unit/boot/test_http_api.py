@@ -1,6 +1,7 @@
 """The HTTP boot endpoints through Flask's test client (real app, real files)."""
 
 import hashlib
+import json
 
 import pytest
 
@@ -42,6 +43,25 @@ def test_unknown_mac_and_missing_image_get_retry_scripts(client, config):
     client.application.extensions["provisiond"].manifests.interval = 0
     text = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
     assert "no image named 'tiny'" in text and "kernel" not in text.split("echo")[0]
+
+
+def test_script_follows_image_rebuilds_and_inventory_edits(client, config):
+    from provisiond.atomic import write_atomic
+    from provisiond.inventory import InventoryStore
+
+    services = client.application.extensions["provisiond"]
+    services.manifests.interval = services.watcher.interval = 0
+    first = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
+    assert client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True) == first
+    path = config.images_dir / "tiny" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["kernel"]["digest"] = "sha256:" + "ab" * 32
+    write_atomic(path, json.dumps(manifest))  # as the image builder saves a new build
+    assert "/blobs/sha256/" + "ab" * 32 in client.get(f"/boot/ipxe/{mac_of(1)}").get_data(
+        as_text=True)
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"].kernel_args = ["quiet", "debug"]
+    assert " quiet debug " in client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
 
 
 def test_chain_script(client):
