@@ -48,6 +48,7 @@ def describe(lab) -> str:
              f"accel {state.accel}",
              f"provisiond: --state-dir {state.state_dir}, serve pid {state.pids.get('serve', '-')}",
              f"libvirt: virsh -c '{state.libvirt_uri}'",
+             f"lab network shell: ip netns exec {state.netns} bash",
              f"redfish: http://127.0.0.1:{state.redfish_port}/redfish/v1/Systems"]
     for node in lab.nodes.values():
         lines.append(f"  {node.name}: domain {node.domain} {node.firmware} mac {node.mac} "
