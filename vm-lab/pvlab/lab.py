@@ -39,7 +39,8 @@ class Lab:
         """Bring every part up; parts already running are kept (idempotent)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o755)  # the qemu user opens files under it
-        if not netns.netns_exists(self.state.netns):
+        fresh = not netns.netns_exists(self.state.netns)
+        if fresh:
             if self.state.netns:
                 self.down()  # a half-dead lab: clear what is left before starting anew
             self.state = LabState(lab_dir=str(self.dir), netns=f"pvlab-{os.getpid()}",
@@ -51,7 +52,10 @@ class Lab:
         domains.define_domains(libvirtd.connect(self.state), self.state)
         bmc.start_redfish(self.state)
         bmc.start_ipmi(self.state)
-        provision.register_nodes(self.state, provision.init_state(self.state))
+        config = provision.init_state(self.state)
+        provision.register_nodes(self.state, config)
+        for name in self.nodes if fresh else []:
+            clear_status(config, name)  # phases of an earlier lab's boots
         if serve:
             provision.start_serve(self.state)
 

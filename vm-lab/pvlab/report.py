@@ -13,8 +13,10 @@ def status_rows(lab, statuses: dict[str, dict]) -> list[list[str]]:
     for name, status in statuses.items():
         node = lab.nodes[name]
         times = lab.phase_times(name, status) if node.started else {}
-        phase = status.get("phase") or "-"
+        phase = status.get("phase") or "none"
         result = "ready" if phase == NodePhase.READY.value else f"FAILED (last: {phase})"
+        if not node.started:
+            result = "not booted"
         rows.append([name, node.firmware, node.image, result,
                      *[f"{times[p]:.1f}" if p in times else "-" for p in SHOWN]])
     return rows
