@@ -99,7 +99,8 @@ class DhcpServer(UdpServer):
             log.info("%s dhcp ack %s %s (%s)", entry.node, entry.ipaddr, request.mac, kind)
 
     def _unknown(self, request: p.Request) -> None:
-        if request.msg_type not in (p.DISCOVER, p.REQUEST):
+        """Unknown MACs get no answer; with `dhcp.discovery` on they are recorded."""
+        if not self.config.dhcp.discovery or request.msg_type not in (p.DISCOVER, p.REQUEST):
             return
         arch = request.options.get(p.OPT_ARCH, b"")
         self.discovery.note(
