@@ -42,6 +42,8 @@ class HttpSettings(_Section):
     bind: str = "0.0.0.0"
     port: int = 9873
     workers: int = 2
+    threads: int = 16
+    """gunicorn gthread threads per worker."""
 
 
 class DhcpSettings(_Section):
@@ -178,6 +180,7 @@ http:
   bind: 0.0.0.0
   port: 9873
   workers: 2
+  threads: 16           # gunicorn gthread threads per worker
 
 dhcp:
   # Answers known MACs with their reserved address and a boot file.

@@ -21,7 +21,6 @@ from provisiond.errors import ProvisiondError
 
 log = logging.getLogger("provisiond.boot")
 SERVICES = ("http", "dhcp", "tftp", "dns")
-HTTP_THREADS = 16
 
 
 class ServeFailed(ProvisiondError):
@@ -34,7 +33,7 @@ def gunicorn_command(config: Config) -> list[str]:
     http = config.http
     return [sys.executable, "-m", "gunicorn", "--bind", f"{http.bind}:{http.port}",
             "--workers", str(http.workers), "--worker-class", "gthread",
-            "--threads", str(HTTP_THREADS), "--graceful-timeout", "5",
+            "--threads", str(http.threads), "--graceful-timeout", "5",
             "--config", "python:provisiond.api.gunicorn_conf",
             "provisiond.api:create_app_from_env()"]
 
