@@ -116,7 +116,8 @@ def cmd_build(args, ctx) -> int:
     for kind in summary["rebuilt"]:
         print(f"{kind}: {summary['rebuilt'][kind]} rebuilt, {summary['reused'][kind]} "
               "reused")
-    print(f"{summary['nodes']} nodes in {summary['seconds']:.2f}s")
+    print(f"{summary['nodes']} nodes in {summary['seconds']:.2f}s (inventory "
+          f"{summary['inventory_seconds']:.2f}s)")
     return 0
 
 

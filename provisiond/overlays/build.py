@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from provisiond.config import Config
-from provisiond.errors import NodeNotFound
+from provisiond.errors import NodeNotFound, ProvisiondError
 from provisiond.overlays import cpio
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
@@ -84,6 +84,18 @@ def _locked_dir(folder: Path):
 
 def _is_current(path: Path, key_path: Path, key: str) -> bool:
     return _read_key(path, key_path) == key
+
+
+def is_built(builder: Builder, node: str, kind: str) -> bool:
+    """Whether the node's build is current; cheap, and never generates secrets."""
+    try:
+        if not builder.secrets_exist(node, kind):
+            return False
+        key = builder.node_key(node, kind)
+    except ProvisiondError:
+        return False  # building it will report the error
+    return _is_current(output_path(builder.config, builder, node, kind),
+                       _key_path(builder.config, node, kind), key)
 
 
 def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> bool:

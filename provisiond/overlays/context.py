@@ -57,19 +57,23 @@ class Snapshot:
     all_nodes: list[dict] = field(default_factory=list)
     all_nodes_digest: str = ""
     server_digest: str = ""
-    _node_data: dict[str, tuple[dict, str]] = field(default_factory=dict)
+    _node_data: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self):
         self.all_nodes = nodes_context(self.nodes)
         self.all_nodes_digest = digest_of(self.all_nodes)
         self.server_digest = digest_of(self.server)
 
-    def node_data(self, name: str) -> tuple[dict, str]:
-        """(the node's template data, its digest), computed once per snapshot."""
+    def node_data(self, name: str) -> dict:
+        """The node's template data, computed once per snapshot."""
         if name not in self._node_data:
-            data = node_context(self.nodes[name])
-            self._node_data[name] = (data, digest_of(data))
+            self._node_data[name] = node_context(self.nodes[name])
         return self._node_data[name]
+
+    def node_digest(self, name: str) -> str:
+        """A hash of the node's record (cheap: pydantic's JSON, no dict round trip)."""
+        record = self.nodes[name].record.model_dump_json().encode()
+        return hashlib.sha256(name.encode() + b"\0" + record).hexdigest()
 
 
 _SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}

@@ -20,10 +20,15 @@ def host_key_dir(config: Config, node: str) -> Path:
     return config.state_dir / "secrets" / "ssh-host-keys" / node
 
 
+def has_host_keys(config: Config, node: str) -> bool:
+    folder = host_key_dir(config, node)
+    return all((folder / f"ssh_host_{t}_key.pub").is_file() for t in KEY_TYPES)
+
+
 def ensure_host_keys(config: Config, node: str) -> dict[str, dict[str, str]]:
     """{type: {"private": ..., "public": ...}} for the node, generating missing keys."""
     folder = host_key_dir(config, node)
-    if not all((folder / f"ssh_host_{t}_key.pub").is_file() for t in KEY_TYPES):
+    if not has_host_keys(config, node):
         with locked(folder.parent / f".{node}.lock"):
             for key_type in KEY_TYPES:
                 if not (folder / f"ssh_host_{key_type}_key.pub").is_file():

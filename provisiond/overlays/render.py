@@ -13,7 +13,7 @@ from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.overlays import cpio
 from provisiond.overlays.context import ImageCache, Snapshot, digest_of
-from provisiond.overlays.hostkeys import ensure_host_keys
+from provisiond.overlays.hostkeys import ensure_host_keys, has_host_keys
 from provisiond.overlays.source import Overlay, load_overlay
 from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
 
@@ -84,7 +84,7 @@ class Builder:
         parts = [overlay.name, kind, overlay.digest]
         uses = overlay.uses
         if "node" in uses:
-            parts.append(self.snapshot.node_data(node)[1])
+            parts.append(self.snapshot.node_digest(node))
         if "nodes" in uses:
             parts.append(self.snapshot.all_nodes_digest)
         if "server" in uses:
@@ -95,6 +95,13 @@ class Builder:
             parts.append(self.secrets(node)[1])
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
+    def secrets_exist(self, node: str, kind: str) -> bool:
+        """False when keying this build would first have to generate secrets."""
+        if kind != "runtime" or node in self._secrets:
+            return True
+        uses = any("secrets" in o.uses for o in self.overlays(node, kind))
+        return not uses or has_host_keys(self.config, node)
+
     def secrets(self, node: str) -> tuple[dict, str]:
         if node not in self._secrets:
             data = {"ssh_host_keys": ensure_host_keys(self.config, node)}
@@ -103,7 +110,7 @@ class Builder:
 
     def context(self, overlay: Overlay, node: str, kind: str) -> dict:
         context = {
-            "node": self.snapshot.node_data(node)[0], "nodes": self.snapshot.all_nodes,
+            "node": self.snapshot.node_data(node), "nodes": self.snapshot.all_nodes,
             "server": self.snapshot.server, "overlay": {"name": overlay.name, "kind": kind},
             "image": self.images.get(self.snapshot.nodes[node].record.image)[0],
         }
