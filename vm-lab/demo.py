@@ -39,6 +39,7 @@ def run(lab: Lab, timeout: float) -> int:
     step("lab up: namespace, libvirtd, domains, BMCs, inventory", lab.up, False)
     for image in sorted({node.image for node in lab.nodes.values()}):
         step(f"provisiond image build {image}", lab.build_image, image)
+    step("provisiond overlay build", lab.build_overlays)
     step("provisiond serve (DHCP, TFTP, DNS, HTTP) in the namespace", lab.start_serve)
     step(f"power on {', '.join(lab.nodes)} (PXE)", lab.boot)
     statuses = step(f"wait for ready (up to {timeout:.0f} s)", lab.wait_ready, None, timeout)

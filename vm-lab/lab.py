@@ -38,6 +38,8 @@ def cmd_up(lab: Lab, args) -> int:
     lab.up(serve=not args.no_serve)
     for image in args.image:
         print(f"built image {image} in {lab.build_image(image):.1f} s")
+    if args.image:
+        print(f"built overlays in {lab.build_overlays():.1f} s")
     print(report.describe(lab))
     return 0
 

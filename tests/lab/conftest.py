@@ -64,6 +64,7 @@ def lab():
     try:
         lab.up(serve=False)
         lab.build_image("tiny")
+        lab.build_overlays()
         lab.start_serve()
         yield lab
     finally:

@@ -65,6 +65,10 @@ class Lab:
     def build_image(self, name: str = "tiny") -> float:
         return provision.build_image(self.state, name)
 
+    def build_overlays(self) -> float:
+        """Build every node's overlays now (needs their images built)."""
+        return provision.build_overlays(self.state)
+
     def down(self) -> list[str]:
         """Stop and remove everything lab.json names; returns what was found still alive."""
         state = self.state

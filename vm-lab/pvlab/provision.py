@@ -74,15 +74,25 @@ def register_nodes(state: LabState, config: Config) -> None:
 
 def build_image(state: LabState, name: str, timeout: float = 1800) -> float:
     """`provisiond image build NAME` into the lab's state dir; returns the seconds it took."""
+    return _run_logged(state, ["image", "build", name], f"image-{name}", timeout)
+
+
+def build_overlays(state: LabState, timeout: float = 600) -> float:
+    """`provisiond overlay build` for every node, so first boots do not wait for it."""
+    return _run_logged(state, ["overlay", "build"], "overlays", timeout)
+
+
+def _run_logged(state: LabState, args: list[str], name: str, timeout: float) -> float:
     started = time.monotonic()
-    log = state.dir / "logs" / f"image-{name}.log"
+    log = state.dir / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        code = subprocess.run(provisiond_cmd(state, "image", "build", name), stdout=out,
-                              stderr=subprocess.STDOUT, cwd=REPO_ROOT, timeout=timeout,
+        code = subprocess.run(provisiond_cmd(state, *args), stdout=out, timeout=timeout,
+                              stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                               stdin=subprocess.DEVNULL).returncode
     if code != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        raise LabError(f"image build {name} failed (exit {code}): {' | '.join(tail)}")
+        raise LabError(f"provisiond {' '.join(args)} failed (exit {code}): {' | '.join(tail)}")
     return time.monotonic() - started
 
 
