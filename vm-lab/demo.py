@@ -14,7 +14,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from provisiond.errors import ProvisiondError  # noqa: E402
 from pvlab import report  # noqa: E402
-from pvlab.lab import Lab  # noqa: E402
+from pvlab.lab import LAB_FAILURES, Lab  # noqa: E402
 from pvlab.layout import DEFAULT_DIR, DEFAULT_PLAN  # noqa: E402
 
 
@@ -58,6 +58,8 @@ def main(argv=None) -> int:
         code = run(lab, args.timeout)
     except ProvisiondError as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
+    except LAB_FAILURES as exc:  # libvirt, a process, a file: one line, not a traceback
+        print(f"demo: error: {type(exc).__name__}: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
         print("demo: interrupted", file=sys.stderr)
     finally:

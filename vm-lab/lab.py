@@ -12,7 +12,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from provisiond.errors import ProvisiondError  # noqa: E402
 from pvlab import report  # noqa: E402
-from pvlab.lab import Lab  # noqa: E402
+from pvlab.lab import LAB_FAILURES, Lab  # noqa: E402
 from pvlab.layout import DEFAULT_DIR, DEFAULT_PLAN  # noqa: E402
 
 
@@ -84,6 +84,9 @@ def main(argv=None) -> int:
     except ProvisiondError as exc:
         print(f"vm-lab: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except LAB_FAILURES as exc:  # libvirt, a process, a file: one line, not a traceback
+        print(f"vm-lab: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("vm-lab: interrupted", file=sys.stderr)
         return 130

@@ -4,8 +4,11 @@ removes exactly what lab.json names, `boot` powers domains on, `wait_ready` foll
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
+
+import libvirt
 
 from provisiond.config import Config, load_config
 from provisiond.states import NodePhase
@@ -14,6 +17,10 @@ from pvlab import bmc, domains, libvirtd, netns, process, provision
 from pvlab.errors import LabError
 from pvlab.layout import (DEFAULT_DIR, DEFAULT_PLAN, SERVER_ADDRESS, LabNode, LabState,
                           load_state, plan_nodes)
+
+LAB_FAILURES = (libvirt.libvirtError, OSError, subprocess.SubprocessError)
+"""What else than a ProvisiondError a lab step can raise (reported as one line by the CLIs)."""
+
 
 class Lab:
     """A lab rooted at `lab_dir`; `plan` names its nodes ('n1:bios,n2:uefi:debian12')."""
@@ -127,6 +134,8 @@ class Lab:
 
     def boot(self, names: list[str] | None = None) -> None:
         """Power the nodes' domains on from scratch, with their boot status cleared."""
+        if not netns.netns_exists(self.netns):
+            raise LabError(f"the lab in {self.dir} is down; bring it up first")
         conn = libvirtd.connect(self.state)
         for name in names or list(self.nodes):
             node = self._node(name)
