@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644, durable: bool = True) -> None:
     """Replace `path` with `data` so that a reader or a crash sees the old or the new file.
 
     The data goes to a temp file in the same directory, is fsynced, then renamed over the
-    target; the directory is fsynced so the rename itself survives a power cut.
+    target; the directory is fsynced so the rename itself survives a power cut. With
+    `durable=False` (derived data that can be rebuilt) both fsyncs are skipped.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -26,13 +27,15 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(directory: Path) -> None:

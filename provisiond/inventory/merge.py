@@ -43,11 +43,16 @@ class Node:
         return {"name": self.name, **self.record.to_data()}
 
 
-def merge_node(inventory: Inventory, name: str) -> Node:
-    """Merge node `name` with its profiles (which must exist; see validate)."""
+def merge_node(inventory: Inventory, name: str, profile_data: dict | None = None) -> Node:
+    """Merge node `name` with its profiles (which must exist; see validate).
+
+    `profile_data` (profile name -> plain data) saves dumping each profile once per node."""
     record = inventory.nodes[name]
-    layers = [(f"profile:{p}", inventory.profiles[p].to_data())
-              for p in record.profiles or [] if p in inventory.profiles]
+    if profile_data is None:
+        profile_data = {p: inventory.profiles[p].to_data()
+                        for p in record.profiles or [] if p in inventory.profiles}
+    layers = [(f"profile:{p}", profile_data[p])
+              for p in record.profiles or [] if p in profile_data]
     layers.append((NODE_SOURCE, record.to_data()))
     merged: dict = {}
     provenance: dict[str, str] = {}
@@ -57,7 +62,8 @@ def merge_node(inventory: Inventory, name: str) -> Node:
 
 
 def merge_all(inventory: Inventory) -> dict[str, Node]:
-    return {name: merge_node(inventory, name) for name in inventory.nodes}
+    profile_data = {name: record.to_data() for name, record in inventory.profiles.items()}
+    return {name: merge_node(inventory, name, profile_data) for name in inventory.nodes}
 
 
 def _merge_into(target: dict, data: dict, source: str, provenance: dict, prefix: str) -> None:

@@ -6,6 +6,7 @@ Every field of a record is optional, so a profile can set a few fields and a nod
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
@@ -25,6 +26,20 @@ def check_name(value: str, what: str = "name") -> str:
             f"invalid {what} {value!r}: use lowercase letters, digits and '-' (a DNS label)"
         )
     return value
+
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4_RE = re.compile(rf"^{_OCTET}(\.{_OCTET}){{3}}$")
+
+
+def is_ipv4(value: str) -> bool:
+    """A dotted quad without leading zeros: what ipaddress accepts, one regex match."""
+    return IPV4_RE.fullmatch(value) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def normalise_netmask(value: str) -> str:
+    return str(ipaddress.IPv4Network(f"0.0.0.0/{value}").netmask)
 
 
 def normalise_mac(value: str) -> str:
@@ -59,11 +74,8 @@ class NetDev(_Record):
     @field_validator("ipaddr", "gateway")
     @classmethod
     def _ipv4(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                ipaddress.IPv4Address(value)
-            except ValueError:
-                raise ValueError(f"invalid IPv4 address {value!r}") from None
+        if value is not None and not is_ipv4(value):
+            raise ValueError(f"invalid IPv4 address {value!r}")
         return value
 
     @field_validator("netmask")
@@ -72,10 +84,9 @@ class NetDev(_Record):
         if value is None:
             return None
         try:
-            net = ipaddress.IPv4Network(f"0.0.0.0/{value}")
+            return normalise_netmask(value)
         except ValueError:
             raise ValueError(f"invalid netmask {value!r}") from None
-        return str(net.netmask)
 
     @field_validator("ipaddr6")
     @classmethod

@@ -16,13 +16,14 @@ def validate_inventory(inventory: Inventory) -> dict[str, Node]:
         if profile.profiles:
             raise InvalidInventory(f"profile {name}: profiles: a profile cannot list profiles")
     nodes = {}
+    profile_data = {name: record.to_data() for name, record in inventory.profiles.items()}
     seen_macs: dict[str, str] = {}
     seen_ips: dict[str, str] = {}
     for name, record in inventory.nodes.items():
         for profile in record.profiles or []:
             if profile not in inventory.profiles:
                 raise InvalidInventory(f"node {name}: profiles: unknown profile {profile!r}")
-        node = merge_node(inventory, name)
+        node = merge_node(inventory, name, profile_data)
         for dev, netdev in (node.record.netdevs or {}).items():
             _check_network(name, dev, netdev)
             _claim(seen_macs, netdev.mac, name, f"netdevs.{dev}.mac")

@@ -53,3 +53,16 @@ def test_malformed_file_names_the_record(config):
     config.inventory_path.write_text("nodes:\n  n1:\n    netdevs:\n      eth0: {mac: bogus}\n")
     with pytest.raises(InvalidInventory, match="node n1: netdevs.eth0.mac: invalid MAC"):
         InventoryStore(config).read()
+
+
+def test_json_cache_follows_the_yaml(config):
+    store = InventoryStore(config)
+    with store.edit() as inventory:
+        inventory.nodes["n1"] = Record(image="tiny")
+    cache = config.state_dir / ".inventory.cache.json"
+    assert cache.exists()
+    text = config.inventory_path.read_text().replace("image: tiny", "image: other")
+    config.inventory_path.write_text(text)  # a hand edit: the cache no longer matches
+    assert store.read().nodes["n1"].image == "other"
+    cache.write_text("{not json")
+    assert store.read().nodes["n1"].image == "other"
