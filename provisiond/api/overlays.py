@@ -1,4 +1,5 @@
-"""A node's overlays: the system one for its boot, the runtime one only for the node itself."""
+"""A node's overlays: shared and system for its boot (anyone may fetch them: no secrets), the
+runtime one only for the node itself."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from provisiond.boot.artifacts import overlay_file
 from provisiond.errors import Forbidden, NotFound
 
 bp = Blueprint("overlays", __name__)
-KINDS = ("system", "runtime")
+KINDS = ("shared", "system", "runtime")
 
 
 @bp.get("/overlays/<node>/<kind>")
 def overlay(node: str, kind: str):
     started = time.monotonic()
     if kind not in KINDS:
-        raise NotFound(f"no overlay kind {kind[:20]!r}; use system or runtime")
+        raise NotFound(f"no overlay kind {kind[:20]!r}; use shared, system or runtime")
     svc = services()
     record = svc.node(node)
     if kind == "runtime" and request.remote_addr not in _addresses(record):

@@ -1,4 +1,5 @@
-"""Per-node iPXE scripts: kernel, one initrd per image layer, then the system overlay.
+"""Per-node iPXE scripts: kernel, one initrd per image layer, then the node's shared system
+overlays and its own system overlays (unpacked last, so they win).
 
 The template is compiled once per process, and a rendered script is kept until the boot
 table or the node's image manifest changes: most requests are a dict lookup.
@@ -66,7 +67,8 @@ def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node
     base = base_url(config)
     initrds = [(f"l{i}", f"{base}/blobs/sha256/{layer['digest'].removeprefix('sha256:')}")
                for i, layer in enumerate(manifest["layers"])]
-    initrds.append((f"l{len(initrds)}", f"{base}/overlays/{entry.node}/system"))
+    for kind in ("shared", "system"):
+        initrds.append((f"l{len(initrds)}", f"{base}/overlays/{entry.node}/{kind}"))
     return NODE_SCRIPT.render(
         node=entry.node, image=entry.image, base=base, retry=RETRY_SECONDS,
         kernel=manifest["kernel"]["digest"].removeprefix("sha256:"), initrds=initrds,

@@ -1,7 +1,8 @@
 """Build many nodes' overlays at once, in parallel across cores (a forked process pool).
 
 The builder (inventory snapshot, compiled templates) is made once in the parent and
-inherited by the forked workers, so nothing is re-read or re-compiled per node.
+inherited by the forked workers, so nothing is re-read or re-compiled per node. Shared
+builds are few (one per distinct overlay list and image): the parent builds each once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
 from provisiond.inventory.model import node_sort_key
-from provisiond.overlays.build import build_node, is_built
+from provisiond.overlays.build import build_node, is_built, output_path, remove_unused_shared
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import KINDS, Builder
 
@@ -35,18 +36,23 @@ def build_overlays(config: Config, names: list[str] | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    kinds: tuple[str, ...] = KINDS) -> dict:
     """Build the named nodes' (default: all) stale overlays (checked here; only stale nodes
-    go to the worker processes). Returns a summary:
+    go to the worker processes); "system" in `kinds` implies "shared". Returns a summary:
     {"nodes", "rebuilt": {kind: n}, "reused": {kind: n}, "failed": {node: error}, "seconds",
-    "inventory_seconds" (of those seconds, reading and merging the inventory)}.
+    "inventory_seconds" (of those seconds, reading and merging the inventory)}; the shared
+    counts are of distinct shared builds, the others of nodes.
     Raises OverlayBuildFailed (carrying the summary) when any node failed."""
     started = time.monotonic()
     snapshot = take_snapshot(config, reuse=False)
     read = time.monotonic() - started
+    full = names is None
     names = _check_names(snapshot.nodes, names)
     builder = Builder(config, snapshot)
-    stale = [n for n in names if not all(is_built(builder, n, k) for k in kinds)]
-    results = [(n, k, "reused") for n in set(names) - set(stale) for k in kinds]
-    results += _run(builder, stale, kinds, progress, _worker_count(config))
+    kinds = _with_shared(kinds)
+    node_kinds = tuple(k for k in kinds if k != "shared")
+    results = _build_shared(builder, names, full) if "shared" in kinds else []
+    stale = [n for n in names if not all(is_built(builder, n, k) for k in node_kinds)]
+    results += [(n, k, "reused") for n in set(names) - set(stale) for k in node_kinds]
+    results += _run(builder, stale, node_kinds, progress, _worker_count(config))
     summary = _summarise(names, kinds, results, time.monotonic() - started)
     summary["inventory_seconds"] = round(read, 3)
     if summary["failed"]:
@@ -64,6 +70,34 @@ def _check_names(nodes: dict, names: list[str] | None) -> list[str]:
     if missing:
         raise NodeNotFound(f"no node named {missing[0]!r}")
     return list(names)
+
+
+def _with_shared(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds in KINDS order, with "shared" when "system" is asked for (a node boots both)."""
+    wanted = set(kinds) | ({"shared"} if "system" in kinds else set())
+    return tuple(k for k in KINDS if k in wanted)
+
+
+def _build_shared(builder: Builder, names: list[str], full: bool) -> list[tuple]:
+    """Build each distinct shared part of `names` once (in this process); after a full
+    build without failures, remove the shared parts no node uses any more."""
+    groups: dict[str, list[str]] = {}
+    results = []
+    for name in names:
+        try:
+            groups.setdefault(builder.node_key(name, "shared"), []).append(name)
+        except ProvisiondError as exc:
+            results.append((name, "shared", str(exc)))
+    for members in groups.values():
+        try:
+            state = "rebuilt" if build_node(builder, members[0], "shared") else "reused"
+            results.append((members[0], "shared", state))
+        except ProvisiondError as exc:
+            results += [(name, "shared", str(exc)) for name in members]
+    if full and all(r[2] in ("rebuilt", "reused") for r in results):
+        keep = {output_path(builder.config, builder, m[0], "shared") for m in groups.values()}
+        remove_unused_shared(builder.config, keep)
+    return results
 
 
 def _worker_count(config: Config) -> int:

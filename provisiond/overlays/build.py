@@ -1,11 +1,12 @@
-"""Per-node overlay builds under `overlay-builds/<node>/`, cached by the hash of their inputs.
+"""Overlay builds, cached by the hash of their inputs: `overlay-builds/<node>/<kind>.cpio.<ext>`
+(system, runtime) per node, and `overlay-builds/_shared/<key>.cpio.<ext>` once per content.
 
-`<kind>.cpio.<ext>` is the build; the hash it was built from is its `user.provisiond.key`
-xattr, set before the file is renamed into place (or, where the file system has no user
-xattrs, a `<kind>.key` file written after it: a crash between the two only causes a
-rebuild). Builds are derived data and are not fsynced (that made 10,000 builds disk-bound);
-each file is still replaced by rename, so readers see a whole old or a whole new build.
-"""
+A shared build is named by its key, so it is current when it exists. A node's build has the
+hash it was built from as its `user.provisiond.key` xattr, set before the file is renamed
+into place (or, where the file system has no user xattrs, a `<kind>.key` file written after
+it: a crash between the two only causes a rebuild). Builds are derived data and are not
+fsynced (that made 10,000 builds disk-bound); each file is still replaced by rename, so
+readers see a whole old or a whole new build."""
 
 from __future__ import annotations
 
@@ -22,14 +23,22 @@ from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
 
 KEY_XATTR = "user.provisiond.key"
+SHARED_DIR = "_shared"  # node names start with a letter or digit
 
 
 def node_dir(config: Config, node: str) -> Path:
     return config.overlay_build_dir / node
 
 
+def shared_dir(config: Config) -> Path:
+    return config.overlay_build_dir / SHARED_DIR
+
+
 def output_path(config: Config, builder: Builder, node: str, kind: str) -> Path:
-    return node_dir(config, node) / f"{kind}.cpio.{cpio.SUFFIXES[builder.compression(kind)]}"
+    suffix = cpio.SUFFIXES[builder.compression(kind)]
+    if kind == "shared":
+        return shared_dir(config) / f"{builder.node_key(node, kind)}.cpio.{suffix}"
+    return node_dir(config, node) / f"{kind}.cpio.{suffix}"
 
 
 def _key_path(config: Config, node: str, kind: str) -> Path:
@@ -67,7 +76,7 @@ def _replace(path: Path, data: bytes, mode: int, key: str, key_path: Path) -> No
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if not tagged:
+    if not tagged and path.parent.name != SHARED_DIR:
         key_path.write_text(key)
 
 
@@ -83,6 +92,8 @@ def _locked_dir(folder: Path):
 
 
 def _is_current(path: Path, key_path: Path, key: str) -> bool:
+    if path.parent.name == SHARED_DIR:
+        return path.exists()  # named by its key
     return _read_key(path, key_path) == key
 
 
@@ -113,13 +124,16 @@ def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> b
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
     with _locked_dir(path.parent):  # a concurrent builder of the same key writes the same
+        if kind == "shared" and not force and path.exists():
+            return False  # another process built it while we waited for the lock
         data = builder.pack(node, kind)
         _replace(path, data, 0o600 if kind == "runtime" else 0o644, key, key_path)
     return True
 
 
 def ensure_overlay(config: Config, node_name: str, kind: str) -> Path:
-    """The node's current `kind` ("system" or "runtime") overlay, built if stale.
+    """The node's current `kind` overlay, built if stale: "shared" (its node-independent
+    system overlays), "system" (the node-specific ones) or "runtime".
 
     Cheap when nothing changed: the inventory is re-read only when its file changed, and
     the cached build is returned after comparing one small key file.
@@ -130,3 +144,20 @@ def ensure_overlay(config: Config, node_name: str, kind: str) -> Path:
     builder = Builder(config, snapshot)
     build_node(builder, node_name, kind)
     return output_path(config, builder, node_name, kind)
+
+
+def remove_unused_shared(config: Config, keep: set[Path]) -> int:
+    """Delete shared builds not in `keep` (after a full build); returns how many.
+
+    A reader that has the file open keeps reading it; one that resolved the path just
+    before the inventory changed gets a 404 and the node's iPXE script retries."""
+    removed = 0
+    folder = shared_dir(config)
+    if not folder.is_dir():
+        return 0
+    with _locked_dir(folder):  # no build renames a file in meanwhile
+        for path in folder.iterdir():
+            if path not in keep and not path.name.startswith("."):
+                path.unlink(missing_ok=True)
+                removed += 1
+    return removed

@@ -2,7 +2,9 @@
 
 Each overlay's key hashes its source tree and only the variables its templates use: an
 overlay that reads `nodes` (hosts) changes when any node changes, one that reads only `node`
-when that node changes, one that reads neither is rendered once per build and shared.
+when that node changes. A node's system overlays are split in two builds: "shared" (those
+that read neither `node` nor secrets, the same for every node with the same list and image)
+and "system" (the node-specific rest).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from provisiond.overlays.hostkeys import ensure_host_keys, has_host_keys
 from provisiond.overlays.source import Overlay, load_overlay
 from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
 
-FORMAT = "provisiond-overlay-1"
-KINDS = ("system", "runtime")
+FORMAT = "provisiond-overlay-2"
+KINDS = ("shared", "system", "runtime")
 RUNTIME_COMPRESSION = "gzip"  # the node unpacks it with busybox, which has no zstd applet
 SHARED_LIMIT = 64
 # Packed node-independent overlays by content key, kept across builds and requests (hosts
@@ -52,20 +54,23 @@ class Builder:
         self.images = ImageCache(config)
         self._secrets: dict[str, tuple[dict, str]] = {}
         self._overlays: dict[str, Overlay] = {}
+        self._shared_keys: dict[tuple, str] = {}
 
     def compression(self, kind: str) -> str:
-        return self.config.build.compression if kind == "system" else RUNTIME_COMPRESSION
+        return RUNTIME_COMPRESSION if kind == "runtime" else self.config.build.compression
 
     def overlays(self, node: str, kind: str) -> list[Overlay]:
+        """The node's overlays of `kind`: shared and system split its system_overlays."""
         record = self.snapshot.nodes[node].record
-        names = (record.system_overlays if kind == "system" else record.runtime_overlays) or []
-        overlays = [self.overlay(name) for name in names]
+        if kind == "runtime":
+            return [self.overlay(name) for name in record.runtime_overlays or []]
+        overlays = [self.overlay(name) for name in record.system_overlays or []]
         for overlay in overlays:
-            if overlay.secret and kind == "system":
+            if overlay.secret:
                 raise OverlayTemplateError(
                     f"overlay {overlay.name} holds secrets: node {node} must list it in "
                     "runtime_overlays, not system_overlays")
-        return overlays
+        return [o for o in overlays if o.node_specific == (kind == "system")]
 
     def overlay(self, name: str) -> Overlay:
         """The overlay as it was when first asked for in this build (read once)."""
@@ -76,9 +81,21 @@ class Builder:
     def node_key(self, node: str, kind: str) -> str:
         """The hash of everything the node's `kind` build reads."""
         if kind not in KINDS:
-            raise InvalidInput(f"overlay kind must be system or runtime, not {kind!r}")
+            raise InvalidInput(f"overlay kind must be shared, system or runtime, not {kind!r}")
+        if kind == "shared":
+            return self._shared_key(node)
         keys = [self.overlay_key(o, node, kind) for o in self.overlays(node, kind)]
         return digest_of([FORMAT, kind, self.compression(kind), keys])
+
+    def _shared_key(self, node: str) -> str:
+        """The shared build's key, computed once per (overlay list, image)."""
+        record = self.snapshot.nodes[node].record
+        signature = (tuple(record.system_overlays or ()), record.image)
+        if signature not in self._shared_keys:
+            keys = [self.overlay_key(o, node, "system") for o in self.overlays(node, "shared")]
+            self._shared_keys[signature] = digest_of(
+                [FORMAT, "shared", self.compression("shared"), keys])
+        return self._shared_keys[signature]
 
     def overlay_key(self, overlay: Overlay, node: str, kind: str) -> str:
         parts = [overlay.name, kind, overlay.digest]
@@ -120,11 +137,14 @@ class Builder:
 
     def pack(self, node: str, kind: str) -> bytes:
         """The node's build: one archive per overlay, each compressed (the kernel unpacks a
-        concatenation of them); runtime: a single archive, as busybox cpio reads one only."""
+        concatenation of them), or an empty archive when there is none; runtime: a single
+        archive, as busybox cpio reads one only."""
         overlays = self.overlays(node, kind)
         if kind == "runtime":
             merged = [e for o in overlays for e in self.render(o, node, kind)]
             return cpio.compress(cpio.pack(cpio.with_parents(merged)), RUNTIME_COMPRESSION)
+        if not overlays:
+            return cpio.compress(cpio.pack([]), self.compression(kind))
         return b"".join(self.member(o, node) for o in overlays)
 
     def member(self, overlay: Overlay, node: str) -> bytes:

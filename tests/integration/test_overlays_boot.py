@@ -1,6 +1,7 @@
 """The init overlay boots for real: a Debian kernel under QEMU (TCG) with a busybox-static
-image and a node's system overlay as the initrd; the serial log must show the switch_root
-marker and the image's own init running in the tmpfs root, whiteouts applied."""
+image, then the node's shared and own system overlays as the initrds (as the iPXE script
+orders them); the serial log must show the switch_root marker and the image's own init
+running in the tmpfs root, whiteouts applied. A node whose own part is empty boots too."""
 
 from __future__ import annotations
 
@@ -126,9 +127,9 @@ def test_init_overlay_switches_root_into_the_image_init(tmp_path, config, compre
 
     config = load_config(config.state_dir)
     build_overlays(config, kinds=("system",))
-    overlay = ensure_overlay(config, "n001", "system")
+    shared, own = (ensure_overlay(config, "n001", k).read_bytes() for k in ("shared", "system"))
     initrd = tmp_path / "initrd"
-    initrd.write_bytes(busybox_image() + overlay.read_bytes())
+    initrd.write_bytes(busybox_image() + shared + own)  # what iPXE hands the kernel
     log = boot(debian_kernel(), initrd, append)
     assert f"provisiond-init: switching root to {init}" in log, log[-3000:]
     assert "TEST-INIT: running as pid 1 in tmpfs root" in log, log[-3000:]
@@ -139,3 +140,24 @@ def test_init_overlay_switches_root_into_the_image_init(tmp_path, config, compre
     assert "TEST-INIT: agent exit 0" in log  # no provisiond.url: nothing to do, exits 0
     assert "provisiond-network: no interface has MAC 52:54:00:00:00:01" in log
     assert "TEST-INIT: done" in log
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("qemu-system-x86_64") or not BUSYBOX.exists(),
+                    reason="needs qemu-system-x86 and busybox-static")
+def test_empty_node_part_is_accepted_by_the_kernel(tmp_path, config):
+    """A node with only node-independent overlays gets a trailer-only node part."""
+    _write_inventory(config.state_dir, "zstd")
+    data = yaml.safe_load((config.state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n001"]["system_overlays"] = ["init", "hosts"]
+    (config.state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    from provisiond.config import load_config
+
+    config = load_config(config.state_dir)
+    shared, own = (ensure_overlay(config, "n001", k).read_bytes() for k in ("shared", "system"))
+    assert cpio.unpack(cpio.decompress(own)) == []
+    initrd = tmp_path / "initrd"
+    initrd.write_bytes(busybox_image() + shared + own)
+    log = boot(debian_kernel(), initrd, "quiet")
+    assert "provisiond-init: switching root to /sbin/init" in log, log[-3000:]
+    assert "TEST-INIT: hosts lists n002" in log and "TEST-INIT: done" in log

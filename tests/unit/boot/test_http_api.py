@@ -27,11 +27,13 @@ def test_node_script_names_kernel_layers_and_overlay(client, config):
     text = client.get(f"/boot/ipxe/{mac_of(2)}").get_data(as_text=True)
     base = "http://127.0.0.1:9873"
     kernel = manifest["kernel"]["digest"].removeprefix("sha256:")
-    assert f"kernel {base}/blobs/sha256/{kernel} initrd=l0 initrd=l1 initrd=l2 console=ttyS0 " \
+    assert f"kernel {base}/blobs/sha256/{kernel} initrd=l0 initrd=l1 initrd=l2 initrd=l3 " \
+           f"console=ttyS0 " \
            f"quiet provisiond.url={base} provisiond.node=n2" in text
     for i, layer in enumerate(manifest["layers"]):
         assert f"initrd --name l{i} {base}/blobs/sha256/{layer['digest'][7:]}" in text
-    assert f"initrd --name l2 {base}/overlays/n2/system" in text
+    shared = text.index(f"initrd --name l2 {base}/overlays/n2/shared ||")
+    assert text.index(f"initrd --name l3 {base}/overlays/n2/system ||") > shared
     client.application.extensions["provisiond"].phases.flush()
     assert read_status(config, "n2")["phase"] == "ipxe"
 
@@ -108,15 +110,20 @@ def test_bad_and_missing_blobs_are_json_errors(client):
     assert response.status_code == 404 and "no blob" in response.json["error"]
 
 
-def test_overlays_system_and_runtime_rules(client, config, monkeypatch):
+def test_overlays_shared_system_and_runtime_rules(client, config, monkeypatch):
     """ensure_overlay is replaced by one returning files put where it would place them."""
     import provisiond.boot.artifacts as artifacts
 
     system = add_overlay(config, "n1", "system", b"system-cpio")
     runtime = add_overlay(config, "n1", "runtime", b"runtime-cpio")
-    paths = {"system": system, "runtime": runtime}
+    shared = add_overlay(config, "_shared", "0" * 64, b"shared-cpio")
+    paths = {"shared": shared, "system": system, "runtime": runtime}
     monkeypatch.setattr(artifacts, "_ensure_overlay", lambda c, n, k: paths[k])
     assert client.get("/overlays/n1/system").data == b"system-cpio"
+    common = client.get("/overlays/n1/shared", environ_base={"REMOTE_ADDR": ip_of(2)})
+    assert common.data == b"shared-cpio" and "private" not in common.headers["Cache-Control"]
+    assert client.get("/overlays/n1/shared", headers={
+        "If-None-Match": common.headers["ETag"]}).status_code == 304
     denied = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(2)})
     assert denied.status_code == 403 and denied.json["type"] == "Forbidden"
     mine = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
@@ -155,12 +162,16 @@ def test_overlays_built_by_the_real_ensure_overlay(client, config):
     from provisiond.inventory import InventoryStore
 
     with InventoryStore(config).edit() as inv:
-        inv.nodes["n1"].system_overlays = ["hostname"]
+        inv.nodes["n1"].system_overlays = ["hostname", "init"]
         inv.nodes["n1"].runtime_overlays = ["hosts"]
     client.application.extensions["provisiond"].watcher.interval = 0
     system = client.get("/overlays/n1/system")
     assert system.status_code == 200
     assert system.data == overlays.ensure_overlay(config, "n1", "system").read_bytes()
+    shared = client.get("/overlays/n1/shared")
+    assert shared.status_code == 200 and shared.headers["ETag"]
+    assert shared.data == overlays.ensure_overlay(config, "n1", "shared").read_bytes()
+    assert shared.data != system.data
     runtime = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
     assert runtime.status_code == 200 and runtime.data
     again = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)},

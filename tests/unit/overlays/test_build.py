@@ -1,5 +1,5 @@
-"""Per-node builds: cache by input hash, what a change rebuilds, secrets kept apart,
-failures leaving the previous build in place."""
+"""Per-node builds: cache by input hash, what a change rebuilds, the shared part stored
+once, secrets kept apart, failures leaving the previous build in place."""
 
 from __future__ import annotations
 
@@ -47,9 +47,11 @@ def cfg(state_dir):
 
 def test_build_then_reuse(cfg):
     first = build_overlays(cfg, kinds=("system",))
-    assert first["rebuilt"] == {"system": 3} and first["reused"] == {"system": 0}
+    assert first["rebuilt"] == {"shared": 1, "system": 3}
+    assert first["reused"] == {"shared": 0, "system": 0}
     second = build_overlays(cfg, kinds=("system",))
-    assert second["rebuilt"] == {"system": 0} and second["reused"] == {"system": 3}
+    assert second["rebuilt"] == {"shared": 0, "system": 0}
+    assert second["reused"] == {"shared": 1, "system": 3}
 
 
 def test_address_change_rebuilds_node_and_hosts_users_only(state_dir):
@@ -58,18 +60,55 @@ def test_address_change_rebuilds_node_and_hosts_users_only(state_dir):
     build_overlays(cfg, kinds=("system",))
     set_address(state_dir, "n2", "10.0.0.99")
     summary = build_overlays(cfg, kinds=("system",))
-    assert summary["rebuilt"] == {"system": 1} and summary["reused"] == {"system": 2}
+    assert summary["rebuilt"] == {"shared": 0, "system": 1}
+    assert summary["reused"] == {"shared": 1, "system": 2}
     assert b"10.0.0.99/24" in files_of(ensure_overlay(cfg, "n2", "system"))[
         "etc/systemd/network/10-provisiond-eth0.network"]
 
 
-def test_hosts_overlay_rebuilds_every_node_when_any_node_changes(cfg, state_dir):
+def test_address_change_rebuilds_the_shared_part_once_and_that_node(cfg, state_dir):
     build_overlays(cfg, kinds=("system",))
+    old = ensure_overlay(cfg, "n1", "shared")
     set_address(state_dir, "n2", "10.0.0.99")
     summary = build_overlays(cfg, kinds=("system",))
-    assert summary["rebuilt"] == {"system": 3}
-    assert b"10.0.0.99\tn2.cluster n2" in files_of(ensure_overlay(cfg, "n1", "system"))[
-        "etc/hosts"]
+    assert summary["rebuilt"] == {"shared": 1, "system": 1}
+    assert summary["reused"] == {"shared": 0, "system": 2}
+    shared = ensure_overlay(cfg, "n1", "shared")
+    assert b"10.0.0.99\tn2.cluster n2" in files_of(shared)["etc/hosts"]
+    assert list(shared.parent.iterdir()) == [shared] and not old.exists()
+
+
+def test_shared_part_is_stored_once_and_the_node_part_holds_the_rest(cfg):
+    build_overlays(cfg, kinds=("system",))
+    shared = ensure_overlay(cfg, "n1", "shared")
+    assert shared.parent == cfg.overlay_build_dir / "_shared"
+    assert {ensure_overlay(cfg, n, "shared") for n in ("n2", "n3")} == {shared}
+    assert shared.stat().st_mode & 0o777 == 0o644
+    common, own = files_of(shared), files_of(ensure_overlay(cfg, "n1", "system"))
+    assert {"init", "etc/hosts", "usr/local/sbin/provisiond-agent"} <= common.keys()
+    assert {"etc/hostname", "usr/local/sbin/provisiond-network"} <= own.keys()
+    assert not common.keys() & own.keys()
+
+
+def test_node_part_without_node_specific_overlays_is_an_empty_archive(state_dir):
+    write_inventory(state_dir, system=["init", "hosts"])
+    cfg = load_config(state_dir)
+    data = ensure_overlay(cfg, "n1", "system").read_bytes()
+    assert data[:4] == b"\x28\xb5\x2f\xfd"
+    assert cpio.decompress(data) == cpio.pack([]) and cpio.unpack(cpio.decompress(data)) == []
+    assert "etc/hosts" in files_of(ensure_overlay(cfg, "n1", "shared"))
+
+
+def test_nodes_with_different_lists_get_different_shared_parts(state_dir):
+    write_inventory(state_dir)
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n3"].update(profiles=[], system_overlays=["init", "hostname"])
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(state_dir)
+    summary = build_overlays(cfg, kinds=("system",))
+    assert summary["rebuilt"] == {"shared": 2, "system": 3}
+    assert "etc/hosts" not in files_of(ensure_overlay(cfg, "n3", "shared"))
+    assert len(list((cfg.overlay_build_dir / "_shared").iterdir())) == 2
 
 
 def test_ensure_overlay_builds_when_stale_and_is_stable(cfg, state_dir):
@@ -80,13 +119,14 @@ def test_ensure_overlay_builds_when_stale_and_is_stable(cfg, state_dir):
     assert path.stat().st_mtime_ns == before
     set_address(state_dir, "n1", "10.0.0.77")
     ensure_overlay(cfg, "n1", "system")
-    assert b"10.0.0.77" in files_of(path)["etc/hosts"]
+    assert b"10.0.0.77/24" in files_of(path)["etc/systemd/network/10-provisiond-eth0.network"]
+    assert b"10.0.0.77" in files_of(ensure_overlay(cfg, "n1", "shared"))["etc/hosts"]
 
 
 def test_builds_are_deterministic(cfg):
-    data = ensure_overlay(cfg, "n1", "system").read_bytes()
+    data = [ensure_overlay(cfg, "n1", kind).read_bytes() for kind in ("shared", "system")]
     shutil.rmtree(cfg.overlay_build_dir)
-    assert ensure_overlay(cfg, "n1", "system").read_bytes() == data
+    assert [ensure_overlay(cfg, "n1", k).read_bytes() for k in ("shared", "system")] == data
 
 
 def test_unknown_node_and_kind(cfg):
@@ -112,7 +152,10 @@ def test_no_secret_in_any_system_overlay(cfg):
     build_overlays(cfg)
     secrets = [p.read_bytes() for p in (cfg.state_dir / "secrets").rglob("*_key")]
     assert len(secrets) == 6
-    for path in cfg.overlay_build_dir.glob("*/system.cpio.*"):
+    paths = [*cfg.overlay_build_dir.glob("*/system.cpio.*"),
+             *cfg.overlay_build_dir.glob("_shared/*.cpio.*")]
+    assert len(paths) == 4
+    for path in paths:
         blob = cpio.decompress(path.read_bytes())
         for secret in secrets:
             assert secret not in blob
@@ -170,9 +213,9 @@ def test_key_file_when_the_file_system_has_no_user_xattrs(cfg, monkeypatch):
 
     monkeypatch.setattr("os.setxattr", no_xattr)
     monkeypatch.setattr("os.getxattr", no_xattr)
-    assert build_overlays(cfg, kinds=("system",))["rebuilt"] == {"system": 3}
+    assert build_overlays(cfg, kinds=("system",))["rebuilt"] == {"shared": 1, "system": 3}
     assert (cfg.overlay_build_dir / "n1" / "system.key").is_file()
-    assert build_overlays(cfg, kinds=("system",))["reused"] == {"system": 3}
+    assert build_overlays(cfg, kinds=("system",))["reused"] == {"shared": 1, "system": 3}
 
 
 def test_init_takes_the_image_manifest_init(cfg, monkeypatch):
@@ -181,5 +224,5 @@ def test_init_takes_the_image_manifest_init(cfg, monkeypatch):
     data = yaml.safe_load((cfg.state_dir / "inventory.yaml").read_text())
     data["profiles"]["default"]["image"] = "debian12"
     (cfg.state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
-    init = files_of(ensure_overlay(cfg, "n1", "system"))["init"]
+    init = files_of(ensure_overlay(cfg, "n1", "shared"))["init"]
     assert b"DEFAULT_INIT='/lib/systemd/systemd'" in init

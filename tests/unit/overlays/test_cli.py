@@ -32,10 +32,11 @@ def test_build_summary_then_reuse(cli, state_dir):
     write_inventory(state_dir)
     first = cli("overlay", "build", "n[1-2]")
     assert first.code == 0, first.err
+    assert "shared: 1 rebuilt, 0 reused" in first.out
     assert "system: 2 rebuilt, 0 reused" in first.out
     again = json.loads(cli("overlay", "build", "--json").out)
-    assert again["reused"] == {"system": 2, "runtime": 2}
-    assert again["rebuilt"] == {"system": 1, "runtime": 1}
+    assert again["reused"] == {"shared": 1, "system": 2, "runtime": 2}
+    assert again["rebuilt"] == {"shared": 0, "system": 1, "runtime": 1}
 
 
 def test_build_failure_is_one_line(cli, state_dir):
