@@ -35,17 +35,24 @@ def shared_dir(config: Config) -> Path:
 
 
 def output_path(config: Config, builder: Builder, node: str, kind: str) -> Path:
+    return Path(_output_name(builder, node, kind))
+
+
+def _output_name(builder: Builder, node: str, kind: str) -> str:
+    """The build's path as a string (no pathlib: checked for every node of a build)."""
     suffix = cpio.SUFFIXES[builder.compression(kind)]
     if kind == "shared":
-        return shared_dir(config) / f"{builder.node_key(node, kind)}.cpio.{suffix}"
-    return node_dir(config, node) / f"{kind}.cpio.{suffix}"
+        return f"{builder.build_dir}/{SHARED_DIR}/{builder.node_key(node, kind)}.cpio.{suffix}"
+    return f"{builder.build_dir}/{node}/{kind}.cpio.{suffix}"
 
 
-def _key_path(config: Config, node: str, kind: str) -> Path:
-    return node_dir(config, node) / f"{kind}.key"
+def _key_file(path: str) -> str:
+    """The `<kind>.key` beside the build `<kind>.cpio.<ext>`."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, name.split(".", 1)[0] + ".key")
 
 
-def _read_key(path: Path, key_path: Path) -> str | None:
+def _read_key(path: str) -> str | None:
     """The key the build at `path` was made from: its xattr, else the `.key` file."""
     try:
         return os.getxattr(path, KEY_XATTR).decode()
@@ -54,14 +61,14 @@ def _read_key(path: Path, key_path: Path) -> str | None:
     except OSError:
         pass  # no xattr (an older build, or a file system without user xattrs)
     try:
-        return key_path.read_text() if path.exists() else None
+        return Path(_key_file(path)).read_text() if os.path.exists(path) else None
     except FileNotFoundError:
         return None
 
 
-def _replace(path: Path, data: bytes, mode: int, key: str, key_path: Path) -> None:
+def _replace(path: Path, data: bytes, mode: int, key: str) -> None:
     """Write a temp file, tag it with its key and rename it over `path` (no fsync: builds
-    can always be rebuilt). Without user xattrs the key goes to `key_path` afterwards."""
+    can always be rebuilt). Without user xattrs the key goes to `<kind>.key` afterwards."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     tagged = True
     try:
@@ -77,12 +84,12 @@ def _replace(path: Path, data: bytes, mode: int, key: str, key_path: Path) -> No
         Path(tmp).unlink(missing_ok=True)
         raise
     if not tagged and path.parent.name != SHARED_DIR:
-        key_path.write_text(key)
+        Path(_key_file(str(path))).write_text(key)
 
 
 @contextlib.contextmanager
 def _locked_dir(folder: Path):
-    """An exclusive flock on the node's build directory itself (no lock file to create)."""
+    """An exclusive flock on the build directory itself (no lock file to create)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -91,10 +98,10 @@ def _locked_dir(folder: Path):
         os.close(fd)
 
 
-def _is_current(path: Path, key_path: Path, key: str) -> bool:
-    if path.parent.name == SHARED_DIR:
-        return path.exists()  # named by its key
-    return _read_key(path, key_path) == key
+def _is_current(path: str, kind: str, key: str) -> bool:
+    if kind == "shared":
+        return os.path.exists(path)  # named by its key
+    return _read_key(path) == key
 
 
 def is_built(builder: Builder, node: str, kind: str) -> bool:
@@ -105,8 +112,7 @@ def is_built(builder: Builder, node: str, kind: str) -> bool:
         key = builder.node_key(node, kind)
     except ProvisiondError:
         return False  # building it will report the error
-    return _is_current(output_path(builder.config, builder, node, kind),
-                       _key_path(builder.config, node, kind), key)
+    return _is_current(_output_name(builder, node, kind), kind, key)
 
 
 def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> bool:
@@ -118,8 +124,7 @@ def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> b
     config = builder.config
     key = builder.node_key(node, kind)
     path = output_path(config, builder, node, kind)
-    key_path = _key_path(config, node, kind)
-    if not force and _is_current(path, key_path, key):
+    if not force and _is_current(str(path), kind, key):
         return False
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +132,7 @@ def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> b
         if kind == "shared" and not force and path.exists():
             return False  # another process built it while we waited for the lock
         data = builder.pack(node, kind)
-        _replace(path, data, 0o600 if kind == "runtime" else 0o644, key, key_path)
+        _replace(path, data, 0o600 if kind == "runtime" else 0o644, key)
     return True
 
 

@@ -58,6 +58,7 @@ class Snapshot:
     all_nodes_digest: str = ""
     server_digest: str = ""
     _node_data: dict[str, dict] = field(default_factory=dict)
+    _node_digests: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.all_nodes = nodes_context(self.nodes)
@@ -71,9 +72,11 @@ class Snapshot:
         return self._node_data[name]
 
     def node_digest(self, name: str) -> str:
-        """A hash of the node's record (cheap: pydantic's JSON, no dict round trip)."""
-        record = self.nodes[name].record.model_dump_json().encode()
-        return hashlib.sha256(name.encode() + b"\0" + record).hexdigest()
+        """A hash of the node's record (pydantic's JSON, no dict round trip), made once."""
+        if name not in self._node_digests:
+            record = self.nodes[name].record.model_dump_json().encode()
+            self._node_digests[name] = hashlib.sha256(name.encode() + b"\0" + record).hexdigest()
+        return self._node_digests[name]
 
 
 _SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}

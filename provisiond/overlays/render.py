@@ -51,6 +51,7 @@ class Builder:
     def __init__(self, config: Config, snapshot: Snapshot):
         self.config = config
         self.snapshot = snapshot
+        self.build_dir = str(config.overlay_build_dir)
         self.images = ImageCache(config)
         self._secrets: dict[str, tuple[dict, str]] = {}
         self._overlays: dict[str, Overlay] = {}
