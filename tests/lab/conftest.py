@@ -52,6 +52,14 @@ def _missing() -> str | None:
     return None
 
 
+def _down_stale_labs(lab_class) -> None:
+    """Tear down labs of earlier sessions that died before their finaliser ran."""
+    for lab_json in Path("/var/tmp").glob("pvlab-test-*/lab.json"):
+        owner = lab_json.parent.name.rsplit("-", 1)[1]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            lab_class(lab_json.parent).down()
+
+
 @pytest.fixture(scope="session")
 def lab():
     """One lab for the session: up, tiny image built, serve running; always torn down."""
@@ -60,6 +68,7 @@ def lab():
         pytest.skip(reason)
     from pvlab.lab import Lab
 
+    _down_stale_labs(Lab)
     lab = Lab(Path(f"/var/tmp/pvlab-test-{os.getpid()}"), LAB_PLAN)
     try:
         lab.up(serve=False)
