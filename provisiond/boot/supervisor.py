@@ -34,6 +34,7 @@ def gunicorn_command(config: Config) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "--bind", f"{http.bind}:{http.port}",
             "--workers", str(http.workers), "--worker-class", "gthread",
             "--threads", str(http.threads), "--graceful-timeout", "5",
+            "--no-control-socket",  # else every instance shares ~/.gunicorn/gunicorn.ctl
             "--config", "python:provisiond.api.gunicorn_conf",
             "provisiond.api:create_app_from_env()"]
 
@@ -144,8 +145,10 @@ def serve(config: Config, enabled: dict[str, bool]) -> int:
         flush_logs()
     signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
-    code = supervisor.run()
-    supervisor.stop()
-    log.info("stopped")
-    flush_logs()
+    try:
+        code = supervisor.run()
+    finally:
+        supervisor.stop()
+        log.info("stopped")
+        flush_logs()
     return code
