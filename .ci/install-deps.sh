@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   # build and runtime
-  python3-venv gcc pkg-config libvirt-dev zstd cpio curl iproute2 openssh-client
+  python3-venv gcc pkg-config libvirt-dev zstd cpio curl wget iproute2 util-linux procps
+  openssh-client openssl
   # images: kernels from Debian, debootstrap, busybox for the tiny image
   debootstrap busybox-static dpkg-dev
   # boot: iPXE binaries served over TFTP/HTTP
