@@ -16,9 +16,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from provisiond import archive
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound, ProvisiondError
-from provisiond.overlays import cpio
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
 
@@ -40,7 +40,7 @@ def output_path(config: Config, builder: Builder, node: str, kind: str) -> Path:
 
 def _output_name(builder: Builder, node: str, kind: str) -> str:
     """The build's path as a string (no pathlib: checked for every node of a build)."""
-    suffix = cpio.SUFFIXES[builder.compression(kind)]
+    suffix = archive.SUFFIXES[builder.compression(kind)]
     if kind == "shared":
         return f"{builder.build_dir}/{SHARED_DIR}/{builder.node_key(node, kind)}.cpio.{suffix}"
     return f"{builder.build_dir}/{node}/{kind}.cpio.{suffix}"

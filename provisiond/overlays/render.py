@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 
+from provisiond import archive
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
-from provisiond.overlays import cpio
 from provisiond.overlays.context import ImageCache, Snapshot, digest_of
 from provisiond.overlays.hostkeys import ensure_host_keys, has_host_keys
 from provisiond.overlays.source import Overlay, load_overlay
@@ -28,21 +28,21 @@ SHARED_LIMIT = 64
 _SHARED: dict[str, bytes] = {}
 
 
-def render_overlay(overlay: Overlay, context: dict, node: str) -> list[cpio.Entry]:
+def render_overlay(overlay: Overlay, context: dict, node: str) -> list[archive.Entry]:
     """The overlay's files for one node, as archive entries (parents included)."""
     entries = []
     for source in overlay.files:
         if source.kind == "dir":
-            entries.append(cpio.dir_entry(source.target, source.mode))
+            entries.append(archive.dir_entry(source.target, source.mode))
         elif source.kind == "symlink":
-            entries.append(cpio.symlink_entry(source.target, source.data.decode()))
+            entries.append(archive.symlink_entry(source.target, source.data.decode()))
         elif source.kind == "template":
             text = render_template(source.template, context, overlay.name, source.rel, node)
-            entries += [cpio.file_entry(path, body.encode(), source.mode)
+            entries += [archive.file_entry(path, body.encode(), source.mode)
                         for path, body in split_files(source.target, text)]
         else:
-            entries.append(cpio.file_entry(source.target, source.data, source.mode))
-    return cpio.with_parents(entries, overlay.dir_modes)
+            entries.append(archive.file_entry(source.target, source.data, source.mode))
+    return archive.with_parents(entries, overlay.dir_modes)
 
 
 class Builder:
@@ -143,9 +143,10 @@ class Builder:
         overlays = self.overlays(node, kind)
         if kind == "runtime":
             merged = [e for o in overlays for e in self.render(o, node, kind)]
-            return cpio.compress(cpio.pack(cpio.with_parents(merged)), RUNTIME_COMPRESSION)
+            packed = archive.pack(archive.with_parents(merged))
+            return archive.compress(packed, RUNTIME_COMPRESSION)
         if not overlays:
-            return cpio.compress(cpio.pack([]), self.compression(kind))
+            return archive.compress(archive.pack([]), self.compression(kind))
         return b"".join(self.member(o, node) for o in overlays)
 
     def member(self, overlay: Overlay, node: str) -> bytes:
@@ -161,7 +162,7 @@ class Builder:
 
     def _packed(self, overlay: Overlay, node: str) -> bytes:
         entries = self.render(overlay, node, "system")
-        return cpio.compress(cpio.pack(entries), self.compression("system"))
+        return archive.compress(archive.pack(entries), self.compression("system"))
 
-    def render(self, overlay: Overlay, node: str, kind: str) -> list[cpio.Entry]:
+    def render(self, overlay: Overlay, node: str, kind: str) -> list[archive.Entry]:
         return render_overlay(overlay, self.context(overlay, node, kind), node)

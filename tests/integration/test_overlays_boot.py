@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisiond.overlays import build_overlays, cpio, ensure_overlay
+from provisiond import archive
+from provisiond.overlays import build_overlays, ensure_overlay
 
 BUSYBOX = Path("/bin/busybox")
 KERNEL_META = "linux-image-amd64"
@@ -74,15 +75,15 @@ def busybox_image() -> bytes:
     """A minimal image layer: busybox-static with its applets, a test init, a whiteout."""
     applets = subprocess.run([str(BUSYBOX), "--list-full"], capture_output=True, text=True,
                              check=True).stdout.split()
-    entries = [cpio.dir_entry("bin"), cpio.dir_entry("sbin"),  # not implied (merged /usr)
-               cpio.file_entry("bin/busybox", BUSYBOX.read_bytes(), 0o755),
-               cpio.file_entry("sbin/init", TEST_INIT.encode(), 0o755),
-               cpio.file_entry("sbin/test-init", TEST_INIT.encode(), 0o755),
-               cpio.file_entry("etc/delete-me", b"the image's whiteout list removes me\n"),
-               cpio.file_entry(".provisiond/whiteouts", b"/etc/delete-me\n")]
-    entries += [cpio.symlink_entry(path, "/bin/busybox") for path in applets
+    entries = [archive.dir_entry("bin"), archive.dir_entry("sbin"),  # not implied (merged /usr)
+               archive.file_entry("bin/busybox", BUSYBOX.read_bytes(), 0o755),
+               archive.file_entry("sbin/init", TEST_INIT.encode(), 0o755),
+               archive.file_entry("sbin/test-init", TEST_INIT.encode(), 0o755),
+               archive.file_entry("etc/delete-me", b"the image's whiteout list removes me\n"),
+               archive.file_entry(".provisiond/whiteouts", b"/etc/delete-me\n")]
+    entries += [archive.symlink_entry(path, "/bin/busybox") for path in applets
                 if path not in ("bin/busybox", "sbin/init")]
-    return cpio.compress(cpio.pack(cpio.with_parents(entries)), "zstd")
+    return archive.compress(archive.pack(archive.with_parents(entries)), "zstd")
 
 
 def _write_inventory(state_dir: Path, compression: str) -> None:
@@ -155,7 +156,7 @@ def test_empty_node_part_is_accepted_by_the_kernel(tmp_path, config):
 
     config = load_config(config.state_dir)
     shared, own = (ensure_overlay(config, "n001", k).read_bytes() for k in ("shared", "system"))
-    assert cpio.unpack(cpio.decompress(own)) == []
+    assert archive.unpack(archive.decompress(own)) == []
     initrd = tmp_path / "initrd"
     initrd.write_bytes(busybox_image() + shared + own)
     log = boot(debian_kernel(), initrd, "quiet")

@@ -11,7 +11,8 @@ import yaml
 
 from provisiond.config import load_config
 from provisiond.errors import BuildFailed, InvalidInput, NodeNotFound
-from provisiond.overlays import OverlayBuildFailed, build_overlays, cpio, ensure_overlay
+from provisiond import archive
+from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
 
 SYSTEM = ["init", "hostname", "hosts", "network", "agent"]
@@ -35,7 +36,7 @@ def set_address(state: Path, node: str, address: str) -> None:
 
 
 def files_of(path: Path) -> dict[str, bytes]:
-    return {e.path: e.data for e in cpio.unpack(cpio.decompress(path.read_bytes()))
+    return {e.path: e.data for e in archive.unpack(archive.decompress(path.read_bytes()))
             if not e.is_dir}
 
 
@@ -95,7 +96,7 @@ def test_node_part_without_node_specific_overlays_is_an_empty_archive(state_dir)
     cfg = load_config(state_dir)
     data = ensure_overlay(cfg, "n1", "system").read_bytes()
     assert data[:4] == b"\x28\xb5\x2f\xfd"
-    assert cpio.decompress(data) == cpio.pack([]) and cpio.unpack(cpio.decompress(data)) == []
+    assert archive.decompress(data) == archive.pack([]) and archive.unpack(archive.decompress(data)) == []
     assert "etc/hosts" in files_of(ensure_overlay(cfg, "n1", "shared"))
 
 
@@ -142,7 +143,7 @@ def test_runtime_overlay_is_gzip_private_and_holds_only_its_own_keys(cfg):
         path = ensure_overlay(cfg, node, "runtime")
         assert path.name == "runtime.cpio.gz" and path.read_bytes()[:2] == b"\x1f\x8b"
         assert path.stat().st_mode & 0o777 == 0o600
-        blob = cpio.decompress(path.read_bytes())
+        blob = archive.decompress(path.read_bytes())
         for other in ("n1", "n2", "n3"):
             key = (host_key_dir(cfg, other) / "ssh_host_ed25519_key").read_bytes()
             assert (key in blob) == (other == node), (node, other)
@@ -156,7 +157,7 @@ def test_no_secret_in_any_system_overlay(cfg):
              *cfg.overlay_build_dir.glob("_shared/*.cpio.*")]
     assert len(paths) == 4
     for path in paths:
-        blob = cpio.decompress(path.read_bytes())
+        blob = archive.decompress(path.read_bytes())
         for secret in secrets:
             assert secret not in blob
             assert secret.splitlines()[1] not in blob  # not even one line of a key

@@ -1,20 +1,23 @@
-"""The overlay cpio writer: deterministic newc that the real cpio tool reads back."""
+"""provisiond.archive as the overlays use it: deterministic newc that the real cpio tool
+reads back, with the bytes it has always had (builds and ETags must not change)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import subprocess
 
 import pytest
 
-from provisiond.overlays import cpio
+from provisiond import archive
 
 
-def sample() -> list[cpio.Entry]:
-    return cpio.with_parents([
-        cpio.file_entry("etc/ssh/key", b"secret\n", 0o600),
-        cpio.file_entry("usr/local/sbin/tool", b"#!/bin/sh\necho hi\n", 0o755),
-        cpio.symlink_entry("etc/systemd/x.service", "/lib/systemd/system/x.service"),
-        cpio.file_entry("bin/busybox-copy", b"not a dir entry for bin"),
+def sample() -> list[archive.Entry]:
+    return archive.with_parents([
+        archive.file_entry("etc/ssh/key", b"secret\n", 0o600),
+        archive.file_entry("usr/local/sbin/tool", b"#!/bin/sh\necho hi\n", 0o755),
+        archive.symlink_entry("etc/systemd/x.service", "/lib/systemd/system/x.service"),
+        archive.file_entry("bin/busybox-copy", b"not a dir entry for bin"),
     ], {"etc/ssh": 0o700})
 
 
@@ -26,27 +29,27 @@ def test_parents_first_and_merged_usr_links_left_alone():
 
 
 def test_pack_is_deterministic_and_round_trips():
-    data = cpio.pack(sample())
-    assert data == cpio.pack(sample())
+    data = archive.pack(sample())
+    assert data == archive.pack(sample())
     assert len(data) % 4 == 0 and data.endswith(b"\0") and b"TRAILER!!!" in data
-    assert [(e.path, e.mode, e.data) for e in cpio.unpack(data)] == \
+    assert [(e.path, e.mode, e.data) for e in archive.unpack(data)] == \
         [(e.path, e.mode, e.data) for e in sample()]
 
 
 @pytest.mark.parametrize("method, magic", [("zstd", b"\x28\xb5\x2f\xfd"), ("gzip", b"\x1f\x8b")])
 def test_compressed_members_concatenate(method, magic):
-    one = cpio.compress(cpio.pack(sample()[:3]), method)
-    two = cpio.compress(cpio.pack(sample()[3:]), method)
-    assert one.startswith(magic) and cpio.compress(b"x", method) == cpio.compress(b"x", method)
-    assert len(cpio.unpack(cpio.decompress(one + two))) == len(sample())
+    one = archive.compress(archive.pack(sample()[:3]), method)
+    two = archive.compress(archive.pack(sample()[3:]), method)
+    assert one.startswith(magic) and archive.compress(b"x", method) == archive.compress(b"x", method)
+    assert len(archive.unpack(archive.decompress(one + two))) == len(sample())
 
 
 def test_real_cpio_tool_extracts_modes_and_links(tmp_path):
-    archive = tmp_path / "a.cpio"
-    archive.write_bytes(cpio.pack(sample()))
+    packed = tmp_path / "a.cpio"
+    packed.write_bytes(archive.pack(sample()))
     out = tmp_path / "out"
     out.mkdir()
-    subprocess.run(["cpio", "-idm", "--quiet", "-F", str(archive)], cwd=out, check=True)
+    subprocess.run(["cpio", "-idm", "--quiet", "-F", str(packed)], cwd=out, check=True)
     assert (out / "etc/ssh/key").read_bytes() == b"secret\n"
     assert (out / "etc/ssh/key").stat().st_mode & 0o777 == 0o600
     assert (out / "etc/ssh").stat().st_mode & 0o777 == 0o700
@@ -56,4 +59,27 @@ def test_real_cpio_tool_extracts_modes_and_links(tmp_path):
 
 def test_unknown_compression():
     with pytest.raises(Exception, match="unknown compression"):
-        cpio.compress(b"", "lz4")
+        archive.compress(b"", "lz4")
+
+
+def test_bytes_are_pinned():
+    """The digests the overlay writer gave before it became provisiond.archive."""
+    entries = archive.with_parents([
+        archive.file_entry("etc/a/b", b"hello", 0o600), archive.symlink_entry("usr/x", "/y"),
+        archive.dir_entry("var/z", 0o700), archive.file_entry("init", b"#!/bin/sh\n", 0o755)])
+    raw = archive.pack(entries)
+    assert hashlib.sha256(raw).hexdigest().startswith("40b1880a6b53c542")
+    assert hashlib.sha256(archive.pack([])).hexdigest().startswith("5096c083e1a504be")
+    assert hashlib.sha256(archive.compress(raw, "gzip")).hexdigest().startswith("c55e37a76564")
+
+
+def test_writer_numbered_trailer_and_mtime_clamp():
+    out = io.BytesIO()
+    writer = archive.Writer(out, mtime=1000)
+    writer.add(archive.file_entry("a", b"x"))
+    writer.close(numbered=True)
+    head = out.getvalue()
+    assert head[6:14] == b"00000001" and head[46:54] == b"%08X" % 1000
+    trailer = head.rindex(b"070701")
+    assert head[trailer + 6:trailer + 14] == b"00000002"  # the layers' format
+    assert archive.pack([])[6:14] == b"00000000"  # the overlays' format
