@@ -10,9 +10,9 @@ import ipaddress
 import os
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidConfig
 
 DEFAULT_STATE_DIR = "/var/lib/provisiond"
@@ -143,12 +143,8 @@ def load_config(state_dir: Path) -> Config:
     path = state_dir / CONFIG_NAME
     data: dict = {}
     if path.exists():
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise InvalidConfig(f"{path}: not valid YAML: {_first_line(exc)}") from None
-        if not isinstance(data, dict):
-            raise InvalidConfig(f"{path}: expected a mapping at the top level")
+        data = load_yaml_mapping(path.read_text(), str(path), InvalidConfig,
+                                 "a mapping at the top level")
     data.pop("state_dir", None)
     try:
         return Config(state_dir=state_dir, **data)
@@ -157,9 +153,6 @@ def load_config(state_dir: Path) -> Config:
         where = ".".join(str(p) for p in err["loc"])
         raise InvalidConfig(f"{path}: {where}: {err['msg']}") from None
 
-
-def _first_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
 
 
 CONFIG_TEMPLATE = """\

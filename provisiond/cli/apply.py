@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import sys
 
-import yaml
-
+from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInventory
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Inventory, Record
 from provisiond.inventory.ranges import expand
-from provisiond.inventory.store import parse_inventory
+from provisiond.inventory.store import validate_inventory_data
 
 
 def register(subparsers) -> None:
@@ -50,7 +49,7 @@ def read_desired(path: str) -> Inventory:
             nodes[name] = record
     data["nodes"] = nodes
     data.setdefault("revision", 0)
-    return parse_inventory(yaml.safe_dump(data), path)
+    return validate_inventory_data(data, path)
 
 
 def _read(path: str) -> str:
@@ -59,12 +58,10 @@ def _read(path: str) -> str:
 
 
 def _load_yaml(text: str, origin: str) -> dict:
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise InvalidInventory(f"{origin}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict) or not set(data) <= {"nodes", "profiles"}:
-        raise InvalidInventory(f"{origin}: expected a mapping with only 'nodes' and 'profiles'")
+    expected = "a mapping with only 'nodes' and 'profiles'"
+    data = load_yaml_mapping(text, origin, InvalidInventory, expected)
+    if not set(data) <= {"nodes", "profiles"}:
+        raise InvalidInventory(f"{origin}: expected {expected}")
     return data
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from provisiond.config import Config
+from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInput, NotFound
 
 RECIPE_FILE = "image.yaml"
@@ -171,12 +171,9 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
 
 
 def _parse_head(name: str, path: Path, raw: bytes) -> _RecipeHead:
+    data = load_yaml_mapping(raw, f"recipe {name} ({path})", RecipeError)
     try:
-        data = yaml.safe_load(raw)
-        return _RecipeHead.model_validate(data if isinstance(data, dict) else {})
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {name} ({path}): not valid YAML: "
-                          f"{' '.join(str(exc).split())}") from None
+        return _RecipeHead.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(f"recipe {name} ({path}): {_first_error(exc)}") from None
 

@@ -12,12 +12,12 @@ from pydantic import ValidationError
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
+from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.validate import validate_inventory
 
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class InventoryStore:
@@ -90,13 +90,8 @@ def parse_inventory(text: str, origin: str) -> Inventory:
 
 
 def load_inventory_yaml(text: str, origin: str) -> dict:
-    try:
-        data = yaml.load(text, Loader=_Loader) or {}
-    except yaml.YAMLError as exc:
-        raise InvalidInventory(f"{origin}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict):
-        raise InvalidInventory(f"{origin}: expected a mapping with 'nodes' and 'profiles'")
-    return data
+    return load_yaml_mapping(text, origin, InvalidInventory,
+                             "a mapping with 'nodes' and 'profiles'")
 
 
 def validate_inventory_data(data: dict, origin: str) -> Inventory:
