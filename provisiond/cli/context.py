@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import sys
 from functools import cached_property
 
 from provisiond.config import Config, load_config, resolve_state_dir
+from provisiond.errors import InvalidInput
 
 
 class Context:
@@ -17,6 +19,17 @@ class Context:
     @cached_property
     def config(self) -> Config:
         return load_config(self.state_dir)
+
+    @staticmethod
+    def read_secret(what: str) -> str:
+        """One line from stdin (a hidden prompt on a terminal); never from argv."""
+        if sys.stdin.isatty():
+            value = getpass.getpass(f"{what}: ")
+        else:
+            value = sys.stdin.readline().rstrip("\r\n")
+        if not value:
+            raise InvalidInput(f"{what}: read an empty value from stdin")
+        return value
 
     @staticmethod
     def print_json(data) -> None:

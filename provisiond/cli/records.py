@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 import yaml
 
@@ -76,6 +75,7 @@ def register_verbs(subparsers, kind: Kind) -> argparse._SubParsersAction:
 
 def add_records(args, ctx, kind: Kind) -> None:
     names = kind.names(args.names)
+    password = ctx.read_secret("BMC password") if args.bmc_password_stdin else None
     store = InventoryStore(ctx.config)
     with store.edit() as inventory:
         records = kind.records(inventory)
@@ -86,28 +86,26 @@ def add_records(args, ctx, kind: Kind) -> None:
             args.profile = ["default"]
         for name, edits in zip(names, record_edits(args, len(names))):
             records[name] = apply_edits(Record(), edits, [], f"{kind.noun} {name}")
-    _store_password(args, ctx, kind, names)
+    _store_password(ctx, kind, names, password)
     print(f"added {kind.noun} {fold(names)} (inventory revision {inventory.revision})")
 
 
 def set_records(args, ctx, kind: Kind) -> None:
+    password = ctx.read_secret("BMC password") if args.bmc_password_stdin else None
     store = InventoryStore(ctx.config)
     with store.edit() as inventory:
         names = kind.existing(inventory, args.names)
         records = kind.records(inventory)
         for name, edits in zip(names, record_edits(args, len(names))):
             records[name] = apply_edits(records[name], edits, args.unset, f"{kind.noun} {name}")
-    _store_password(args, ctx, kind, names)
+    _store_password(ctx, kind, names, password)
     print(f"updated {kind.noun} {fold(names)} (inventory revision {inventory.revision})")
 
 
-def _store_password(args, ctx, kind: Kind, names: list[str]) -> None:
-    if not args.bmc_password_stdin:
-        return
-    password = sys.stdin.readline().rstrip("\n")
-    if not password:
-        raise InvalidInput("--bmc-password-stdin: read an empty password")
-    SecretStore(ctx.config).set(kind.key, names, BMC_PASSWORD, password)
+def _store_password(ctx, kind: Kind, names: list[str], password: str | None) -> None:
+    """Store the password read before the inventory edit (so an empty one changes nothing)."""
+    if password is not None:
+        SecretStore(ctx.config).set(kind.key, names, BMC_PASSWORD, password)
 
 
 def list_records(args, ctx, kind: Kind) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
 from provisiond.cli.records import Kind
-from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.secrets import SecretStore
 
@@ -19,7 +16,7 @@ def register(subparsers) -> None:
         sub.add_argument("kind", choices=["node", "profile"])
         sub.add_argument("names", help="node range or profile name")
         sub.add_argument("key", help="e.g. bmc_password")
-    put.set_defaults(func=lambda a, c: _set(a, c, sys.stdin.readline().rstrip("\n")))
+    put.set_defaults(func=lambda a, c: _set(a, c, c.read_secret(a.key)))
     unset.set_defaults(func=lambda a, c: _set(a, c, None))
     listing = verbs.add_parser("list", help="which records have which secrets (no values)")
     listing.add_argument("--json", action="store_true")
@@ -27,8 +24,6 @@ def register(subparsers) -> None:
 
 
 def _set(args, ctx, value: str | None) -> None:
-    if value == "":
-        raise InvalidInput("secret set: read an empty value from stdin")
     kind = Kind(args.kind)
     names = kind.existing(InventoryStore(ctx.config).read(), args.names)
     SecretStore(ctx.config).set(kind.key, names, args.key, value)

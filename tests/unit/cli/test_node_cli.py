@@ -112,3 +112,13 @@ def test_bmc_password_goes_to_secrets_never_printed(cluster, config, monkeypatch
                cluster("node", "list", "--json").out, cluster("secret", "list").out]
     assert all("s3cret-pw" not in out for out in outputs)
     assert "bmc_password" in outputs[2]
+
+
+def test_empty_bmc_password_adds_nothing(cluster, config, monkeypatch):
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    before = config.inventory_path.read_bytes()
+    result = cluster("node", "add", "n009", "--bmc-password-stdin")
+    assert result.code != 0 and "BMC password: read an empty value" in result.err
+    assert config.inventory_path.read_bytes() == before
+    assert not config.secrets_path.exists()
