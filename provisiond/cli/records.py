@@ -13,6 +13,7 @@ from provisiond.inventory.merge import merge_node
 from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
 from provisiond.inventory.ranges import expand, fold
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
+from provisiond.status import clear_status
 
 
 class Kind:
@@ -185,4 +186,7 @@ def delete_records(args, ctx, kind: Kind) -> None:
         for name in names:
             del kind.records(inventory)[name]
     SecretStore(ctx.config).forget(kind.key, names)
+    if kind.noun == "node":
+        for name in names:
+            clear_status(ctx.config, name)
     print(f"deleted {kind.noun} {fold(names)} (inventory revision {inventory.revision})")

@@ -4,6 +4,9 @@ import json
 
 import pytest
 
+from provisiond.states import NodePhase
+from provisiond.status import read_status, record_phase
+
 
 @pytest.fixture
 def cluster(cli):
@@ -54,12 +57,14 @@ def test_unset_removes_a_field(cluster):
     assert "image" not in data
 
 
-def test_delete_needs_yes(cluster):
+def test_delete_needs_yes(cluster, config):
+    record_phase(config, "n001", NodePhase.READY)
     result = cluster("node", "delete", "n[001-002]")
     assert result.code != 0 and "without --yes" in result.err
     assert cluster("node", "delete", "n[001-002]", "--yes").code == 0
     names = [n["name"] for n in json.loads(cluster("node", "list", "--json").out)]
     assert names == ["n003", "n004"]
+    assert read_status(config, "n001") is None
 
 
 @pytest.mark.parametrize("args, message", [
