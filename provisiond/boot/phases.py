@@ -118,7 +118,9 @@ class PhaseProcess(PhasePipe):
             pass  # above /proc/sys/fs/pipe-max-size: keep the default
 
     def close(self, timeout: float = 10.0) -> None:
-        """EOF for the writer once every holder of the pipe (gunicorn) has exited."""
+        """EOF for the writer once every holder of the pipe (gunicorn) has exited; once."""
+        if self._proc.stdin.closed:
+            return
         os.set_blocking(self.fd, True)
         self._proc.stdin.close()
         try:

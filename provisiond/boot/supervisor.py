@@ -106,11 +106,11 @@ class Supervisor:
         return entry.node if entry else None
 
     def run(self) -> int:
-        """Reload tables when the inventory changes until stopped; the exit code."""
+        """Reload tables when the inventory changes until stopped; the exit code (the caller
+        stops the services)."""
         while not self.stopping.wait(1.0):
             if self.gunicorn and self.gunicorn.poll() is not None:
                 log.error("gunicorn exited with %s; stopping", self.gunicorn.returncode)
-                self.stop()
                 return 1
             if self.watcher.changed():
                 for server in self.udp:
