@@ -120,7 +120,7 @@ def _maker(archive: Archive, name: str):
     def make(root: Path) -> None:
         try:
             apply_layer(archive.open(name), root)
-        except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+        except (tarfile.TarError, zstandard.ZstdError, EOFError, KeyError) as exc:
             raise BuildFailed(f"{name}: not a readable layer tarball ({exc})") from None
     return make
 
@@ -134,24 +134,27 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
             if rel.startswith("..") or rel == ".":
                 continue
             base, parent = os.path.basename(rel), os.path.dirname(rel)
+            _check_inside(root, parent, member)
             if base == WH_OPAQUE:
                 _mark_opaque(root / parent)
             elif base.startswith(WH_PREFIX):
                 _whiteout(root / parent / base[len(WH_PREFIX):])
             else:
-                _check_inside(root, rel, member)
                 _clear(root / rel, member)
                 member.name = rel
                 layer.extract(member, root, filter="fully_trusted")
 
 
-def _check_inside(root: Path, rel: str, member: tarfile.TarInfo) -> None:
-    """Refuse entries that would land outside the layer through a symlink or hard link
-    (owners and setuid bits are kept, so tarfile's own safe filters do not fit here)."""
+def _check_inside(root: Path, parent: str, member: tarfile.TarInfo) -> None:
+    """Refuse entries (files, whiteouts, hard links) that would land in or link to a place
+    outside the layer through a symlink, `..` or an absolute path (owners and setuid bits
+    are kept, so tarfile's own safe filters do not fit here)."""
     top = os.path.realpath(root)
-    parent = os.path.realpath(root / os.path.dirname(rel))
-    link = os.path.normpath(member.linkname.lstrip("/")) if member.islnk() else ""
-    if not (parent == top or parent.startswith(top + "/")) or link.startswith(".."):
+    places = [os.path.realpath(root / parent)]
+    if member.islnk():
+        member.linkname = os.path.normpath(member.linkname.lstrip("/"))
+        places.append(os.path.realpath(root / member.linkname))
+    if not all(p == top or p.startswith(top + "/") for p in places):
         raise BuildFailed(f"layer entry {member.name!r} points outside the image")
 
 

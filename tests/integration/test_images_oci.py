@@ -171,6 +171,50 @@ def test_entry_through_a_symlink_out_of_the_image_is_refused(cli, config, tmp_pa
     assert not (outside / "planted").exists()
 
 
+@pytest.mark.parametrize("entry", ["evil/.wh.victim", "evil/.wh..wh..opq"])
+def test_whiteout_through_a_symlink_out_of_the_image_is_refused(cli, tmp_path, entry):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("keep me\n")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        link = tarfile.TarInfo("evil")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        tar.addfile(link)
+        add_bytes(tar, entry, b"")
+    archive = oci_archive(tmp_path / "image.tar", [buffer.getvalue()])
+    result = cli("image", "import", str(archive), "evil")
+    assert result.code != 0 and "points outside the image" in result.err
+    assert (outside / "victim").read_text() == "keep me\n"
+    assert "trusted.overlay.opaque" not in os.listxattr(outside)
+
+
+@pytest.mark.parametrize("target", ["evil/secret", "file-link", "ABSOLUTE"])
+def test_hard_link_out_of_the_image_is_refused(cli, tmp_path, target):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("host secret\n")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        link = tarfile.TarInfo("evil")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        tar.addfile(link)
+        file_link = tarfile.TarInfo("file-link")
+        file_link.type, file_link.linkname = tarfile.SYMTYPE, str(outside / "secret")
+        tar.addfile(file_link)
+        hard = tarfile.TarInfo("stolen")
+        hard.type = tarfile.LNKTYPE
+        hard.linkname = str(outside / "secret") if target == "ABSOLUTE" else target
+        tar.addfile(hard)
+    archive = oci_archive(tmp_path / "image.tar", [buffer.getvalue()])
+    result = cli("image", "import", str(archive), "evil")
+    assert result.code != 0 and "Traceback" not in result.err
+    # an absolute link name is taken inside the layer, where it names nothing
+    expected = "not a readable layer" if target == "ABSOLUTE" else "points outside the image"
+    assert expected in result.err
+    assert os.stat(outside / "secret").st_nlink == 1
+
+
 def test_directory_base_keeps_modes_and_owners(cli, config, state_dir, tmp_path):
     folder = state_dir / "recipes" / "fromdir"
     (folder / "rootfs/boot").mkdir(parents=True)
