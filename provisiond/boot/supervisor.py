@@ -86,11 +86,8 @@ class Supervisor:
 
         self.tftp = make_tftp_server(self.config, self._node_for)
         tftp = self.config.tftp
-        thread = threading.Thread(target=self.tftp.listen, args=(tftp.bind, tftp.port),
-                                  name="tftp", daemon=True)
-        thread.start()
-        if not self.tftp.is_running.wait(5):
-            raise OSError(f"tftp did not start on {tftp.bind}:{tftp.port}")
+        self.tftp.bind(tftp.bind, tftp.port)
+        threading.Thread(target=self.tftp.listen, name="tftp", daemon=True).start()
         log.info("tftp listening on %s:%s serving %s", tftp.bind, tftp.port, tftp.root)
 
     def _start_http(self) -> None:
@@ -123,8 +120,8 @@ class Supervisor:
         self.stopping.set()
         for server in self.udp:
             server.close()
-        if self.tftp and self.tftp.is_running.is_set():
-            self.tftp.stop(now=True)
+        if self.tftp:
+            self.tftp.stop(now=True)  # also before its loop began: it then ends at once
         if self.gunicorn and self.gunicorn.poll() is None:
             self.gunicorn.terminate()
             try:

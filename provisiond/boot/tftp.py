@@ -60,13 +60,18 @@ class TftpServer(tftpy.TftpServer):
         self.node_for = node_for or (lambda address: None)
         self.sessions: dict[object, _Context] = {}
 
-    def listen(self, listenip: str = "0.0.0.0", listenport: int = 69, timeout: float = 5,
-               retries: int = 5) -> None:
+    def bind(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
+        """Open the server socket (in the caller's thread, so a port in use raises there)."""
         from provisiond.boot.udp import open_udp
 
         self.sock = open_udp(listenip, listenport)
         self.sock.setblocking(False)
         self.listenport = self.sock.getsockname()[1]
+
+    def listen(self, listenip: str = "0.0.0.0", listenport: int = 69, timeout: float = 5,
+               retries: int = 5) -> None:
+        if self.sock is None:
+            self.bind(listenip, listenport)
         self.is_running.set()
         checked = time.monotonic()
         while not (self.shutdown_immediately or self.shutdown_gracefully and not self.sessions):

@@ -28,3 +28,20 @@ def test_gunicorn_exit_ends_serve_with_code_1_and_one_stop(config, monkeypatch, 
     monkeypatch.setattr(supervisor, "gunicorn_command",
                         lambda config: [sys.executable, "-c", "raise SystemExit(3)"])
     assert serve(config, {**NONE, "http": True}) == 1
+
+
+def test_tftp_port_in_use_fails_at_once_with_the_reason(config):
+    """The TFTP socket is bound before its thread starts: the error says why, without a
+    thread traceback or a 5 s wait."""
+    import socket
+    import time
+
+    from provisiond.boot.supervisor import ServeFailed, Supervisor
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        config.tftp.bind, config.tftp.port = "127.0.0.1", taken.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(ServeFailed, match="Address already in use"):
+            Supervisor(config, {**NONE, "tftp": True}).start()
+    assert time.monotonic() - started < 2
