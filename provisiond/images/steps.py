@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from provisiond.config import Config
@@ -46,16 +47,20 @@ def _source(step: Step, rel: str) -> Path:
 
 
 def _source_digest(step: Step, rel: str) -> str:
+    """A file's content and mode (a copy without `mode:` keeps it), or a tree's names,
+    modes, owners, file contents and symlink targets."""
     path = _source(step, rel)
     if path.is_file():
-        return file_sha256(path)
+        return f"{file_sha256(path)}:{stat.S_IMODE(path.stat().st_mode):o}"
     sha = hashlib.sha256()
     for sub in sorted(p for p in path.rglob("*")):
         st = sub.lstat()
         meta = f"{sub.relative_to(path)}\0{st.st_mode:o}\0{st.st_uid}:{st.st_gid}\0"
         sha.update(meta.encode())
-        sha.update(file_sha256(sub).encode() if sub.is_file() else os.fsencode(
-            os.readlink(sub) if sub.is_symlink() else ""))
+        if stat.S_ISLNK(st.st_mode):
+            sha.update(os.fsencode(os.readlink(sub)))
+        elif stat.S_ISREG(st.st_mode):
+            sha.update(file_sha256(sub).encode())
     return sha.hexdigest()
 
 

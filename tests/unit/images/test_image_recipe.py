@@ -91,3 +91,34 @@ def test_keys_chain_parent_and_ignore_descriptions(state_dir, recipes, monkeypat
     assert first[0] == second[0] and first[1] != second[1]
     gzip = [p.key for p in plan_layers(config, load_recipe(config, "x"), "gzip")]
     assert gzip[0] != second[0]
+
+
+def _keys(state_dir, name) -> list[str]:
+    config = load_config(state_dir)
+    return [p.key for p in plan_layers(config, load_recipe(config, name), "zstd")]
+
+
+def test_copied_file_mode_is_in_the_key(state_dir, recipes):
+    """A copy without `mode:` keeps the source's mode, so a chmod must rebuild the layer."""
+    write(recipes, "c", {"layers": [{"kind": "directory", "path": "tree"},
+                                    {"kind": "copy", "files": [{"src": "tool", "dest": "/t"}]}]})
+    (recipes / "c" / "tree").mkdir()
+    (recipes / "c" / "tool").write_text("#!/bin/sh\n")
+    (recipes / "c" / "tool").chmod(0o644)
+    before = _keys(state_dir, "c")
+    (recipes / "c" / "tool").chmod(0o755)
+    after = _keys(state_dir, "c")
+    assert before[0] == after[0] and before[1] != after[1]
+
+
+def test_directory_key_follows_a_symlink_target_not_its_content(state_dir, recipes):
+    write(recipes, "d", {"layers": [{"kind": "directory", "path": "tree"}]})
+    tree = recipes / "d" / "tree"
+    tree.mkdir()
+    for name in ("a", "b"):
+        (tree / name).write_text("same\n")
+    (tree / "link").symlink_to("a")
+    before = _keys(state_dir, "d")
+    (tree / "link").unlink()
+    (tree / "link").symlink_to("b")
+    assert _keys(state_dir, "d") != before
