@@ -17,6 +17,7 @@ from provisiond.config import Config, load_config, resolve_state_dir
 from provisiond.errors import ProvisiondError
 
 log = logging.getLogger("provisiond.api")
+MAX_BODY = 64 << 10  # the largest body any endpoint reads (a status report is ~100 bytes)
 
 
 def create_app(config: Config) -> Flask:
@@ -25,6 +26,7 @@ def create_app(config: Config) -> Flask:
 
     app = Flask("provisiond", static_folder=None)
     app.config["PROVISIOND"] = config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # larger bodies: 413, never read
     app.extensions["provisiond"] = BootServices(config)
     for module in (boot, blobs, overlays, status):
         app.register_blueprint(module.bp)

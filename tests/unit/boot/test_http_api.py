@@ -184,3 +184,11 @@ def test_boot_files_serve_ipxe_binaries(client):
         response = client.get(f"/boot/files/{name}")
         assert response.status_code == 200
         assert response.data == open(f"/usr/lib/ipxe/{name}", "rb").read()
+
+
+def test_a_large_status_body_is_refused_unread(client, config):
+    """A status report is a few bytes: a megabyte body gets 413, not read into memory."""
+    body = json.dumps({"phase": "booted", "detail": "x" * (1 << 20)})
+    response = client.post("/api/v1/status/n1", data=body, content_type="application/json")
+    assert response.status_code == 413 and set(response.json) == {"error", "type"}
+    assert read_status(config, "n1") is None
