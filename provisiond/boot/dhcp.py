@@ -11,6 +11,7 @@ import logging
 import socket
 import struct
 import time
+from dataclasses import replace
 
 from provisiond.atomic import write_atomic
 from provisiond.boot import dhcp_packet as p
@@ -85,12 +86,19 @@ class DhcpServer(UdpServer):
         wanted = request.options.get(p.OPT_REQUESTED_IP)
         asked = socket.inet_ntoa(wanted) if wanted and len(wanted) == 4 else request.ciaddr
         if not answers.proxy and asked not in ("0.0.0.0", entry.ipaddr):
-            self._send(request, answers.nak(request))
+            self._nak(request, answers)
             return
         self.leases[request.mac] = (entry.ipaddr, time.time() + self.config.dhcp.lease_seconds)
         self._dirty = True
         self._send(request, answers.reply(request, p.ACK))
         self._acked(request, entry)
+
+    def _nak(self, request: p.Request, answers: Answers) -> None:
+        """RFC 2131 4.1, 4.3.2: a NAK has ciaddr 0, so it is broadcast, or relayed with the
+        broadcast bit set; never unicast to the address the client wrongly holds."""
+        relayed = request.giaddr != "0.0.0.0"
+        nak = replace(request, ciaddr="0.0.0.0", flags=request.flags | (0x8000 if relayed else 0))
+        self._send(nak, answers.nak(nak))
 
     def _acked(self, request: p.Request, entry) -> None:
         kind = client_kind(request.options).value

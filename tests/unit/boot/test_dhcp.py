@@ -127,3 +127,54 @@ def test_random_junk_never_stops_the_server(server, client_sock):
         pass
     client_sock.settimeout(2)
     assert exchange(server, client_sock, relayed(mac_of(3), p.DISCOVER))[0] == ip_of(3)
+
+
+class SentTo:
+    """Records what the server sends, and where (the destination decides who hears it)."""
+
+    def __init__(self):
+        self.sent: list[tuple[bytes, tuple]] = []
+
+    def sendto(self, data: bytes, address: tuple) -> None:
+        self.sent.append((data, address))
+
+
+def nak_for(server, ciaddr: str, giaddr: str = "0.0.0.0") -> tuple[bytes, tuple]:
+    """Hand a request for a wrong address straight to `handle`; the NAK and its destination."""
+    request = bytearray(p.encode_request(mac_of(2), p.REQUEST))
+    request[10:12] = b"\0\0"  # broadcast flag clear, as a renewing client sends it
+    request[12:16], request[24:28] = socket.inet_aton(ciaddr), socket.inet_aton(giaddr)
+    server.sock, real = SentTo(), server.sock
+    try:
+        server.handle(bytes(request), ("127.0.0.1", 68))
+        (reply,) = server.sock.sent
+    finally:
+        server.sock = real
+    assert p.decode_reply(reply[0])[3][p.OPT_MSG_TYPE] == bytes((p.NAK,))
+    return reply
+
+
+def test_nak_is_broadcast_with_ciaddr_zero(config):
+    """RFC 2131 4.1: a NAK is broadcast when giaddr is zero, even to a client with a ciaddr
+    (its address is wrong, maybe not even on this network); Table 3: ciaddr 0."""
+    add_nodes(config, 3)
+    server = DhcpServer(config, build_table(config), sock=open_udp("127.0.0.1", 0))
+    try:
+        data, address = nak_for(server, ciaddr="10.1.1.1")
+    finally:
+        server.close()
+    assert address == ("255.255.255.255", 68)
+    assert data[12:16] == bytes(4)
+
+
+def test_nak_through_a_relay_sets_the_broadcast_flag(config):
+    """RFC 2131 4.3.2: through a relay the NAK carries the broadcast bit, so the relay
+    broadcasts it to the client."""
+    add_nodes(config, 3)
+    server = DhcpServer(config, build_table(config), sock=open_udp("127.0.0.1", 0))
+    try:
+        data, address = nak_for(server, ciaddr="10.1.1.1", giaddr="127.0.0.1")
+    finally:
+        server.close()
+    assert address == ("127.0.0.1", 67)
+    assert data[10] & 0x80 and data[12:16] == bytes(4)
