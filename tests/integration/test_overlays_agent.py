@@ -142,3 +142,20 @@ def test_agent_reports_failure_when_the_overlay_is_missing(tmp_path, server):
     assert result.returncode == 1
     assert "HTTP 404" in result.stderr
     assert server.phases[-1][0] == "failed"
+
+
+def test_a_file_that_cannot_be_installed_fails_the_refresh_and_keeps_no_etag(tmp_path, server):
+    """The ETag is only kept once every file is in place: otherwise the next refresh gets
+    304 and the missing file is never installed."""
+    (tmp_path / "root/etc").mkdir(parents=True)
+    (tmp_path / "root/etc/ssh").write_text("a file where a directory must go\n")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    result = run_agent(tmp_path, url, {"PROVISIOND_AGENT_TRIES": "1"}, "boot")
+    assert result.returncode == 1
+    assert "cannot install /etc/ssh/ssh_host_ed25519_key" in result.stderr
+    assert server.phases[-1][0] == "failed"
+    assert not (tmp_path / "state-agent/etag").exists()
+    (tmp_path / "root/etc/ssh").unlink()
+    assert run_agent(tmp_path, url, {}, "refresh").returncode == 0
+    assert (tmp_path / "root/etc/ssh/ssh_host_ed25519_key").is_file()
+    assert server.conditional == [None, None]
