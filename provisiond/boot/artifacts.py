@@ -15,7 +15,7 @@ from pathlib import Path
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, InvalidInput, NotFound
 
-HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+HEX_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class OverlayUnavailable(NotFound):
@@ -69,7 +69,7 @@ def load_manifest(config: Config, name: str) -> dict:
 
 def blob_file(config: Config, hexdigest: str) -> Path:
     """The blob `sha256:<hexdigest>`; a malformed digest is InvalidInput."""
-    if not HEX_RE.match(hexdigest):
+    if not HEX_RE.fullmatch(hexdigest):  # `match` + `$` let a trailing newline in
         raise InvalidInput("a blob is named by 64 lowercase hex digits")
     return config.blob_dir / hexdigest
 

@@ -108,6 +108,8 @@ def test_bad_and_missing_blobs_are_json_errors(client):
     assert response.status_code == 400 and response.json["type"] == "InvalidInput"
     response = client.get("/blobs/sha256/" + "0" * 64)
     assert response.status_code == 404 and "no blob" in response.json["error"]
+    response = client.get("/blobs/sha256/" + "0" * 64 + "%0A")  # `$` matches before a \n
+    assert response.status_code == 400 and response.json["type"] == "InvalidInput"
 
 
 def test_overlays_shared_system_and_runtime_rules(client, config, monkeypatch):
