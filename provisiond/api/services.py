@@ -27,7 +27,7 @@ class BootServices:
         self.watcher = TableWatcher(config)
         self.manifests = ManifestCache(config)
         self.scripts = ScriptCache(config, self.manifests)
-        self._etags: dict[tuple, str] = {}
+        self._etags: dict[str, tuple[tuple, str]] = {}  # path -> (stat stamp, sha256)
         self._phases = None
 
     @property
@@ -48,16 +48,18 @@ class BootServices:
         return node
 
     def file_etag(self, path: Path) -> str:
-        """sha256 of a file, remembered until its mtime or size changes."""
+        """sha256 of a file, remembered (one entry per path) until the file changes."""
         st = os.stat(path)
-        key = (str(path), st.st_mtime_ns, st.st_size)
-        if key not in self._etags:
-            digest = hashlib.sha256()
-            with open(path, "rb") as handle:
-                while chunk := handle.read(1 << 20):
-                    digest.update(chunk)
-            self._etags[key] = digest.hexdigest()
-        return self._etags[key]
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)  # a build renamed in: a new inode
+        cached = self._etags.get(str(path))
+        if cached and cached[0] == stamp:
+            return cached[1]
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        self._etags[str(path)] = (stamp, digest.hexdigest())
+        return digest.hexdigest()
 
 
 def services() -> BootServices:

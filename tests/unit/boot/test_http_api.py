@@ -194,3 +194,19 @@ def test_a_large_status_body_is_refused_unread(client, config):
     response = client.post("/api/v1/status/n1", data=body, content_type="application/json")
     assert response.status_code == 413 and set(response.json) == {"error", "type"}
     assert read_status(config, "n1") is None
+
+
+def test_overlay_etags_follow_rebuilds_one_entry_per_file(app, tmp_path):
+    """An overlay's ETag changes with its content; the worker keeps one entry per file, not
+    one per build (a server rebuilding overlays for days must not grow without end)."""
+    import os
+
+    svc = app.extensions["provisiond"]
+    path = tmp_path / "runtime.cpio.gz"
+    tags = set()
+    for build in range(5):
+        path.write_bytes(b"build %d" % build)
+        os.utime(path, ns=(build * 10**9, build * 10**9))
+        tags.add(svc.file_etag(path))
+    assert tags == {hashlib.sha256(b"build %d" % b).hexdigest() for b in range(5)}
+    assert len(svc._etags) == 1
