@@ -16,8 +16,8 @@ from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.images.blobs import blob_path
 from provisiond.images.build import build_image
-from provisiond.images.manifests import (collect_garbage, delete_image, list_images,
-                                         load_manifest)
+from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
+                                         list_images, load_manifest)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe
 
 
@@ -28,6 +28,7 @@ def import_archive(config: Config, archive: Path, name: str, progress=None,
     The archive is copied into `<state>/recipes/<name>/` beside a generated image.yaml,
     so the image can be rebuilt like any other.
     """
+    check_name(name)  # before anything is written under recipes/<name>
     archive = Path(archive)
     if not archive.exists():
         raise InvalidInput(f"no such archive: {archive}")

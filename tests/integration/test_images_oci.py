@@ -231,3 +231,13 @@ def test_directory_base_keeps_modes_and_owners(cli, config, state_dir, tmp_path)
     init = (tmp_path / "root/sbin/init").stat()
     assert init.st_mode & 0o777 == 0o750 and init.st_gid == 42
     assert not (tmp_path / "root/boot/vmlinuz-0.0-dir").exists()
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden"])
+def test_import_refuses_a_bad_name_before_writing_anything(cli, config, tmp_path, name):
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    result = cli("image", "import", str(archive), name)
+    assert result.code != 0 and result.err.count("\n") == 1, result.err
+    assert "not an image name" in result.err
+    assert not (config.state_dir / "escaped").exists()
+    assert not (config.state_dir / "recipes").exists()
