@@ -4,6 +4,7 @@ once, secrets kept apart, failures leaving the previous build in place."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,17 @@ def test_init_takes_the_image_manifest_init(cfg, monkeypatch):
     (cfg.state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
     init = files_of(ensure_overlay(cfg, "n1", "shared"))["init"]
     assert b"DEFAULT_INIT='/lib/systemd/systemd'" in init
+
+
+def test_init_quotes_the_manifest_init_for_the_shell(cfg, monkeypatch):
+    weird = "/sbin/it's; touch /tmp/provisiond-init-quoting"
+    monkeypatch.setattr("provisiond.overlays.context.ImageCache._load",
+                        lambda self, name: {"name": name, "init": weird})
+    data = yaml.safe_load((cfg.state_dir / "inventory.yaml").read_text())
+    data["profiles"]["default"]["image"] = "odd"
+    (cfg.state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    init = files_of(ensure_overlay(cfg, "n1", "shared"))["init"].decode()
+    line = next(x for x in init.splitlines() if x.startswith("DEFAULT_INIT="))
+    shown = subprocess.run(["sh", "-c", f'{line}\nprintf %s "$DEFAULT_INIT"'],
+                           capture_output=True, text=True, timeout=10)
+    assert shown.returncode == 0 and shown.stdout == weird
