@@ -16,6 +16,9 @@ from provisiond.inventory import Node, load_nodes
 from provisiond.inventory.model import node_sort_key
 
 
+BUILD_TIMES = frozenset({"built_at", "build_seconds", "layer_build_seconds"})
+
+
 def digest_of(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -110,9 +113,12 @@ class ImageCache:
         self._manifests: dict[str, tuple[dict | None, str]] = {}
 
     def get(self, name: str | None) -> tuple[dict | None, str]:
+        """(manifest, digest of its content): when and how fast it was built is left out,
+        so rebuilding an image that did not change rebuilds no overlay."""
         if name not in self._manifests:
             manifest = self._load(name) if name else None
-            self._manifests[name] = (manifest, digest_of(manifest))
+            content = {k: v for k, v in (manifest or {}).items() if k not in BUILD_TIMES}
+            self._manifests[name] = (manifest, digest_of(content if manifest else None))
         return self._manifests[name]
 
     def _load(self, name: str) -> dict | None:

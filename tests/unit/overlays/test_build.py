@@ -242,3 +242,21 @@ def test_init_quotes_the_manifest_init_for_the_shell(cfg, monkeypatch):
     shown = subprocess.run(["sh", "-c", f'{line}\nprintf %s "$DEFAULT_INIT"'],
                            capture_output=True, text=True, timeout=10)
     assert shown.returncode == 0 and shown.stdout == weird
+
+
+def test_rebuilding_an_image_unchanged_does_not_rebuild_overlays(cfg, monkeypatch):
+    """Overlays read the manifest's content; when and how fast it was built is not input."""
+    manifest = {"name": "debian12", "init": "/lib/systemd/systemd", "layers": [],
+                "built_at": "2026-11-22T00:00:00Z", "build_seconds": 3.0,
+                "layer_build_seconds": [3.0]}
+    monkeypatch.setattr("provisiond.overlays.context.ImageCache._load",
+                        lambda self, name: dict(manifest))
+    data = yaml.safe_load((cfg.state_dir / "inventory.yaml").read_text())
+    data["profiles"]["default"]["image"] = "debian12"
+    (cfg.state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    assert build_overlays(cfg, kinds=("system",))["rebuilt"]["shared"] == 1
+    manifest.update(built_at="2026-11-22T01:00:00Z", build_seconds=0.2,
+                    layer_build_seconds=[0.0])
+    assert build_overlays(cfg, kinds=("system",))["reused"]["shared"] == 1
+    manifest["init"] = "/sbin/init"
+    assert build_overlays(cfg, kinds=("system",))["rebuilt"]["shared"] == 1
