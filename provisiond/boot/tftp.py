@@ -21,6 +21,7 @@ from provisiond.config import Config
 
 log = logging.getLogger("provisiond.boot")
 logging.getLogger("tftpy").setLevel(logging.WARNING)
+MAX_SESSIONS = 256  # transfers at once, a socket each; a client over it retries its request
 
 
 def refusal(filename: str) -> str | None:
@@ -59,6 +60,8 @@ class TftpServer(tftpy.TftpServer):
         super().__init__(root)
         self.node_for = node_for or (lambda address: None)
         self.sessions: dict[object, _Context] = {}
+        self.max_sessions = MAX_SESSIONS
+        self.dropped = 0
 
     def bind(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
         """Open the server socket (in the caller's thread, so a port in use raises there)."""
@@ -91,9 +94,13 @@ class TftpServer(tftpy.TftpServer):
             buffer, (host, port) = self.sock.recvfrom(65536)
         except OSError:
             return
-        if self.shutdown_gracefully:
+        if self.shutdown_gracefully or not self._room(host):
             return
-        context = _Context(host, port, timeout, self.root, retries=retries)
+        try:
+            context = _Context(host, port, timeout, self.root, retries=retries)
+        except OSError as exc:  # out of file descriptors: this request is dropped
+            self._refused(host, exc.strerror or str(exc))
+            return
         try:
             context.start(buffer)
         except TftpTimeoutExpectACK:
@@ -103,6 +110,18 @@ class TftpServer(tftpy.TftpServer):
             context.end()
             return
         self.sessions[context.sock] = context
+
+    def _room(self, host: str) -> bool:
+        """True if one more session (one socket) fits under `max_sessions`."""
+        if len(self.sessions) < self.max_sessions:
+            return True
+        self._refused(host, f"{self.max_sessions} transfers already running")
+        return False
+
+    def _refused(self, host: str, why: str) -> None:
+        self.dropped += 1
+        if self.dropped & (self.dropped - 1) == 0:  # 1st, 2nd, 4th... drop
+            log.warning("tftp: request from %s dropped (%s); %d so far", host, why, self.dropped)
 
     def _cycle(self, sock) -> None:
         context = self.sessions[sock]
