@@ -113,8 +113,9 @@ def _last_line(log: Path) -> str:
     return lines[-1].strip() if lines else "(no output)"
 
 
-def resolve_in_root(root: Path, path: str) -> Path:
-    """The host path of `path` inside root, following symlinks as the chroot would."""
+def resolve_in_root(root: Path, path: str, follow_last: bool = False) -> Path:
+    """The host path of `path` inside root, following symlinks as the chroot would (the
+    last component too with `follow_last`)."""
     current = Path("/")
     parts = [p for p in path.split("/") if p not in ("", ".")]
     hops = 0
@@ -124,7 +125,7 @@ def resolve_in_root(root: Path, path: str) -> Path:
             current = current.parent
             continue
         candidate = root / str(current / part).lstrip("/")
-        if candidate.is_symlink() and parts and hops < 40:
+        if candidate.is_symlink() and (parts or follow_last) and hops < 40:
             hops += 1
             target = os.readlink(candidate)
             current = Path("/") if target.startswith("/") else current

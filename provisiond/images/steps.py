@@ -160,14 +160,35 @@ class _no_services:
 
 def _copy(step: Step, item, root: Path) -> None:
     source = _source(step, item.src)
-    dest = chroot.resolve_in_root(root, item.dest)
-    if dest.is_dir() and not dest.is_symlink() and source.is_file():
-        dest = dest / source.name
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        dest.unlink()
-    dest.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
-        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copyfile(source, dest)
-        os.chmod(dest, int(item.mode, 8) if item.mode else source.stat().st_mode & 0o7777)
+        _copy_tree(source, root, item.dest)
+        return
+    dest = chroot.resolve_in_root(root, item.dest)
+    if dest.is_dir() and not dest.is_symlink():
+        dest = dest / source.name
+    _unlink_non_dir(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, dest)
+    os.chmod(dest, int(item.mode, 8) if item.mode else source.stat().st_mode & 0o7777)
+
+
+def _copy_tree(source: Path, root: Path, dest: str) -> None:
+    """A folder into the image (modes and mtimes kept, symlinks as symlinks), each folder
+    resolved inside the image: an image's symlink, even an absolute one, stays inside it."""
+    made = []
+    for folder, dirs, files in os.walk(source):
+        rel = os.path.relpath(folder, source)
+        here = chroot.resolve_in_root(root, dest if rel == "." else f"{dest}/{rel}", True)
+        here.mkdir(parents=True, exist_ok=True)
+        made.append((folder, here))
+        links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+        for name in sorted(files + links):
+            _unlink_non_dir(here / name)
+            shutil.copy2(os.path.join(folder, name), here / name, follow_symlinks=False)
+    for folder, here in reversed(made):  # after their contents, as cp -a does
+        shutil.copystat(folder, here)
+
+
+def _unlink_non_dir(path: Path) -> None:
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()

@@ -233,6 +233,30 @@ def test_directory_base_keeps_modes_and_owners(cli, config, state_dir, tmp_path)
     assert not (tmp_path / "root/boot/vmlinuz-0.0-dir").exists()
 
 
+def test_copied_folder_follows_the_images_absolute_symlinks_inside_the_image(
+        cli, config, state_dir, tmp_path):
+    outside = tmp_path / "host-run"
+    outside.mkdir()
+    folder = state_dir / "recipes" / "linked"
+    (folder / "rootfs/boot").mkdir(parents=True)
+    (folder / "rootfs/boot/vmlinuz-0.0-dir").write_bytes(KERNEL)
+    (folder / "rootfs/var").mkdir()
+    (folder / "rootfs/var/run").symlink_to(outside)  # like Debian's /var/run -> /run
+    (folder / "extra/run").mkdir(parents=True)
+    (folder / "extra/run/planted").write_text("x\n")
+    (folder / "extra/run/link").symlink_to("/etc/passwd")
+    (folder / "image.yaml").write_text(
+        "layers:\n  - {kind: directory, path: rootfs}\n"
+        "  - {kind: copy, files: [{src: extra, dest: /var}]}\n")
+    result = cli("image", "build", "linked")
+    assert result.code == 0, result.err
+    assert list(outside.iterdir()) == []
+    unpack_image(config, load_manifest(config, "linked"), tmp_path / "root")
+    inside = tmp_path / "root" / str(outside).lstrip("/")
+    assert (inside / "planted").read_text() == "x\n"
+    assert os.readlink(inside / "link") == "/etc/passwd"
+
+
 @pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden"])
 def test_import_refuses_a_bad_name_before_writing_anything(cli, config, tmp_path, name):
     archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
