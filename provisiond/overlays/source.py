@@ -131,7 +131,7 @@ def _read_meta(root: Path) -> dict:
 
 def _read_overlay(name: str, root: Path) -> Overlay:
     meta_data = _read_meta(root)
-    modes = {k.strip("/"): int(str(v), 8) for k, v in (meta_data.get("modes") or {}).items()}
+    modes = _read_modes(root / META_FILE, meta_data.get("modes") or {})
     files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
              if rel != META_FILE]
     uses = frozenset().union(*(_variables(f) for f in files if f.kind == "template"))
@@ -139,6 +139,23 @@ def _read_overlay(name: str, root: Path) -> Overlay:
         name=name, root=root, files=files, uses=uses, digest=_digest(files, modes),
         description=str(meta_data.get("description", "")), secret=bool(meta_data.get("secret")),
         dir_modes=modes)
+
+
+def _read_modes(path: Path, raw) -> dict[str, int]:
+    """`modes:` of overlay.yaml as {path: mode}; a bad entry is one error line. A mode must
+    be a quoted string: YAML reads an unquoted 0640 as the number 416."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{path}: modes: expected a mapping of path to mode")
+    modes = {}
+    for key, value in raw.items():
+        try:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            modes[str(key).strip("/")] = int(value, 8)
+        except ValueError:
+            raise InvalidInput(f"{path}: modes: {key}: {value!r} is not an octal mode in "
+                               f"quotes, such as \"0644\"") from None
+    return modes
 
 
 def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> SourceFile:

@@ -44,3 +44,17 @@ def test_build_failure_is_one_line(cli, state_dir):
     result = cli("overlay", "build")
     assert result.code == 5
     assert result.err.count("\n") == 1 and "no overlay named 'nosuch'" in result.err
+
+
+def test_bad_overlay_yaml_is_one_line(cli, state_dir):
+    folder = state_dir / "overlays" / "odd"
+    (folder / "etc").mkdir(parents=True)
+    (folder / "etc/motd").write_text("hi\n")
+    for meta, words in (("modes: {etc/motd: rw}\n", "not an octal mode"),
+                        # YAML reads an unquoted 0640 as 416: it once became mode 0416
+                        ("modes: {etc/motd: 0640}\n", "416 is not an octal mode in quotes"),
+                        ("modes: [etc/motd]\n", "modes: expected a mapping")):
+        (folder / "overlay.yaml").write_text(meta)
+        result = cli("overlay", "show", "odd")
+        assert result.code == 2 and result.err.count("\n") == 1, result.err
+        assert words in result.err and "overlay.yaml" in result.err
