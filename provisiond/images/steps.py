@@ -24,7 +24,8 @@ CLEANUP = ("rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/arch
 
 
 def step_inputs(config: Config, step: Step) -> dict:
-    """Inputs other than the entry itself: file contents, package hashes, the mirror."""
+    """Inputs other than the entry itself: file contents, package hashes, the mirror
+    (oci-archive layers are keyed by their digests in provisiond.images.oci)."""
     layer = step.layer
     if step.kind == "busybox":
         return busybox.busybox_inputs(config, layer)
@@ -32,8 +33,6 @@ def step_inputs(config: Config, step: Step) -> dict:
         return {"mirror": layer.mirror or apt_mirror()}
     if step.kind == "copy":
         return {"files": [_source_digest(step, item.src) for item in layer.files]}
-    if step.kind == "oci-archive":
-        return {"archive": file_sha256(_source(step, layer.path))}
     if step.kind == "directory":
         return {"tree": _source_digest(step, layer.path)}
     return {}
