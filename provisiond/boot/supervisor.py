@@ -119,6 +119,8 @@ class Supervisor:
         """Stop every service (also a signal handler); gunicorn gets SIGTERM, then SIGKILL."""
         self.stopping.set()
         for server in self.udp:
+            server.stop()  # all loops end together; close() then waits for each
+        for server in self.udp:
             server.close()
         if self.tftp:
             self.tftp.stop(now=True)  # also before its loop began: it then ends at once

@@ -43,6 +43,7 @@ class UdpServer:
         self.stopping = threading.Event()
         self.errors = 0
         self.address = sock.getsockname()
+        self._thread: threading.Thread | None = None
 
     def handle(self, data: bytes, peer: tuple) -> None:
         raise NotImplementedError
@@ -69,13 +70,16 @@ class UdpServer:
                 log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
-        thread.start()
-        return thread
+        self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
+        self._thread.start()
+        return self._thread
 
     def stop(self) -> None:
         self.stopping.set()
 
     def close(self) -> None:
+        """Stop the loop, wait until its last packet is handled, then close the socket."""
         self.stop()
+        if self._thread and self._thread is not threading.current_thread():
+            self._thread.join(self.tick_seconds + 1)
         self.sock.close()

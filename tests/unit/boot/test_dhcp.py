@@ -178,3 +178,13 @@ def test_nak_through_a_relay_sets_the_broadcast_flag(config):
         server.close()
     assert address == ("127.0.0.1", 67)
     assert data[10] & 0x80 and data[12:16] == bytes(4)
+
+
+def test_close_waits_for_the_loop_before_the_last_lease_save(config):
+    """close() returns once the loop has ended, so its final lease save never races a
+    packet being handled (a dict changing size while it is written)."""
+    server = DhcpServer(config, build_table(config), sock=open_udp("127.0.0.1", 0))
+    thread = server.start()
+    server.close()
+    assert not thread.is_alive()
+
