@@ -26,24 +26,43 @@ def import_archive(config: Config, archive: Path, name: str, progress=None,
     """Make image `name` from an OCI layout or docker-archive tarball and build it.
 
     The archive is copied into `<state>/recipes/<name>/` beside a generated image.yaml,
-    so the image can be rebuilt like any other.
+    so the image can be rebuilt like any other; a failed import puts the previous
+    folder back, so the image it built can still be rebuilt.
     """
     check_name(name)  # before anything is written under recipes/<name>
     archive = Path(archive)
     if not archive.exists():
         raise InvalidInput(f"no such archive: {archive}")
     folder = config.state_dir / "recipes" / name
-    folder.mkdir(parents=True, exist_ok=True)
+    staged, previous = folder.with_name(f".{name}.import"), folder.with_name(f".{name}.previous")
+    for stale in (staged, previous):
+        shutil.rmtree(stale, ignore_errors=True)
+    _stage(archive, staged, kernel_args or [], init)
+    if folder.exists():
+        folder.rename(previous)
+    staged.rename(folder)
+    try:
+        manifest = build_image(config, name, progress)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        if previous.exists():
+            previous.rename(folder)
+        raise
+    shutil.rmtree(previous, ignore_errors=True)
+    return manifest
+
+
+def _stage(archive: Path, folder: Path, kernel_args: list[str], init: str) -> None:
+    """The archive and its generated recipe in a folder of their own."""
+    folder.mkdir(parents=True)
     target = folder / ("oci" if archive.is_dir() else "archive.tar")
     if archive.is_dir():
-        shutil.copytree(archive, target, dirs_exist_ok=True)
+        shutil.copytree(archive, target)
     else:
         shutil.copyfile(archive, target)
     recipe = {"description": f"imported from {archive.name}", "init": init,
-              "kernel_args": kernel_args or [],
-              "layers": [{"kind": "oci-archive", "path": target.name}]}
+              "kernel_args": kernel_args, "layers": [{"kind": "oci-archive", "path": target.name}]}
     write_atomic(folder / RECIPE_FILE, yaml.safe_dump(recipe, sort_keys=False))
-    return build_image(config, name, progress)
 
 
 __all__ = ["blob_path", "build_image", "collect_garbage", "delete_image", "import_archive",

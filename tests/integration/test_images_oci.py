@@ -265,3 +265,15 @@ def test_import_refuses_a_bad_name_before_writing_anything(cli, config, tmp_path
     assert "not an image name" in result.err
     assert not (config.state_dir / "escaped").exists()
     assert not (config.state_dir / "recipes").exists()
+
+
+def test_failed_reimport_keeps_the_previous_archive_and_recipe(cli, config, tmp_path):
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
+    assert cli("image", "import", str(archive), "kept").code == 0
+    recipe = (config.state_dir / "recipes/kept/image.yaml").read_text()
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    assert cli("image", "import", str(tmp_path / "junk.tar"), "kept").code != 0
+    assert (config.state_dir / "recipes/kept/image.yaml").read_text() == recipe
+    rebuilt = cli("image", "build", "kept")
+    assert rebuilt.code == 0, rebuilt.err
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["kept"]
