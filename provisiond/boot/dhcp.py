@@ -131,8 +131,10 @@ class DhcpServer(UdpServer):
             self.save_leases()
 
     def save_leases(self) -> None:
-        """Write the lease dict atomically (called at most every 5 s, and on close)."""
+        """Write the unexpired leases atomically (at most every 5 s, and on close)."""
         self._dirty, self._saved = False, time.monotonic()
+        now = time.time()
+        self.leases = {mac: lease for mac, lease in self.leases.items() if lease[1] > now}
         data = {mac: {"ip": ip, "expires": round(exp)} for mac, (ip, exp) in self.leases.items()}
         write_atomic(self.config.state_dir / LEASES_FILE, json.dumps(data, sort_keys=True))
 

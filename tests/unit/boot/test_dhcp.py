@@ -188,3 +188,12 @@ def test_close_waits_for_the_loop_before_the_last_lease_save(config):
     server.close()
     assert not thread.is_alive()
 
+
+def test_saved_leases_leave_out_expired_ones(server):
+    import json
+    import time
+
+    server.leases = {mac_of(1): (ip_of(1), time.time() + 600), mac_of(2): (ip_of(2), 1.0)}
+    server.save_leases()
+    saved = json.loads((server.config.state_dir / "dhcp-leases.json").read_text())
+    assert set(saved) == {mac_of(1)} and set(server.leases) == {mac_of(1)}
