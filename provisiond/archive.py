@@ -70,14 +70,15 @@ class Writer:
 
     def header(self, name: str, mode: int, size: int, uid: int = 0, gid: int = 0,
                mtime: float = 0, rdev: int = 0, ino: int | None = None) -> None:
-        """One header and name; the next inode number unless `ino` is given."""
+        """One header and name; the next inode number unless `ino` is given. The mtime is
+        clamped to [0, self.mtime]: newc fields are unsigned 8-digit hex."""
         if ino is None:
             self.ino += 1
             ino = self.ino
         encoded = name.encode("utf-8", "surrogateescape") + b"\0"
         fields = (ino, mode, uid, gid, 2 if stat.S_ISDIR(mode) else 1,
-                  min(int(mtime), self.mtime), size, 0, 0, os.major(rdev), os.minor(rdev),
-                  len(encoded), 0)
+                  max(0, min(int(mtime), self.mtime)), size, 0, 0, os.major(rdev),
+                  os.minor(rdev), len(encoded), 0)
         head = MAGIC + b"".join(b"%08X" % f for f in fields)
         self.out.write(head + encoded + _pad(len(head) + len(encoded)))
 

@@ -67,3 +67,15 @@ def test_exclude_skips_a_path_and_its_children(tmp_path):
     listing = subprocess.run(["cpio", "-t", "--quiet"], input=data, capture_output=True,
                              check=True).stdout.decode().split()
     assert listing == ["empty", "etc", "etc/passwd"]
+
+
+def test_mtime_before_1970_packs_as_zero(tmp_path):
+    """newc has unsigned 8-digit mtimes: a negative one (possible in imported tarballs)
+    was written as "-12CFF780", nine characters, and every later header was misread."""
+    make_tree(tmp_path / "src")
+    os.utime(tmp_path / "src/etc/passwd", (-315619200, -315619200))  # 1960
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    subprocess.run(["cpio", "-idm", "--quiet"], input=pack(tmp_path / "src"), cwd=dest,
+                   check=True)
+    assert (dest / "etc/passwd").stat().st_mtime == 0
