@@ -72,6 +72,8 @@ class Writer:
                mtime: float = 0, rdev: int = 0, ino: int | None = None) -> None:
         """One header and name; the next inode number unless `ino` is given. The mtime is
         clamped to [0, self.mtime]: newc fields are unsigned 8-digit hex."""
+        if size > 0xFFFFFFFF:
+            raise InvalidInput(f"{name}: a newc archive cannot hold a file of 4 GiB or more")
         if ino is None:
             self.ino += 1
             ino = self.ino

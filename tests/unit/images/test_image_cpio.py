@@ -7,6 +7,9 @@ import os
 import subprocess
 import time
 
+import pytest
+
+from provisiond.errors import ProvisiondError
 from provisiond.images.cpio import MTIME_CLAMP, pack_tree
 
 
@@ -79,3 +82,12 @@ def test_mtime_before_1970_packs_as_zero(tmp_path):
     subprocess.run(["cpio", "-idm", "--quiet"], input=pack(tmp_path / "src"), cwd=dest,
                    check=True)
     assert (dest / "etc/passwd").stat().st_mtime == 0
+
+
+def test_file_of_4_gib_is_refused_in_one_line(tmp_path):
+    """newc sizes are 8 hex digits: a larger file would corrupt every later header."""
+    make_tree(tmp_path / "src")
+    with open(tmp_path / "src/etc/huge", "wb") as handle:
+        handle.truncate(1 << 32)  # sparse: no disk used
+    with pytest.raises(ProvisiondError, match="etc/huge: .*4 GiB"):
+        pack(tmp_path / "src")
