@@ -88,10 +88,14 @@ class DhcpServer(UdpServer):
         if not answers.proxy and asked not in ("0.0.0.0", entry.ipaddr):
             self._nak(request, answers)
             return
-        self.leases[request.mac] = (entry.ipaddr, time.time() + self.config.dhcp.lease_seconds)
-        self._dirty = True
+        if not answers.proxy:  # in proxy mode the address is another server's lease
+            self._lease(request.mac, entry.ipaddr)
         self._send(request, answers.reply(request, p.ACK))
         self._acked(request, entry)
+
+    def _lease(self, mac: str, ipaddr: str) -> None:
+        self.leases[mac] = (ipaddr, time.time() + self.config.dhcp.lease_seconds)
+        self._dirty = True
 
     def _nak(self, request: p.Request, answers: Answers) -> None:
         """RFC 2131 4.1, 4.3.2: a NAK has ciaddr 0, so it is broadcast, or relayed with the

@@ -102,6 +102,9 @@ def test_proxy_port_answers_the_requesting_socket(state_dir, client_sock):
     finally:
         server.close()
     assert opts[p.OPT_MSG_TYPE] == bytes((p.ACK,)) and bootfile == b"snponly.efi"
+    # The address came from the other DHCP server: nothing was leased here, and the two
+    # proxy sockets (67, 4011) must not overwrite one lease file with each other's dicts.
+    assert server.leases == {}
 
 
 def test_random_junk_never_stops_the_server(server, client_sock):
