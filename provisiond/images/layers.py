@@ -19,6 +19,7 @@ from typing import Callable
 
 from provisiond.atomic import write_atomic
 from provisiond.config import Config
+from provisiond.errors import BuildFailed
 from provisiond.images import chroot
 from provisiond.images.blobs import blob_path, compressed, open_blob
 from provisiond.images.cpio import is_whiteout, pack_tree, walk_tree
@@ -137,6 +138,10 @@ def final_whiteouts(chain: list[Path], view: Path) -> str:
         present = {rel for rel, _ in walk_tree(merged)}
     gone = unpacked - present
     kept = [rel for rel in sorted(gone) if not _has_parent_in(rel, gone)]
+    for rel in kept:
+        if "\n" in rel:  # the list has one path a line: "x\n/etc" would list /etc
+            raise BuildFailed(f"the image deletes {'/' + rel!r}, whose name has a newline: "
+                              "the whiteout list cannot hold it")
     return "".join(f"/{rel}\n" for rel in kept)
 
 

@@ -277,3 +277,15 @@ def test_failed_reimport_keeps_the_previous_archive_and_recipe(cli, config, tmp_
     rebuilt = cli("image", "build", "kept")
     assert rebuilt.code == 0, rebuilt.err
     assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["kept"]
+
+
+def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_path):
+    """The whiteout list has one path per line: deleting the file etc in a folder named
+    "x\\n" (/etc/x\\n/etc) must not make the node's /init remove /etc."""
+    bottom = {**BOTTOM, "etc/x\n": None, "etc/x\n/etc": b"tricky\n"}
+    layers = [layer_tar(bottom), layer_tar({"etc/x\n/.wh.etc": b""})]
+    archive = oci_archive(tmp_path / "image.tar", layers)
+    result = cli("image", "import", str(archive), "newline")
+    last = result.err.splitlines()[-1]
+    assert result.code != 0 and last.startswith("provisiond: error:"), result.err
+    assert "newline" in last and "Traceback" not in result.err
