@@ -58,9 +58,23 @@ def render_template(template, context: dict, overlay: str, rel: str, node: str) 
         error = exc
     message = error.message if isinstance(error, TemplateError) and error.message else \
         f"{type(error).__name__}: {error}"
+    message = _without_secrets(message, context.get("secrets"))
     line = _template_line(error, template.filename)
     where = f", line {line}" if line else ""
     raise OverlayTemplateError(f"overlay {overlay}, file {rel}{where}, node {node}: {message}")
+
+
+def _without_secrets(message: str, secrets) -> str:
+    """The message with every line of a secret blanked (a failing filter may quote its
+    input, and errors go to the CLI and the server's log)."""
+    if isinstance(secrets, dict):
+        for value in secrets.values():
+            message = _without_secrets(message, value)
+    elif isinstance(secrets, str):
+        for line in secrets.splitlines():
+            if len(line.strip()) >= 8:
+                message = message.replace(line.strip(), "<secret>")
+    return message
 
 
 def _template_line(error: Exception, filename: str | None) -> int | None:

@@ -58,3 +58,16 @@ def test_bad_overlay_yaml_is_one_line(cli, state_dir):
         result = cli("overlay", "show", "odd")
         assert result.code == 2 and result.err.count("\n") == 1, result.err
         assert words in result.err and "overlay.yaml" in result.err
+
+
+def test_a_failing_template_never_prints_a_secret(cli, state_dir):
+    write_inventory(state_dir, runtime=("leaky",))
+    folder = state_dir / "overlays" / "leaky"
+    (folder / "etc").mkdir(parents=True)
+    (folder / "overlay.yaml").write_text("secret: true\n")
+    (folder / "etc/key.j2").write_text(
+        "{{ secrets.ssh_host_keys.ed25519.private | prefixlen }}\n")
+    result = cli("overlay", "build", "n1")
+    assert result.code != 0 and "overlay leaky, file etc/key.j2, line 1, node n1" in result.err
+    key = (state_dir / "secrets/ssh-host-keys/n1/ssh_host_ed25519_key").read_text()
+    assert all(line not in result.err + result.out for line in key.splitlines()[1:-1])
