@@ -55,6 +55,9 @@ def _generate(folder: Path, node: str, key_type: str) -> None:
                               "openssh-client)") from None
         except subprocess.CalledProcessError as exc:
             raise BuildFailed(f"ssh-keygen for {node}: {exc.stderr.strip()}") from None
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(f"ssh-keygen for {node}: no answer in {exc.timeout:.0f} s"
+                              ) from None
         for suffix in ("", ".pub"):
             os.chmod(f"{tmp}/{name}{suffix}", 0o600)
             os.replace(f"{tmp}/{name}{suffix}", folder / f"{name}{suffix}")
