@@ -138,12 +138,14 @@ class Supervisor:
 def serve(config: Config, enabled: dict[str, bool]) -> int:
     """Run the services until SIGTERM or SIGINT; returns the exit code."""
     supervisor = Supervisor(config, enabled)
+    # Before anything starts: a signal during start then ends run() at once, and the
+    # children started so far are stopped rather than left running.
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
     try:
         supervisor.start()
     finally:
         flush_logs()
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
     try:
         code = supervisor.run()
     finally:

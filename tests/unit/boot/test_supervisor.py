@@ -45,3 +45,48 @@ def test_tftp_port_in_use_fails_at_once_with_the_reason(config):
         with pytest.raises(ServeFailed, match="Address already in use"):
             Supervisor(config, {**NONE, "tftp": True}).start()
     assert time.monotonic() - started < 2
+
+
+SIGTERM_DURING_START = """
+import os, signal, sys
+from pathlib import Path
+from provisiond.boot import supervisor
+from provisiond.config import load_config
+
+supervisor.gunicorn_command = lambda config: [sys.executable, "-c", "import time; time.sleep(60)"]
+started = supervisor.Supervisor._start_http
+
+def start_http(self):
+    started(self)
+    Path(sys.argv[2]).write_text(str(self.gunicorn.pid))
+    os.kill(os.getpid(), signal.SIGTERM)  # as if sent while serve was still starting
+
+supervisor.Supervisor._start_http = start_http
+enabled = {"http": True, "dhcp": False, "tftp": False, "dns": False}
+sys.exit(supervisor.serve(load_config(Path(sys.argv[1])), enabled))
+"""
+
+
+def test_sigterm_while_starting_stops_cleanly(state_dir, tmp_path):
+    """The handlers are in place before anything starts: a SIGTERM during start ends serve
+    with 0 and its children stopped, not killed mid-way with gunicorn left running."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    pid_file = tmp_path / "gunicorn.pid"
+    repo = Path(__file__).resolve().parents[3]
+    log = tmp_path / "serve.log"  # a file, not a pipe: a child left running would hold it
+    with open(log, "wb") as out:
+        proc = subprocess.run([sys.executable, "-c", SIGTERM_DURING_START, str(state_dir),
+                               str(pid_file)], env=dict(os.environ, PYTHONPATH=str(repo)),
+                              stdout=out, stderr=subprocess.STDOUT, timeout=30)
+    child = int(pid_file.read_text())
+    try:
+        os.kill(child, 0)
+        left = True
+    except ProcessLookupError:
+        left = False
+    if left:
+        os.kill(child, signal.SIGKILL)
+    assert proc.returncode == 0 and not left, log.read_text()[-1000:]
