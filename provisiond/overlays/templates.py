@@ -4,6 +4,7 @@ that name the overlay, the file, the line and the node."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shlex
 import traceback
@@ -26,11 +27,17 @@ def prefixlen(netmask: str) -> int:
     return ipaddress.IPv4Network(f"0.0.0.0/{netmask}").prefixlen
 
 
+def hclquote(value) -> str:
+    """A quoted HCL string: JSON escapes, and ${ or %{ kept from being interpolated."""
+    return json.dumps(str(value), ensure_ascii=False).replace("${", "$${").replace("%{", "%%{")
+
+
 def _make_environment() -> Environment:
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True,
                       trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["prefixlen"] = prefixlen
     env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    env.filters["hclquote"] = hclquote
     return env
 
 

@@ -269,3 +269,16 @@ def test_ssh_keygen_timing_out_is_a_build_error(state_dir, monkeypatch):
     monkeypatch.setattr("provisiond.overlays.hostkeys.subprocess.run", hang)
     with pytest.raises(BuildFailed, match="ssh-keygen for n9: no answer in 120 s"):
         ensure_host_keys(load_config(state_dir), "n9")
+
+
+def test_nomad_client_quotes_inventory_strings_for_hcl(state_dir):
+    write_inventory(state_dir, system=["nomad-client"], runtime=())
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    odd = 'say "hi" \\ ${node.unique.id}'
+    data["nodes"]["n1"]["nomad"] = {"datacenter": odd, "meta": {'k"ey': odd}}
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    hcl = files_of(ensure_overlay(load_config(state_dir), "n1", "system"))
+    text = hcl["etc/nomad.d/client.hcl"].decode()
+    escaped = '"say \\"hi\\" \\\\ $${node.unique.id}"'
+    assert f"datacenter = {escaped}" in text
+    assert f'"k\\"ey" = {escaped}' in text
