@@ -20,7 +20,6 @@ from provisiond.config import Config
 from provisiond.errors import ProvisiondError
 
 log = logging.getLogger("provisiond.boot")
-SERVICES = ("http", "dhcp", "tftp", "dns")
 
 
 class ServeFailed(ProvisiondError):
@@ -64,7 +63,7 @@ class Supervisor:
             raise ServeFailed(f"cannot start the boot services: {exc.strerror or exc}") from None
         if self.enabled["http"]:
             self._start_http()
-        log.info("serving %s", ", ".join(name for name in SERVICES if self.enabled[name]))
+        log.info("serving %s", ", ".join(name for name, on in self.enabled.items() if on))
 
     def _start_udp(self) -> None:
         from provisiond.boot.dhcp import DhcpServer
