@@ -13,11 +13,9 @@ from typing import BinaryIO
 
 import zstandard
 
+from provisiond.archive import GZIP_LEVEL, ZSTD_LEVEL
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, NotFound
-
-COMPRESSIONS = ("zstd", "gzip")
-ZSTD_LEVEL = 3
 
 
 class BlobNotFound(NotFound):
@@ -84,7 +82,10 @@ def open_blob(config: Config) -> Iterator[BlobWriter]:
 
 @contextlib.contextmanager
 def compressed(raw: BinaryIO, compression: str) -> Iterator[BinaryIO]:
-    """A stream that compresses into `raw` deterministically (zstd level 3 or gzip -6)."""
+    """A stream that compresses into `raw` deterministically, at archive's levels.
+
+    Not archive.compress: layers are streamed (no content size in the zstd frame, two
+    threads), and their digests must stay what they are."""
     if compression == "zstd":
         params = zstandard.ZstdCompressionParameters.from_level(ZSTD_LEVEL, threads=2)
         cctx = zstandard.ZstdCompressor(compression_params=params)
@@ -92,7 +93,7 @@ def compressed(raw: BinaryIO, compression: str) -> Iterator[BinaryIO]:
             yield stream
     elif compression == "gzip":
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                           compresslevel=6) as stream:
+                           compresslevel=GZIP_LEVEL) as stream:
             yield stream
     else:
         raise InvalidInput(f"unknown compression {compression!r} (use zstd or gzip)")
