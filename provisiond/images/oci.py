@@ -131,7 +131,7 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
     with tarfile.open(fileobj=stream, mode="r|*") as layer:
         for member in layer:
             rel = os.path.normpath(member.name.lstrip("/"))
-            if rel.startswith("..") or rel == ".":
+            if rel in (".", "..") or rel.startswith("../"):
                 continue
             base, parent = os.path.basename(rel), os.path.dirname(rel)
             _check_inside(root, parent, member)

@@ -289,3 +289,11 @@ def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_p
     last = result.err.splitlines()[-1]
     assert result.code != 0 and last.startswith("provisiond: error:"), result.err
     assert "newline" in last and "Traceback" not in result.err
+
+
+def test_names_starting_with_two_dots_are_files_not_escapes(cli, config, tmp_path):
+    """Only `..` itself climbs out; `..data` (as Kubernetes names its folders) is a name."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar({**BOTTOM, "..data": b"d\n"})])
+    assert cli("image", "import", str(archive), "dots").code == 0
+    unpack_image(config, load_manifest(config, "dots"), tmp_path / "root")
+    assert (tmp_path / "root/..data").read_bytes() == b"d\n"
