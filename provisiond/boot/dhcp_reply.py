@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from provisiond.boot import dhcp_packet as p
+from provisiond.boot.ipxe import base_url
 from provisiond.boot.table import BootEntry, BootTable
 from provisiond.config import Config
 
@@ -49,7 +50,7 @@ class BootPart:
 
 def boot_parts(config: Config, proxy: bool) -> dict[ClientKind, BootPart]:
     """One precomputed boot part per client kind."""
-    base = f"http://{config.server.address}:{config.http.port}"
+    base = base_url(config)
     files = {ClientKind.BIOS: "undionly.kpxe", ClientKind.UEFI: "snponly.efi",
              ClientKind.IPXE: f"{base}/boot/ipxe", ClientKind.HTTP: f"{base}/boot/files/ipxe.efi"}
     parts = {}
