@@ -19,10 +19,12 @@ POLICY_RC = "usr/sbin/policy-rc.d"
 RESOLV = Path("/etc/resolv.conf")
 
 
-def mount(*argv: str) -> None:
-    proc = subprocess.run(["mount", *argv], capture_output=True, text=True)
+def mount(*argv: str, cwd: Path | None = None) -> None:
+    """Run mount(8); a failure is one line naming the mount point (argv[-1])."""
+    proc = subprocess.run(["mount", *argv], capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
-        raise BuildFailed(f"mount {' '.join(argv)}: {proc.stderr.strip()}")
+        first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
+        raise BuildFailed(f"mount on {argv[-1]}: {first}")
 
 
 def umount(path: Path) -> None:
@@ -33,18 +35,23 @@ def umount(path: Path) -> None:
 @contextlib.contextmanager
 def overlay(lowers: list[Path], upper: Path | None, work: Path, merged: Path
             ) -> Iterator[Path]:
-    """Mount lowers (top first) with `upper` as the writable layer; read-only if None."""
+    """Mount lowers (top first) with `upper` as the writable layer; read-only if None.
+
+    Dirs are named relative to the first lower's folder (mount runs there): the options
+    must fit in a page, and 64-hex layer names alone let ~60 layers fit, full paths ~30."""
     merged.mkdir(parents=True, exist_ok=True)
-    opts = "lowerdir=" + ":".join(str(p) for p in lowers)
+    base = lowers[0].parent
+    opts = "lowerdir=" + ":".join(os.path.relpath(p, base) for p in lowers)
     if upper is not None:
         work.mkdir(parents=True, exist_ok=True)
         # explicit, so a host whose defaults differ still writes plain upper dirs that
         # stay valid as lower dirs of other stacks
-        opts += f",upperdir={upper},workdir={work},redirect_dir=off,index=off,metacopy=off"
+        opts += (f",upperdir={os.path.relpath(upper, base)},workdir="
+                 f"{os.path.relpath(work, base)},redirect_dir=off,index=off,metacopy=off")
     if len(lowers) == 1 and upper is None:
         mount("--bind", "-o", "ro", str(lowers[0]), str(merged))
     else:
-        mount("-t", "overlay", "overlay", "-o", opts, str(merged))
+        mount("-t", "overlay", "overlay", "-o", opts, str(merged), cwd=base)
     try:
         yield merged
     finally:

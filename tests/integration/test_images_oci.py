@@ -297,3 +297,13 @@ def test_names_starting_with_two_dots_are_files_not_escapes(cli, config, tmp_pat
     assert cli("image", "import", str(archive), "dots").code == 0
     unpack_image(config, load_manifest(config, "dots"), tmp_path / "root")
     assert (tmp_path / "root/..data").read_bytes() == b"d\n"
+
+
+def test_image_of_many_layers_builds(cli, config, tmp_path):
+    """Overlayfs takes its lower dirs in one mount option of at most a page (4 KiB): 48
+    absolute layer paths did not fit."""
+    layers = [layer_tar(BOTTOM)] + [layer_tar({f"etc/f{n}": b"%d\n" % n}) for n in range(47)]
+    archive = oci_archive(tmp_path / "image.tar", layers)
+    result = cli("image", "import", str(archive), "many")
+    assert result.code == 0, result.err[-700:]
+    assert len(load_manifest(config, "many")["layers"]) == 48
