@@ -19,6 +19,7 @@ from provisiond.boot.dns_zone import Zone
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.config import Config
+from provisiond.errors import InvalidInput
 
 log = logging.getLogger("provisiond.boot")
 
@@ -51,10 +52,11 @@ class DnsServer(UdpServer):
     name = "dns"
 
     def __init__(self, config: Config, table: BootTable, sock: socket.socket | None = None):
+        upstream = parse_upstream(config.dns.upstream) if config.dns.upstream else None
         super().__init__(sock or open_udp(config.dns.bind, config.dns.port))
         self.config = config
         self.zone = Zone(config, table)
-        self.forwarder = Forwarder(config.dns.upstream, self.sock) if config.dns.upstream else None
+        self.forwarder = Forwarder(upstream, self.sock) if upstream else None
 
     def update_table(self, table: BootTable) -> None:
         self.zone = Zone(self.config, table)
@@ -100,15 +102,31 @@ class DnsServer(UdpServer):
             self.forwarder.close()
 
 
+def parse_upstream(text: str) -> tuple[str, int]:
+    """(host, port) of `dns.upstream`: host, host:port, an IPv6 address, [IPv6]:port."""
+    host, port = text, "53"
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or rest[:1] not in ("", ":"):
+            raise InvalidInput(f"dns.upstream: not an address: {text!r}")
+        port = rest[1:] or "53"
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInput(f"dns.upstream: not host:port (port 1-65535): {text!r}")
+    return host, int(port)
+
+
 class Forwarder:
     """Relays queries to the upstream server and its replies back (one reader thread)."""
 
-    def __init__(self, upstream: str, reply_sock: socket.socket, timeout: float = 5.0):
-        host, _, port = upstream.rpartition(":") if upstream.count(":") == 1 else (upstream, "", "")
-        self.upstream = (host or upstream, int(port or 53))
+    def __init__(self, upstream: tuple[str, int], reply_sock: socket.socket,
+                 timeout: float = 5.0):
+        self.upstream = upstream
         self.reply_sock = reply_sock
         self.timeout = timeout
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        family = socket.AF_INET6 if ":" in upstream[0] else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.connect(self.upstream)
         self.pending: dict[int, tuple[bytes, tuple, float]] = {}
         self._next = 0

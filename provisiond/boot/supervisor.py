@@ -61,6 +61,9 @@ class Supervisor:
         except OSError as exc:
             self.stop()
             raise ServeFailed(f"cannot start the boot services: {exc.strerror or exc}") from None
+        except ProvisiondError:  # a bad setting (e.g. dns.upstream): stop what started
+            self.stop()
+            raise
         if self.enabled["http"]:
             self._start_http()
         log.info("serving %s", ", ".join(name for name, on in self.enabled.items() if on))

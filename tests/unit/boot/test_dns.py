@@ -67,3 +67,40 @@ def test_other_names_are_forwarded_upstream(state_dir, tmp_path, dns):
     finally:
         server.close()
         upstream.close()
+
+
+
+def test_upstream_on_ipv6(state_dir, tmp_path, dns):
+    """`[::1]:port` is an IPv6 upstream (it was taken for a host name on port 53)."""
+    upstream_state = tmp_path / "up"
+    upstream_state.mkdir()
+    (upstream_state / "provisiond.yaml").write_text("server:\n  domain: other\n")
+    upstream_config = load_config(upstream_state)
+    add_nodes(upstream_config, 2, net="10.77")
+    upstream = DnsServer(upstream_config, build_table(upstream_config),
+                         sock=open_udp("::1", 0))
+    upstream.start()
+    port = upstream.sock.getsockname()[1]
+    (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '[::1]:{port}'\n")
+    try:
+        server = start(load_config(state_dir))
+        try:
+            assert str(ask(server, "n2.other").rr[0].rdata) == ip_of(2, "10.77")
+        finally:
+            server.close()
+    finally:
+        upstream.close()
+
+
+@pytest.mark.parametrize("upstream", ["10.0.0.1:dns", "10.0.0.1:70000", "[::1"])
+def test_a_bad_upstream_is_one_invalid_input_line(state_dir, upstream):
+    from provisiond.errors import InvalidInput
+
+    (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '{upstream}'\n")
+    config = load_config(state_dir)
+    sock = open_udp("127.0.0.1", 0)
+    try:
+        with pytest.raises(InvalidInput, match="dns.upstream"):
+            DnsServer(config, build_table(config), sock=sock)
+    finally:
+        sock.close()
