@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, request, send_file
 
-from provisiond.api.services import log_step, services
+from provisiond.api.services import client_address, log_step, services
 from provisiond.boot.artifacts import blob_file
 from provisiond.errors import NotFound, ProvisiondError
 from provisiond.states import NodePhase
@@ -28,7 +28,7 @@ def blob(hexdigest: str):
         raise NotFound(f"no blob sha256:{hexdigest}") from None
     response.cache_control.public = True
     response.cache_control.immutable = True
-    node = svc.table.node_for_ip(request.remote_addr or "")
+    node = svc.table.node_for_ip(client_address())
     if node is not None:
         what = "kernel" if _is_kernel(svc, node, hexdigest) else f"blob {hexdigest[:12]}"
         if what == "kernel" and not request.headers.get("Range"):

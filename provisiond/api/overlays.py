@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, request, send_file
+from flask import Blueprint, send_file
 
-from provisiond.api.services import log_step, services
+from provisiond.api.services import client_address, log_step, services
 from provisiond.boot.artifacts import overlay_file
 from provisiond.errors import Forbidden, NotFound
 
@@ -22,7 +22,7 @@ def overlay(node: str, kind: str):
         raise NotFound(f"no overlay kind {kind[:20]!r}; use shared, system or runtime")
     svc = services()
     record = svc.node(node)
-    if kind == "runtime" and request.remote_addr not in _addresses(record):
+    if kind == "runtime" and client_address() not in _addresses(record):
         raise Forbidden(f"the runtime overlay of {node} is served only to {node} itself")
     path = overlay_file(svc.config, node, kind)
     response = send_file(path, mimetype="application/octet-stream", conditional=True,

@@ -66,6 +66,12 @@ def services() -> BootServices:
     return current_app.extensions["provisiond"]
 
 
+def client_address() -> str:
+    """The peer's address; an IPv4-mapped one (an http.bind of "::") as plain IPv4."""
+    address = request.remote_addr or ""
+    return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
 def log_step(node: str, what: str, started: float) -> None:
     """Note the boot step of this request; `log_sent` writes its line once the body is out."""
     request.environ[STEP_KEY] = (node, what, started)

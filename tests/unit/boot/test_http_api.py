@@ -210,3 +210,20 @@ def test_overlay_etags_follow_rebuilds_one_entry_per_file(app, tmp_path):
         tags.add(svc.file_etag(path))
     assert tags == {hashlib.sha256(b"build %d" % b).hexdigest() for b in range(5)}
     assert len(svc._etags) == 1
+
+
+def test_a_dual_stack_bind_still_knows_the_node(client, config, monkeypatch):
+    """With http.bind "::" an IPv4 node arrives as ::ffff:a.b.c.d: it is still that node
+    (runtime overlay allowed, kernel phase recorded)."""
+    import provisiond.boot.artifacts as artifacts
+
+    runtime = add_overlay(config, "n1", "runtime", b"runtime-cpio")
+    monkeypatch.setattr(artifacts, "_ensure_overlay", lambda c, n, k: runtime)
+    mapped = {"REMOTE_ADDR": "::ffff:" + ip_of(1)}
+    assert client.get("/overlays/n1/runtime", environ_base=mapped).data == b"runtime-cpio"
+    other = {"REMOTE_ADDR": "::ffff:" + ip_of(2)}
+    assert client.get("/overlays/n1/runtime", environ_base=other).status_code == 403
+    manifest = add_image(config, "tiny")
+    client.get(f"/blobs/sha256/{manifest['kernel']['digest'][7:]}", environ_base=mapped)
+    client.application.extensions["provisiond"].phases.flush()
+    assert read_status(config, "n1")["phase"] == "kernel"
