@@ -94,10 +94,12 @@ class PhasePipe(_Recorder):
         try:
             os.write(self.fd, line.encode())  # < PIPE_BUF: written whole or not at all
             return True
-        except BlockingIOError:
+        except OSError as exc:  # behind (EAGAIN) or gone (EPIPE): answering comes first
             self.dropped += 1
             if self.dropped & (self.dropped - 1) == 0:  # 1st, 2nd, 4th... drop
-                log.warning("phase writer behind: %d phase records dropped", self.dropped)
+                log.warning("phase writer %s: %d phase records dropped",
+                            "behind" if isinstance(exc, BlockingIOError) else "gone",
+                            self.dropped)
             return False
 
 

@@ -90,3 +90,21 @@ def test_sigterm_while_starting_stops_cleanly(state_dir, tmp_path):
     if left:
         os.kill(child, signal.SIGKILL)
     assert proc.returncode == 0 and not left, log.read_text()[-1000:]
+
+
+def test_a_dead_phase_writer_never_fails_the_request(config):
+    """Phase records are best effort: with the writer process gone (its pipe broken),
+    record() drops the line instead of raising into the DHCP loop or an iPXE request."""
+    import os
+
+    from provisiond.boot.phases import PhasePipe
+    from provisiond.states import NodePhase
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the writer process died
+    try:
+        pipe = PhasePipe(config, write_end)
+        assert pipe.record("n1", NodePhase.IPXE) is False
+        assert pipe.dropped == 1
+    finally:
+        os.close(write_end)
