@@ -83,6 +83,17 @@ def test_udhcpc_gets_reservation_and_boot_file(dhcp_link, index, extra, bootfile
     assert read_status(config, f"n{index}")["phase"] == "dhcp"
 
 
+def stop_dhclient(pidfile) -> None:
+    """dhclient stays in the background once bound; its pid file may still be empty."""
+    deadline = time.monotonic() + 5
+    while pidfile.exists() and time.monotonic() < deadline:
+        pid = pidfile.read_text().strip()
+        if pid:
+            os.kill(int(pid), signal.SIGTERM)
+            return
+        time.sleep(0.05)
+
+
 def test_dhclient_gets_reservation(dhcp_link):
     link, _, _, tmp = dhcp_link
     if not shutil.which("dhclient"):
@@ -94,8 +105,7 @@ def test_dhclient_gets_reservation(dhcp_link):
         result = link.client("dhclient", "-1", "-v", "-sf", "/bin/true", "-lf", str(leases),
                              "-pf", str(pidfile), link.client_if, timeout=40)
     finally:
-        if pidfile.exists():  # dhclient stays in the background once bound
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        stop_dhclient(pidfile)
     assert result.returncode == 0, result.stderr
     text = leases.read_text()
     assert f"fixed-address {ip_of(2)};" in text and 'option host-name "n2";' in text
