@@ -100,6 +100,13 @@ class Config(_Section):
     """Extra recipe dirs, searched before the state dir's and the shipped ones."""
 
     @property
+    def server_url(self) -> str:
+        """The base URL nodes use to reach this server's HTTP endpoints."""
+        host = self.server.address
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.http.port}"
+
+    @property
     def inventory_path(self) -> Path:
         return self.state_dir / "inventory.yaml"
 

@@ -43,7 +43,7 @@ RETRY_SECONDS = 30
 
 
 def base_url(config: Config) -> str:
-    return f"http://{config.server.address}:{config.http.port}"
+    return config.server_url
 
 
 def chain_script(config: Config) -> str:

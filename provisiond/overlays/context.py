@@ -27,7 +27,7 @@ def server_context(config: Config) -> dict:
     server = config.server
     return {
         "address": server.address, "port": config.http.port, "domain": server.domain,
-        "url": f"http://{server.address}:{config.http.port}",
+        "url": config.server_url,
         "ssh_authorized_keys": list(server.ssh_authorized_keys),
     }
 

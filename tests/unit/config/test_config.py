@@ -38,3 +38,10 @@ def test_site_overlays_shadow_shipped_ones(tmp_path):
     config = load_config(tmp_path)
     assert config.overlay_search_path[0] == tmp_path / "overlays"
     assert config.overlay_search_path[-1].name == "overlays"
+
+
+def test_server_url_brackets_ipv6(tmp_path):
+    (tmp_path / "provisiond.yaml").write_text("server: {address: 10.0.0.1}\nhttp: {port: 8080}\n")
+    assert load_config(tmp_path).server_url == "http://10.0.0.1:8080"
+    (tmp_path / "provisiond.yaml").write_text("server: {address: 'fd00::1'}\n")
+    assert load_config(tmp_path).server_url == "http://[fd00::1]:9873"
