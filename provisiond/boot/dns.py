@@ -8,6 +8,7 @@ NXDOMAIN, or go to `config.dns.upstream` when one is set.
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 import struct
 import threading
@@ -117,6 +118,9 @@ def parse_upstream(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+MAX_PENDING = 4096
+
+
 class Forwarder:
     """Relays queries to the upstream server and its replies back (one reader thread)."""
 
@@ -129,13 +133,18 @@ class Forwarder:
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.connect(self.upstream)
         self.pending: dict[int, tuple[bytes, tuple, float]] = {}
-        self._next = 0
         threading.Thread(target=self._read, name="dns-forward", daemon=True).start()
 
     def forward(self, data: bytes, peer: tuple) -> None:
-        self._next = (self._next + 1) & 0xFFFF
-        self.pending[self._next] = (data[:2], peer, time.monotonic())
-        self.sock.send(struct.pack("!H", self._next) + data[2:])
+        """Send with a random unused query id, so an off-path spoofer must guess it; beyond
+        MAX_PENDING queries in flight a query is dropped (the client asks again)."""
+        if len(self.pending) >= MAX_PENDING:
+            return
+        query_id = secrets.randbelow(0x10000)
+        while query_id in self.pending:
+            query_id = secrets.randbelow(0x10000)
+        self.pending[query_id] = (data[:2], peer, time.monotonic())
+        self.sock.send(struct.pack("!H", query_id) + data[2:])
 
     def _read(self) -> None:
         while True:
@@ -147,7 +156,10 @@ class Forwarder:
                 continue
             entry = self.pending.pop(struct.unpack("!H", data[:2])[0], None)
             if entry:
-                self.reply_sock.sendto(entry[0] + data[2:], entry[1])
+                try:
+                    self.reply_sock.sendto(entry[0] + data[2:], entry[1])
+                except OSError:
+                    return  # the server closed its socket: shutting down
 
     def expire(self) -> None:
         limit = time.monotonic() - self.timeout

@@ -104,3 +104,23 @@ def test_a_bad_upstream_is_one_invalid_input_line(state_dir, upstream):
             DnsServer(config, build_table(config), sock=sock)
     finally:
         sock.close()
+
+
+def test_forwarder_uses_unused_ids_and_bounds_queries_in_flight():
+    import socket as _socket
+
+    from provisiond.boot import dns as dns_module
+
+    sink = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    reply = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    forwarder = dns_module.Forwarder(sink.getsockname(), reply)
+    try:
+        query = b"\x12\x34" + b"\x00" * 10
+        for _ in range(dns_module.MAX_PENDING + 10):
+            forwarder.forward(query, ("127.0.0.1", 9))
+        assert len(forwarder.pending) == dns_module.MAX_PENDING  # ids unique, the rest dropped
+    finally:
+        forwarder.close()
+        sink.close()
+        reply.close()
