@@ -1,12 +1,10 @@
 """Read what the image and overlay builders produced, following docs/contracts.md.
 
-The builders' modules are imported lazily, so the boot services start (and their tests run)
-even where a builder is missing; manifests are cached until their file changes.
+Manifests are cached until their file changes; overlays are built on demand when stale.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -14,6 +12,8 @@ from pathlib import Path
 
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, InvalidInput, NotFound
+from provisiond.images import load_manifest
+from provisiond.overlays import ensure_overlay
 
 HEX_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -55,18 +55,6 @@ class ManifestCache:
         return manifest
 
 
-def load_manifest(config: Config, name: str) -> dict:
-    try:
-        from provisiond.images import load_manifest as images_load_manifest
-    except ImportError:
-        path = config.images_dir / name / "manifest.json"
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ImageNotFound(f"no image named {name!r} has been built") from None
-    return images_load_manifest(config, name)
-
-
 def blob_file(config: Config, hexdigest: str) -> Path:
     """The blob `sha256:<hexdigest>`; a malformed digest is InvalidInput."""
     if not HEX_RE.fullmatch(hexdigest):  # `match` + `$` let a trailing newline in
@@ -76,15 +64,8 @@ def blob_file(config: Config, hexdigest: str) -> Path:
 
 def overlay_file(config: Config, node: str, kind: str) -> Path:
     """The node's built overlay (built first if stale) from provisiond.overlays."""
-    path = Path(_ensure_overlay(config, node, kind))
+    path = Path(ensure_overlay(config, node, kind))
     if not path.is_file():
         raise OverlayUnavailable(f"no {kind} overlay built for {node}")
     return path
 
-
-def _ensure_overlay(config: Config, node: str, kind: str) -> Path:
-    try:
-        from provisiond.overlays import ensure_overlay
-    except ImportError:
-        raise OverlayUnavailable("overlays are not available on this server") from None
-    return ensure_overlay(config, node, kind)

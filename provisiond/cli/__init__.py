@@ -11,7 +11,7 @@ from provisiond.cli.context import Context
 from provisiond.errors import ProvisiondError
 
 # Each module has register(subparsers) that adds its noun(s) and sets `func` on the leaf
-# parsers; func(args, ctx) returns an exit code (None means 0).
+# parsers; func(args, ctx) returns an exit code (None means 0). Listed in `--help` order.
 NOUN_MODULES = [
     "init", "node", "profile", "apply", "image", "overlay", "serve",
     "power", "firmware", "slurm", "secret",
@@ -32,13 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="noun", metavar="COMMAND")
     for name in NOUN_MODULES:
-        try:
-            module = importlib.import_module(f"provisiond.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"provisiond.cli.{name}":
-                continue  # a noun not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"provisiond.cli.{name}").register(subparsers)
     return parser
 
 

@@ -7,6 +7,7 @@ import time
 from provisiond.cli.records import Kind, register_verbs
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import node_sort_key
+from provisiond.power import add_reprovision_parser
 from provisiond.states import NodePhase
 from provisiond.status import read_all_status
 
@@ -20,10 +21,6 @@ def register(subparsers) -> None:
     status.add_argument("names", nargs="?", metavar="NAMES", help="node range")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=show_status)
-    try:
-        from provisiond.power import add_reprovision_parser
-    except ImportError:
-        return
     add_reprovision_parser(verbs)
 
 

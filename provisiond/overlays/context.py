@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 
 from provisiond.config import Config
+from provisiond.errors import NotFound
+from provisiond.images import load_manifest
 from provisiond.inventory import Node, load_nodes
 from provisiond.inventory.model import node_sort_key
 
@@ -122,12 +124,6 @@ class ImageCache:
         return self._manifests[name]
 
     def _load(self, name: str) -> dict | None:
-        try:
-            from provisiond.images import load_manifest  # written beside this, loaded late
-        except ImportError:
-            return None
-        from provisiond.errors import NotFound
-
         try:
             return load_manifest(self.config, name)
         except NotFound:
