@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -16,6 +15,7 @@ from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound
+from provisiond.images.blobs import file_sha256
 
 log = logging.getLogger("provisiond.boot")
 STEP_KEY = "provisiond.boot_step"
@@ -54,12 +54,9 @@ class BootServices:
         cached = self._etags.get(str(path))
         if cached and cached[0] == stamp:
             return cached[1]
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-        self._etags[str(path)] = (stamp, digest.hexdigest())
-        return digest.hexdigest()
+        digest = file_sha256(path)
+        self._etags[str(path)] = (stamp, digest)
+        return digest
 
 
 def services() -> BootServices:

@@ -111,8 +111,13 @@ def store_file(config: Config, path: Path) -> tuple[str, int]:
 
 
 def file_sha256(path: Path) -> str:
-    sha = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            sha.update(chunk)
+        return stream_sha256(handle)
+
+
+def stream_sha256(handle) -> str:
+    """Hex sha256 of what a binary file object holds from its position on, 1 MiB at a time."""
+    sha = hashlib.sha256()
+    while chunk := handle.read(1 << 20):
+        sha.update(chunk)
     return sha.hexdigest()

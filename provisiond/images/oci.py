@@ -4,7 +4,6 @@ opaque directories, so deletions flow into the image's whiteout list like any ot
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -17,7 +16,7 @@ from typing import BinaryIO
 import zstandard
 
 from provisiond.errors import BuildFailed
-from provisiond.images.blobs import file_sha256
+from provisiond.images.blobs import file_sha256, stream_sha256
 from provisiond.images.layers import OPAQUE, LayerPlan, layer_key
 from provisiond.images.recipe import Step
 
@@ -109,11 +108,8 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
 def _digest_member(archive: Archive, name: str) -> str:
     if archive.tar is None:
         return file_sha256(archive.path / name)
-    sha = hashlib.sha256()
     with archive.open(name) as handle:
-        while chunk := handle.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
+        return stream_sha256(handle)
 
 
 def _maker(archive: Archive, name: str):
