@@ -9,7 +9,7 @@ import yaml
 from provisiond.cli.record_options import add_record_flags, apply_edits, record_edits
 from provisiond.errors import AlreadyExists, InUse, InvalidInput, NodeNotFound, ProfileNotFound
 from provisiond.inventory import InventoryStore
-from provisiond.inventory.merge import merge_node
+from provisiond.inventory.merge import merge_node, merge_nodes
 from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
 from provisiond.inventory.ranges import expand, fold
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
@@ -115,7 +115,7 @@ def list_records(args, ctx, kind: Kind) -> None:
     names = kind.existing(inventory, args.names) if args.names else list(records)
     names.sort(key=node_sort_key)
     if kind.noun == "node":
-        merged = [merge_node(inventory, n) for n in names]
+        merged = list(merge_nodes(inventory, names).values())
         if args.json:
             return ctx.print_json([node.to_data() for node in merged])
         ctx.print_table(["NAME", "PROFILES", "IMAGE", "IPADDR", "MAC", "BMC"],

@@ -62,8 +62,13 @@ def merge_node(inventory: Inventory, name: str, profile_data: dict | None = None
 
 
 def merge_all(inventory: Inventory) -> dict[str, Node]:
+    return merge_nodes(inventory, list(inventory.nodes))
+
+
+def merge_nodes(inventory: Inventory, names: list[str]) -> dict[str, Node]:
+    """The named nodes merged, each profile dumped once for all of them."""
     profile_data = {name: record.to_data() for name, record in inventory.profiles.items()}
-    return {name: merge_node(inventory, name, profile_data) for name in inventory.nodes}
+    return {name: merge_node(inventory, name, profile_data) for name in names}
 
 
 def _merge_into(target: dict, data: dict, source: str, provenance: dict, prefix: str) -> None:
