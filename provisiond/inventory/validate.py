@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 
 from provisiond.errors import InvalidInventory
-from provisiond.inventory.merge import Node, merge_node
+from provisiond.inventory.merge import Node, merge_all
 from provisiond.inventory.model import Inventory
 
 
@@ -15,21 +15,19 @@ def validate_inventory(inventory: Inventory) -> dict[str, Node]:
     for name, profile in inventory.profiles.items():
         if profile.profiles:
             raise InvalidInventory(f"profile {name}: profiles: a profile cannot list profiles")
-    nodes = {}
-    profile_data = {name: record.to_data() for name, record in inventory.profiles.items()}
-    seen_macs: dict[str, str] = {}
-    seen_ips: dict[str, str] = {}
     for name, record in inventory.nodes.items():
         for profile in record.profiles or []:
             if profile not in inventory.profiles:
                 raise InvalidInventory(f"node {name}: profiles: unknown profile {profile!r}")
-        node = merge_node(inventory, name, profile_data)
+    nodes = merge_all(inventory)
+    seen_macs: dict[str, str] = {}
+    seen_ips: dict[str, str] = {}
+    for name, node in nodes.items():
         for dev, netdev in (node.record.netdevs or {}).items():
             _check_network(name, dev, netdev)
             _claim(seen_macs, netdev.mac, name, f"netdevs.{dev}.mac")
             _claim(seen_ips, netdev.ipaddr, name, f"netdevs.{dev}.ipaddr")
             _claim(seen_ips, netdev.ipaddr6, name, f"netdevs.{dev}.ipaddr6")
-        nodes[name] = node
     return nodes
 
 
