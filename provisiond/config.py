@@ -1,23 +1,110 @@
 """The server's settings: one value, loaded from `<state-dir>/provisiond.yaml` and passed in.
 
 Nothing in provisiond reads settings from a module global; every function that needs them
-takes a `Config`.
+takes a `Config`. Every value is bounded here, when the settings load, so a bad one is one
+line before anything starts (never a traceback or a dead service later);
+`check_serving` adds what depends on the machine (tftp.root exists) for `provisiond serve`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator
 
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidConfig
+from provisiond.states import Compression
 
 DEFAULT_STATE_DIR = "/var/lib/provisiond"
 CONFIG_NAME = "provisiond.yaml"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+INTERFACE_RE = re.compile(r"^[^\s/:]{1,15}$")  # IFNAMSIZ - 1 bytes, no '/', ':', blanks
+
+
+def bounded(low: float, high: float):
+    """A validator keeping a number within [low, high] (NaN is outside every range)."""
+    def check(value):
+        if not low <= value <= high:
+            raise ValueError(f"{value} is outside {low}-{high}")
+        return value
+    return AfterValidator(check)
+
+
+def ip_literal(value: str) -> str:
+    """An IP address without a scope id, normalised; `[::]` is taken as `::`."""
+    text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(f"not an IP address: {value!r}") from None
+    if getattr(address, "scope_id", None):
+        raise ValueError(f"{value!r}: a scope id (%...) is not allowed; use the interface "
+                         "setting") from None
+    return str(address)
+
+
+def ipv4_literal(value: str) -> str:
+    address = ip_literal(value)
+    if ":" in address:
+        raise ValueError(f"{value!r}: DHCP (v4) needs an IPv4 address")
+    return address
+
+
+def unicast_address(value: str) -> str:
+    """An address nodes can reach: not 0.0.0.0/::, not multicast or broadcast."""
+    address = ipaddress.ip_address(ip_literal(value))
+    if address.is_unspecified or address.is_multicast or str(address) == "255.255.255.255":
+        raise ValueError(f"{value!r} is not an address nodes can reach")
+    return str(address)
+
+
+def domain_name(value: str) -> str:
+    """A DNS domain: dot-separated labels of 1-63 letters, digits, '-'; 253 chars at most."""
+    name = value.lower().rstrip(".")
+    if not name or len(name) > 253:
+        raise ValueError(f"{value!r}: a domain has 1-253 characters")
+    for label in name.split("."):
+        if not LABEL_RE.match(label):
+            raise ValueError(f"{value!r}: label {label!r} is not 1-63 letters, digits or '-' "
+                             "(not starting or ending with '-')")
+    return name
+
+
+def no_control_chars(value: str) -> str:
+    if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("an empty value or a control character (newline, tab...)")
+    return value
+
+
+def parse_upstream(text: str) -> tuple[str, int]:
+    """(host, port) of `dns.upstream`: host, host:port, an IPv6 address, [IPv6]:port."""
+    host, port = text, "53"
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or rest[:1] not in ("", ":"):
+            raise ValueError(f"not an address: {text!r}")
+        port = rest[1:] or "53"
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not host:port (port 1-65535): {text!r}")
+    return host, int(port)
+
+
+def url_host(address: str) -> str:
+    """An address as the host part of a URL or a bind: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
+Port = Annotated[int, bounded(1, 65535)]
+BindAddress = Annotated[str, AfterValidator(ip_literal)]
+Count = Annotated[int, bounded(1, 1024)]
 
 
 class _Section(BaseModel):
@@ -25,62 +112,99 @@ class _Section(BaseModel):
 
 
 class ServerSettings(_Section):
-    address: str = "127.0.0.1"
+    address: Annotated[str, AfterValidator(unicast_address)] = "127.0.0.1"
     """The address nodes use to reach this server (put in iPXE scripts and DHCP answers)."""
-    domain: str = "cluster"
-    ssh_authorized_keys: list[str] = []
-
-    @field_validator("address")
-    @classmethod
-    def _check_address(cls, value: str) -> str:
-        ipaddress.ip_address(value)
-        return value
+    domain: Annotated[str, AfterValidator(domain_name)] = "cluster"
+    ssh_authorized_keys: list[Annotated[str, AfterValidator(no_control_chars)]] = []
 
 
 class HttpSettings(_Section):
     enabled: bool = True
-    bind: str = "0.0.0.0"
-    port: int = 9873
-    workers: int = 2
-    threads: int = 16
+    bind: BindAddress = "0.0.0.0"
+    port: Port = 9873
+    workers: Annotated[int, bounded(1, 64)] = 2
+    threads: Count = 16
     """gunicorn gthread threads per worker."""
 
 
 class DhcpSettings(_Section):
     enabled: bool = False
     interface: str | None = None
-    bind: str = "0.0.0.0"
-    port: int = 67
+    bind: Annotated[str, AfterValidator(ipv4_literal)] = "0.0.0.0"
+    port: Port = 67
     proxy: bool = False
-    lease_seconds: int = 3600
+    lease_seconds: Annotated[int, bounded(60, 0xFFFFFFFF)] = 3600
+    """At least a minute; 4294967295 (the largest DHCP lease) means infinite."""
     discovery: bool = False
-    dns_servers: list[str] = []
+    dns_servers: list[Annotated[str, AfterValidator(ipv4_literal)]] = []
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, value: str | None) -> str | None:
+        if value is not None and not INTERFACE_RE.match(value):
+            raise ValueError(f"{value!r} is not a network interface name (1-15 characters, "
+                             "no '/', ':' or blanks)")
+        return value
+
+    @field_validator("dns_servers")
+    @classmethod
+    def _dns_count(cls, value: list[str]) -> list[str]:
+        if len(value) > 16:
+            raise ValueError(f"{len(value)} servers; at most 16")
+        return value
 
 
 class TftpSettings(_Section):
     enabled: bool = False
-    bind: str = "0.0.0.0"
-    port: int = 69
+    bind: BindAddress = "0.0.0.0"
+    port: Port = 69
     root: str = "/usr/lib/ipxe"
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r}: an absolute path")
+        return value
 
 
 class DnsSettings(_Section):
     enabled: bool = False
-    bind: str = "0.0.0.0"
-    port: int = 53
+    bind: BindAddress = "0.0.0.0"
+    port: Port = 53
     upstream: str | None = None
-    ttl: int = 300
+    ttl: Annotated[int, bounded(0, 2**31 - 1)] = 300
+    """Seconds; RFC 2181 limits a TTL to 31 bits."""
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_upstream(value)
+        return value
+
+    @property
+    def upstream_address(self) -> tuple[str, int] | None:
+        return parse_upstream(self.upstream) if self.upstream else None
 
 
 class BuildSettings(_Section):
     compression: str = "zstd"
-    workers: int = 0
+    workers: Annotated[int, bounded(0, 1024)] = 0
     """Parallel overlay build workers; 0 means one per core."""
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: str) -> str:
+        names = [c.value for c in Compression]
+        if value not in names:
+            raise ValueError(f"{value!r} is not one of {', '.join(names)}")
+        return value
 
 
 class PowerSettings(_Section):
-    concurrency: int = 32
-    timeout: float = 20.0
+    concurrency: Annotated[int, bounded(1, 4096)] = 32
+    timeout: Annotated[float, bounded(0.1, 3600)] = 20.0
 
 
 class Config(_Section):
@@ -102,9 +226,7 @@ class Config(_Section):
     @property
     def server_url(self) -> str:
         """The base URL nodes use to reach this server's HTTP endpoints."""
-        host = self.server.address
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.http.port}"
+        return f"http://{url_host(self.server.address)}:{self.http.port}"
 
     @property
     def inventory_path(self) -> Path:
@@ -150,7 +272,7 @@ def load_config(state_dir: Path) -> Config:
     path = state_dir / CONFIG_NAME
     data: dict = {}
     if path.exists():
-        data = load_yaml_mapping(path.read_text(), str(path), InvalidConfig,
+        data = load_yaml_mapping(_read_text(path), str(path), InvalidConfig,
                                  "a mapping at the top level")
     data.pop("state_dir", None)
     try:
@@ -158,8 +280,31 @@ def load_config(state_dir: Path) -> Config:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise InvalidConfig(f"{path}: {where}: {err['msg']}") from None
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown setting"
+        raise InvalidConfig(f"{path}: {where}: {message}") from None
 
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InvalidConfig(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidConfig(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def check_serving(config: Config, enabled: dict[str, bool]) -> None:
+    """What `provisiond serve` needs beyond valid values, checked before anything starts:
+    the TFTP root is a readable directory, DHCP (v4) has an IPv4 server.address."""
+    root = config.tftp.root
+    if enabled.get("tftp") and not (os.path.isdir(root) and os.access(root, os.R_OK | os.X_OK)):
+        raise InvalidConfig(f"tftp.root: {root} is not a readable directory (install the "
+                            "ipxe package or set tftp.root)")
+    if enabled.get("dhcp") and ":" in config.server.address:
+        raise InvalidConfig(f"server.address: DHCP (v4) needs an IPv4 address, not "
+                            f"{config.server.address}")
 
 
 CONFIG_TEMPLATE = """\
@@ -170,49 +315,49 @@ server:
   # The address nodes use to reach this server: it goes into DHCP answers and
   # iPXE scripts. Set it to the boot network address of this host.
   address: 127.0.0.1
-  # DNS domain of the nodes (n001.cluster).
+  # DNS domain of the nodes (n001.cluster): labels of 1-63 letters, digits, '-'.
   domain: cluster
   # Public keys put into every node's root authorized_keys (ssh overlay).
   ssh_authorized_keys: []
 
 http:
   enabled: true
-  bind: 0.0.0.0
-  port: 9873
-  workers: 2
-  threads: 16           # gunicorn gthread threads per worker
+  bind: 0.0.0.0          # an IP address; "::" listens on IPv6 and IPv4
+  port: 9873             # 1-65535, as every port below
+  workers: 2             # 1-64
+  threads: 16           # gunicorn gthread threads per worker, 1-1024
 
 dhcp:
   # Answers known MACs with their reserved address and a boot file.
   enabled: false
   interface: null        # e.g. br0; null listens on all
-  bind: 0.0.0.0
+  bind: 0.0.0.0          # IPv4 only (DHCPv4)
   port: 67
   proxy: false           # true: boot information only, beside another DHCP server
-  lease_seconds: 3600
+  lease_seconds: 3600    # 60-4294967295 (the largest means infinite)
   discovery: false       # record unknown MACs as discovery events
-  dns_servers: []        # default: server.address when dns is enabled
+  dns_servers: []        # IPv4, at most 16; default: server.address when dns is enabled
 
 tftp:
   enabled: false
   bind: 0.0.0.0
   port: 69
-  root: /usr/lib/ipxe    # iPXE binaries from Debian's ipxe package
+  root: /usr/lib/ipxe    # iPXE binaries from Debian's ipxe package; must exist to serve
 
 dns:
   enabled: false
   bind: 0.0.0.0
   port: 53
-  upstream: null         # forward other names there; null answers NXDOMAIN
-  ttl: 300
+  upstream: null         # host[:port] or [IPv6]:port; null answers NXDOMAIN
+  ttl: 300               # seconds, 0-2147483647
 
 build:
   compression: zstd      # or gzip
-  workers: 0             # overlay build workers; 0 = one per core
+  workers: 0             # overlay build workers, 0-1024; 0 = one per core
 
 power:
-  concurrency: 32        # BMCs contacted at once
-  timeout: 20.0          # seconds per BMC
+  concurrency: 32        # BMCs contacted at once, 1-4096
+  timeout: 20.0          # seconds per BMC, 0.1-3600
 """
 
 

@@ -20,7 +20,6 @@ from provisiond.boot.dns_zone import Zone
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.config import Config
-from provisiond.errors import InvalidInput
 
 log = logging.getLogger("provisiond.boot")
 
@@ -53,7 +52,7 @@ class DnsServer(UdpServer):
     name = "dns"
 
     def __init__(self, config: Config, table: BootTable, sock: socket.socket | None = None):
-        upstream = parse_upstream(config.dns.upstream) if config.dns.upstream else None
+        upstream = config.dns.upstream_address
         super().__init__(sock or open_udp(config.dns.bind, config.dns.port))
         self.config = config
         self.zone = Zone(config, table)
@@ -101,21 +100,6 @@ class DnsServer(UdpServer):
         super().close()
         if self.forwarder:
             self.forwarder.close()
-
-
-def parse_upstream(text: str) -> tuple[str, int]:
-    """(host, port) of `dns.upstream`: host, host:port, an IPv6 address, [IPv6]:port."""
-    host, port = text, "53"
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or rest[:1] not in ("", ":"):
-            raise InvalidInput(f"dns.upstream: not an address: {text!r}")
-        port = rest[1:] or "53"
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidInput(f"dns.upstream: not host:port (port 1-65535): {text!r}")
-    return host, int(port)
 
 
 MAX_PENDING = 4096

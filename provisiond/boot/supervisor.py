@@ -16,7 +16,7 @@ import threading
 from provisiond.boot.logs import flush_logs
 from provisiond.boot.phases import PHASE_FD_ENV, PhaseProcess
 from provisiond.boot.table import TableWatcher
-from provisiond.config import Config
+from provisiond.config import Config, check_serving, url_host
 from provisiond.errors import ProvisiondError
 
 log = logging.getLogger("provisiond.boot")
@@ -30,7 +30,7 @@ class ServeFailed(ProvisiondError):
 
 def gunicorn_command(config: Config) -> list[str]:
     http = config.http
-    return [sys.executable, "-m", "gunicorn", "--bind", f"{http.bind}:{http.port}",
+    return [sys.executable, "-m", "gunicorn", "--bind", f"{url_host(http.bind)}:{http.port}",
             "--workers", str(http.workers), "--worker-class", "gthread",
             "--threads", str(http.threads), "--graceful-timeout", "5",
             "--no-control-socket",  # else every instance shares ~/.gunicorn/gunicorn.ctl
@@ -98,7 +98,7 @@ class Supervisor:
         self.gunicorn = subprocess.Popen(gunicorn_command(self.config), env=env,
                                          pass_fds=(self.phases.fd,))
         log.info("http (gunicorn pid %d) on %s:%s", self.gunicorn.pid,
-                 self.config.http.bind, self.config.http.port)
+                 url_host(self.config.http.bind), self.config.http.port)
 
     def _node_for(self, address: str) -> str | None:
         entry = self.watcher.table.by_ip.get(address)
@@ -139,6 +139,7 @@ class Supervisor:
 
 def serve(config: Config, enabled: dict[str, bool]) -> int:
     """Run the services until SIGTERM or SIGINT; returns the exit code."""
+    check_serving(config, enabled)
     supervisor = Supervisor(config, enabled)
     # Before anything starts: a signal during start then ends run() at once, and the
     # children started so far are stopped rather than left running.

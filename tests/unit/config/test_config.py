@@ -45,3 +45,79 @@ def test_server_url_brackets_ipv6(tmp_path):
     assert load_config(tmp_path).server_url == "http://10.0.0.1:8080"
     (tmp_path / "provisiond.yaml").write_text("server: {address: 'fd00::1'}\n")
     assert load_config(tmp_path).server_url == "http://[fd00::1]:9873"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dhcp: {lease_seconds: -5}\n", "dhcp.lease_seconds: -5 is outside 60-4294967295"),
+    ("dhcp: {port: 99999}\n", "dhcp.port: 99999 is outside 1-65535"),
+    ("http: {port: 70000}\n", "http.port: 70000 is outside 1-65535"),
+    ("http: {port: 0}\n", "http.port: 0 is outside"),
+    ("dns: {ttl: -1}\n", "dns.ttl: -1 is outside"),
+    ("server: {domain: a..b}\n", "server.domain: 'a..b': label ''"),
+    (f"server: {{domain: {'x' * 70}.org}}\n", "server.domain: .* label 'xxx"),
+    ("server: {domain: -a.org}\n", "server.domain"),
+    ("server: {domain: 'a_b'}\n", "server.domain"),
+    ("http: {workers: 0}\n", "http.workers: 0 is outside 1-64"),
+    ("http: {threads: 0}\n", "http.threads: 0 is outside"),
+    ("http: {bind: 'not an address'}\n", "http.bind: not an IP address"),
+    ("http: {bind: 'fe80::1%eth0'}\n", "http.bind: .*scope id"),
+    ("tftp: {port: -1}\n", "tftp.port"),
+    ("tftp: {root: relative/dir}\n", "tftp.root: 'relative/dir': an absolute path"),
+    ("dns: {port: 65536}\n", "dns.port"),
+    ("dns: {ttl: 2147483648}\n", "dns.ttl"),
+    ("dhcp: {bind: '::'}\n", "dhcp.bind: .*IPv4"),
+    ("dhcp: {dns_servers: ['fd00::1']}\n", "dhcp.dns_servers.0: .*IPv4"),
+    ("dhcp: {dns_servers: [10.0.0.256]}\n", "dhcp.dns_servers.0: not an IP address"),
+    ("dhcp: {interface: 'eth0 x'}\n", "dhcp.interface"),
+    ("dhcp: {interface: 'averyveryverylongname'}\n", "dhcp.interface"),
+    ("server: {address: 0.0.0.0}\n", "server.address: .*not an address nodes can reach"),
+    ("server: {address: 224.0.0.1}\n", "server.address"),
+    ("server: {ssh_authorized_keys: [\"ssh-ed25519 AAAA a\\nssh-rsa evil\"]}\n",
+     "server.ssh_authorized_keys.0: .*control character"),
+    ("build: {compression: lzma}\n", "build.compression: 'lzma' is not one of zstd, gzip"),
+    ("build: {workers: -1}\n", "build.workers"),
+    ("power: {concurrency: 0}\n", "power.concurrency"),
+    ("power: {timeout: -5}\n", "power.timeout"),
+    ("power: {timeout: .nan}\n", "power.timeout: nan is outside"),
+    ("power: {timeout: .inf}\n", "power.timeout"),
+])
+def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
+    """Each of these gave a traceback or a dead service once `serve` ran; now the settings
+    do not load, with one line naming the setting."""
+    (tmp_path / "provisiond.yaml").write_text(text)
+    with pytest.raises(InvalidConfig, match=message) as caught:
+        load_config(tmp_path)
+    assert "\n" not in str(caught.value) and "Value error" not in str(caught.value)
+
+
+@pytest.mark.parametrize("text, check", [
+    ("http: {bind: '[::]'}\n", lambda c: c.http.bind == "::"),
+    ("server: {domain: Cluster.Example.}\n", lambda c: c.server.domain == "cluster.example"),
+    ("server: {address: 'FD00:0::1'}\n", lambda c: c.server.address == "fd00::1"),
+    ("dhcp: {lease_seconds: 4294967295}\n", lambda c: c.dhcp.lease_seconds == 0xFFFFFFFF),
+    ("dns: {upstream: '[::1]:5353'}\n", lambda c: c.dns.upstream_address == ("::1", 5353)),
+    ("dns: {upstream: 'resolver.example'}\n",
+     lambda c: c.dns.upstream_address == ("resolver.example", 53)),
+])
+def test_good_settings_are_normalised(tmp_path, text, check):
+    (tmp_path / "provisiond.yaml").write_text(text)
+    assert check(load_config(tmp_path))
+
+
+def test_an_unreadable_or_non_utf8_file_is_one_line(tmp_path):
+    (tmp_path / "provisiond.yaml").write_bytes(b"server: {domain: caf\xe9}\n")
+    with pytest.raises(InvalidConfig, match="not UTF-8"):
+        load_config(tmp_path)
+
+
+def test_check_serving_needs_the_tftp_root_and_ipv4_for_dhcp(tmp_path):
+    from provisiond.config import check_serving
+
+    (tmp_path / "provisiond.yaml").write_text(
+        f"tftp: {{root: {tmp_path}/nothing}}\nserver: {{address: 'fd00::1'}}\n")
+    config = load_config(tmp_path)  # loads: the root matters only to serve TFTP
+    check_serving(config, {"tftp": False, "dhcp": False})
+    with pytest.raises(InvalidConfig, match="tftp.root: .*/nothing is not a readable directory"):
+        check_serving(config, {"tftp": True})
+    with pytest.raises(InvalidConfig, match="server.address: DHCP .* IPv4"):
+        check_serving(config, {"dhcp": True})
