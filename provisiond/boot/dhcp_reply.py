@@ -6,6 +6,7 @@ Every answer is assembled from parts computed when the table is built: the per-n
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from enum import Enum
 
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.ipxe import base_url
-from provisiond.boot.table import BootEntry, BootTable
+from provisiond.boot.table import BootEntry, BootTable, SkippedRecords
 from provisiond.config import Config
 
 EFI_ARCHES = {6, 7, 9}
@@ -80,6 +81,16 @@ def node_options(config: Config, entry: BootEntry) -> bytes:
     return p.encode_options(opts)
 
 
+def checked_options(config: Config, entry: BootEntry) -> bytes:
+    """node_options, after checking what a reply packs: the addresses and the MAC."""
+    for address in (entry.ipaddr, entry.netmask, entry.gateway):
+        if address is not None:  # strict: inet_aton would take "10.1" for 10.0.0.1
+            ipaddress.IPv4Address(address)
+    if len(bytes.fromhex(entry.mac.replace(":", ""))) != 6:
+        raise ValueError(f"MAC {entry.mac!r} is not 6 bytes")
+    return node_options(config, entry)
+
+
 def dns_servers(config: Config) -> list[str]:
     if config.dhcp.dns_servers:
         return list(config.dhcp.dns_servers)
@@ -95,8 +106,15 @@ class Answers:
         self.server_id = p.encode_options(
             [(p.OPT_SERVER_ID, socket.inet_aton(config.server.address))])
         self.boot = boot_parts(config, self.proxy)
-        self.entries = {mac: e for mac, e in table.by_mac.items() if e.ipaddr}
-        self.options = {mac: node_options(config, e) for mac, e in self.entries.items()}
+        self.entries: dict[str, BootEntry] = {}
+        self.options: dict[str, bytes] = {}
+        skipped = SkippedRecords("dhcp")
+        for mac, entry in table.by_mac.items():
+            options = entry.ipaddr and skipped.build(
+                f"node {entry.node}", lambda: checked_options(config, entry))
+            if options:
+                self.entries[mac], self.options[mac] = entry, options
+        skipped.report()
 
     def reply(self, request: p.Request, msg_type: int) -> bytes:
         """The OFFER/ACK for a known MAC (proxy mode: boot information only)."""

@@ -7,12 +7,13 @@ class); the value is everything a reply needs after the question.
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 import time
 
 from dnslib import AAAA, A, DNSHeader, DNSQuestion, DNSRecord, NS, PTR, QTYPE, RR, SOA
 
-from provisiond.boot.table import BootTable, reverse_name
+from provisiond.boot.table import BootTable, SkippedRecords, reverse_name
 from provisiond.config import Config
 
 NOERROR, NXDOMAIN = 0, 3
@@ -25,6 +26,15 @@ def wire_name(name: str) -> bytes:
 
 
 SIMPLE_TYPES = (QTYPE.A, QTYPE.AAAA, QTYPE.PTR)
+
+
+def packed(address: str, version: int) -> list[int]:
+    """An address's bytes for dnslib (which misparses forms such as 64:ff9b::10.0.0.5);
+    a scoped address (fe80::1%eth0) means nothing in DNS and is refused."""
+    parsed = ipaddress.ip_address(address)
+    if parsed.version != version or getattr(parsed, "scope_id", None):
+        raise ValueError(f"{address!r} is not a plain IPv{version} address")
+    return list(parsed.packed)
 
 
 def simple_rr(qtype: int, ttl: int, rdata) -> bytes:
@@ -48,26 +58,42 @@ class Zone:
             (int(time.time()), 3600, 600, 86400, self.ttl)))
         self.records: dict[tuple[str, int], list[RR]] = {}
         self._add(self.domain, QTYPE.NS, NS(self.ns_name))
-        self._add(self.ns_name, QTYPE.A, A(config.server.address))
+        if ":" in config.server.address:
+            self._add(self.ns_name, QTYPE.AAAA, AAAA(packed(config.server.address, 6)))
+        else:
+            self._add(self.ns_name, QTYPE.A, A(packed(config.server.address, 4)))
+        skipped = SkippedRecords("dns zone")
         for node in table.nodes.values():
-            self._add_node(node)
+            records = skipped.build(f"node {node.name}", lambda: self._node_records(node))
+            for record in records or []:
+                self._add(*record)
         for entry in table.by_ip.values():
-            self._add(reverse_name(entry.ipaddr), QTYPE.PTR, PTR(f"{entry.node}.{self.domain}"))
+            ptr = skipped.build(f"node {entry.node}", lambda: self._ptr(entry.ipaddr, entry.node))
+            if ptr:
+                self._add(*ptr)
+        skipped.report()
         self.names = {name for name, _ in self.records} | {self.domain}
         self.tails = {key: value for key, value in self._tails()}
 
-    def _add_node(self, node) -> None:
+    def _node_records(self, node) -> list[tuple]:
+        """A node's A, AAAA and IPv6 PTR records, all parsed before any is added."""
         primary = node.primary_netdev
         if not primary:
-            return
+            return []
         dev = primary[1]
+        records = []
         for name in (node.name, f"{node.name}.{self.domain}"):
+            wire_name(name)  # a name that cannot go on the wire skips the node here
             if dev.ipaddr:
-                self._add(name, QTYPE.A, A(dev.ipaddr))
+                records.append((name, QTYPE.A, A(packed(dev.ipaddr, 4))))
             if dev.ipaddr6:
-                self._add(name, QTYPE.AAAA, AAAA(dev.ipaddr6))
+                records.append((name, QTYPE.AAAA, AAAA(packed(dev.ipaddr6, 6))))
         if dev.ipaddr6:
-            self._add(reverse_name(dev.ipaddr6), QTYPE.PTR, PTR(f"{node.name}.{self.domain}"))
+            records.append(self._ptr(dev.ipaddr6, node.name))
+        return records
+
+    def _ptr(self, address: str, node: str) -> tuple:
+        return reverse_name(address), QTYPE.PTR, PTR(f"{node}.{self.domain}")
 
     def _add(self, name: str, qtype: int, rdata) -> None:
         self.records.setdefault((name.lower(), qtype), []).append(

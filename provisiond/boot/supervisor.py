@@ -112,10 +112,18 @@ class Supervisor:
                 log.error("gunicorn exited with %s; stopping", self.gunicorn.returncode)
                 return 1
             if self.watcher.changed():
-                for server in self.udp:
-                    server.update_table(self.watcher.table)
-                log.info("inventory changed: %d reservations", len(self.watcher.table.by_mac))
+                self._update_tables()
         return 0
+
+    def _update_tables(self) -> None:
+        """Hand each UDP server the new table; one that cannot use it keeps its last one."""
+        for server in self.udp:
+            try:
+                server.update_table(self.watcher.table)
+            except Exception as exc:  # defence in depth: builders skip bad records already
+                log.error("%s: table not updated, keeping the previous one: %s: %s",
+                          server.name, type(exc).__name__, exc)
+        log.info("inventory changed: %d reservations", len(self.watcher.table.by_mac))
 
     def stop(self, *_args) -> None:
         """Stop every service (also a signal handler); gunicorn gets SIGTERM, then SIGKILL."""

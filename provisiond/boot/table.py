@@ -1,7 +1,7 @@
 """The boot table: what the boot servers need from the inventory, keyed for fast lookups.
 
-Built once from the merged inventory and rebuilt when inventory.yaml changes (a stat at
-most once a second), so DHCP, DNS and every HTTP worker answer from plain dicts.
+Built once from the merged, validated inventory and rebuilt when inventory.yaml changes (a
+stat at most once a second), so DHCP, DNS and every HTTP worker answer from plain dicts.
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import ipaddress
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
 
 log = logging.getLogger("provisiond.boot")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -37,24 +40,60 @@ class BootTable:
     by_ip: dict[str, BootEntry]
     nodes: dict          # name -> provisiond.inventory.Node
 
+    @classmethod
+    def empty(cls) -> "BootTable":
+        return cls({}, {}, {})
+
     def node_for_ip(self, address: str):
         entry = self.by_ip.get(address)
         return self.nodes.get(entry.node) if entry else None
 
 
-def build_table(config: Config) -> BootTable:
-    """Read and merge the inventory, then index every netdev that has a MAC or an address."""
-    from provisiond.inventory import load_nodes
+class SkippedRecords:
+    """Records a builder could not use: skipped, and logged as one line per build.
 
-    nodes = load_nodes(config)
+    Defence in depth: the inventory's schema and validate_inventory should let no bad record
+    through, but one that slips past must cost its own answers, never a service."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.problems: list[str] = []
+
+    def build(self, name: str, make: Callable[[], T]) -> T | None:
+        """make(), or None (the record skipped) if it raises."""
+        try:
+            return make()
+        except Exception as exc:  # any error from one record: skip it, keep the rest
+            self.problems.append(f"{name}: {exc or type(exc).__name__}")
+            return None
+
+    def report(self) -> None:
+        if self.problems:
+            shown = "; ".join(self.problems[:3])
+            more = f" (and {len(self.problems) - 3} more)" if len(self.problems) > 3 else ""
+            log.error("%s: skipped %d bad record(s): %s%s", self.what, len(self.problems),
+                      shown, more)
+
+
+def build_table(config: Config) -> BootTable:
+    """Read the inventory, check it with the CLI's rules (validate_inventory: known profiles,
+    unique MACs and addresses...) and index every netdev that has a MAC or an address.
+
+    Raises InvalidInventory for an inventory the CLI would refuse to write."""
+    from provisiond.inventory import InventoryStore
+    from provisiond.inventory.validate import validate_inventory
+
+    nodes = validate_inventory(InventoryStore(config).read())
     by_mac: dict[str, BootEntry] = {}
     by_ip: dict[str, BootEntry] = {}
+    skipped = SkippedRecords("boot table")
     for node in nodes.values():
-        for entry in _entries(node):
+        for entry in skipped.build(f"node {node.name}", lambda: _entries(node)) or []:
             if entry.mac:
                 by_mac[entry.mac] = entry
             if entry.ipaddr:
                 by_ip.setdefault(entry.ipaddr, entry)
+    skipped.report()
     return BootTable(by_mac, by_ip, nodes)
 
 
@@ -70,14 +109,20 @@ def reverse_name(address: str) -> str:
 
 
 class TableWatcher:
-    """Holds the current table and rebuilds it when inventory.yaml's mtime changes."""
+    """Holds the current table and rebuilds it when inventory.yaml's stat changes.
+
+    An inventory that does not load or validate is logged as one line and the last good
+    table kept; at start there is none, so no node is served until the file is fixed (the
+    fix is picked up like any change, no restart)."""
 
     def __init__(self, config: Config, interval: float = 1.0):
         self.config = config
         self.interval = interval
         self._checked = 0.0
         self._stamp = self._stat()
-        self.table = build_table(config)
+        self.table = BootTable.empty()
+        self.valid = False
+        self._load(keeping="serving no nodes until it is fixed")
 
     def current(self) -> BootTable:
         """The table, reloaded first if the inventory changed (stat at most per interval)."""
@@ -94,16 +139,26 @@ class TableWatcher:
         if stamp == self._stamp:
             return False
         self._stamp = stamp
+        return self._load(keeping=f"keeping the last good table ({len(self.table.nodes)} "
+                          "nodes)" if self.valid else "still serving no nodes")
+
+    def _load(self, keeping: str) -> bool:
         try:
-            self.table = build_table(self.config)
-        except ProvisiondError as exc:
-            log.error("inventory not reloaded, keeping the previous table: %s", exc)
+            table = build_table(self.config)
+        except Exception as exc:  # a bad file (or a bug) must not end the service
+            reason = exc if isinstance(exc, ProvisiondError) else f"{type(exc).__name__}: {exc}"
+            log.error("inventory %s not loaded, %s: %s", self.config.inventory_path, keeping,
+                      reason)
             return False
+        if not self.valid and self._checked:
+            log.info("inventory %s loaded again: %d nodes", self.config.inventory_path,
+                     len(table.nodes))
+        self.table, self.valid = table, True
         return True
 
     def _stat(self) -> tuple:
         try:
             st = os.stat(self.config.inventory_path)
-        except FileNotFoundError:
+        except OSError:  # missing: no nodes; unreadable: the load says why
             return ()
         return (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -57,17 +57,26 @@ class UdpServer:
             try:
                 data, peer = recv(65535)
             except (TimeoutError, socket.timeout):
-                self.tick()
+                self._tick()
                 continue
-            except OSError:
-                if self.stopping.is_set():
+            except OSError as exc:
+                if self.stopping.is_set() or self.sock.fileno() < 0:
                     break
-                raise
+                self.errors += 1  # e.g. an ICMP error queued on the socket: keep serving
+                log.warning("%s: receive failed: %s", self.name, exc)
+                continue
             try:
                 handle(data, peer)
             except Exception as exc:  # one bad packet must never stop the server
                 self.errors += 1
                 log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
+
+    def _tick(self) -> None:
+        try:
+            self.tick()
+        except Exception as exc:  # e.g. a full disk for the leases: retried next tick
+            self.errors += 1
+            log.error("%s: %s: %s", self.name, type(exc).__name__, exc)
 
     def start(self) -> threading.Thread:
         self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
