@@ -30,9 +30,10 @@ SIMPLE_TYPES = (QTYPE.A, QTYPE.AAAA, QTYPE.PTR)
 
 def packed(address: str, version: int) -> list[int]:
     """An address's bytes for dnslib (which misparses forms such as 64:ff9b::10.0.0.5);
-    a scoped address (fe80::1%eth0) means nothing in DNS and is refused."""
+    a scoped (fe80::1%eth0) or IPv4-mapped (::ffff:10.0.0.5) one means nothing in DNS."""
     parsed = ipaddress.ip_address(address)
-    if parsed.version != version or getattr(parsed, "scope_id", None):
+    if (parsed.version != version or getattr(parsed, "scope_id", None)
+            or getattr(parsed, "ipv4_mapped", None)):
         raise ValueError(f"{address!r} is not a plain IPv{version} address")
     return list(parsed.packed)
 

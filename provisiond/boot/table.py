@@ -83,7 +83,11 @@ def build_table(config: Config) -> BootTable:
     from provisiond.inventory import InventoryStore
     from provisiond.inventory.validate import validate_inventory
 
-    nodes = validate_inventory(InventoryStore(config).read())
+    return index_nodes(validate_inventory(InventoryStore(config).read()))
+
+
+def index_nodes(nodes: dict) -> BootTable:
+    """The table of merged nodes: their netdevs by MAC and by IPv4 address."""
     by_mac: dict[str, BootEntry] = {}
     by_ip: dict[str, BootEntry] = {}
     skipped = SkippedRecords("boot table")
