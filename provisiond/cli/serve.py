@@ -11,7 +11,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the boot services (HTTP, DHCP, TFTP, DNS)",
         description="Run the boot services that provisiond.yaml enables; --X/--no-X override "
-        "one service. Stops cleanly on SIGTERM.")
+        "one service. A bad setting stops it before anything starts. inventory.yaml is "
+        "reloaded when it changes; an invalid one is logged and the last good one kept (none "
+        "at start: no node is served until the file is fixed). Stops cleanly on SIGTERM.")
     for name in SERVICES:
         parser.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
                             help=f"run the {name.upper()} server (default: {name}.enabled)")

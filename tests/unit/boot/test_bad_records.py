@@ -153,7 +153,7 @@ def test_build_table_applies_the_cli_checks(config):
 
 
 def test_an_inventory_invalid_at_start_serves_no_node_until_fixed(config, caplog):
-    """The chosen behaviour (docs/serve.md): start, serve no node, say so, pick up the fix."""
+    """The chosen behaviour (docs/decisions.md): start, serve no node, say so, pick up the fix."""
     write_inventory(config, BAD_EDITS["a duplicated address"][0])
     with caplog.at_level(logging.ERROR, "provisiond.boot"):
         watcher = TableWatcher(config, interval=0)
