@@ -8,12 +8,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from provisiond.errors import InvalidInput, InvalidInventory
-from provisiond.inventory.model import Record, normalise_mac
-from provisiond.inventory.ranges import consecutive_ipv4, consecutive_macs
+from provisiond.inventory.model import Record
+from provisiond.inventory.ranges import spread_addresses
 from provisiond.inventory.store import describe_validation_error
 from provisiond.states import BmcDriver
 
-# flag dest -> (dotted field, how to read it). Netdev fields go under netdevs.<--netdev>.
+# flag dest -> dotted field. Netdev fields go under netdevs.<--netdev>.
 NETDEV_FLAGS = {"mac": str, "ipaddr": str, "netmask": str, "gateway": str,
                 "ipaddr6": str, "prefix6": int, "mtu": int, "type": str}
 BMC_FLAGS = {"driver": str, "address": str, "port": int, "system_id": str, "username": str,
@@ -23,9 +23,13 @@ SCALAR_FLAGS = {"image": "image", "comment": "comment",
                 "nomad_datacenter": "nomad.datacenter", "nomad_node_class": "nomad.node_class",
                 "nomad_node_pool": "nomad.node_pool", "ansible_repo": "ansible.repo",
                 "ansible_branch": "ansible.branch", "ansible_playbook": "ansible.playbook"}
+# Profiles and overlays may be comma-separated (a comma cannot be part of their names); a
+# comma can be part of a kernel arg (console=ttyS1,115200) or an ssh key's options, so those
+# are repeated instead.
 LIST_FLAGS = {"kernel_arg": "kernel_args", "system_overlay": "system_overlays",
               "runtime_overlay": "runtime_overlays", "ssh_key": "ssh_authorized_keys",
               "nomad_server": "nomad.servers"}
+COMMA_LISTS = {"profile", "system_overlay", "runtime_overlay"}
 MAP_FLAGS = {"tag": "tags", "nomad_meta": "nomad.meta", "ansible_var": "ansible.extra_vars"}
 
 
@@ -43,14 +47,15 @@ def add_record_flags(parser: argparse.ArgumentParser, for_node: bool, editing: b
     group.add_argument("--ipaddr", help="IPv4 address (a range gets consecutive addresses)")
     group.add_argument("--netmask")
     group.add_argument("--gateway")
-    group.add_argument("--ipaddr6")
+    group.add_argument("--ipaddr6", help="IPv6 address (a range gets consecutive addresses)")
     group.add_argument("--prefix6", type=int)
     group.add_argument("--mtu", type=int)
     group.add_argument("--type", help="ethernet, infiniband, ...")
     group.add_argument("--primary", action="store_true", help="mark this netdev primary")
     bmc = parser.add_argument_group("BMC")
     bmc.add_argument("--bmc-driver", dest="bmc_driver", choices=[d.value for d in BmcDriver])
-    bmc.add_argument("--bmc-address", dest="bmc_address")
+    bmc.add_argument("--bmc-address", dest="bmc_address",
+                     help="IP address or host name (a range gets consecutive IP addresses)")
     bmc.add_argument("--bmc-port", dest="bmc_port", type=int)
     bmc.add_argument("--bmc-system-id", dest="bmc_system_id")
     bmc.add_argument("--bmc-username", dest="bmc_username")
@@ -62,21 +67,27 @@ def add_record_flags(parser: argparse.ArgumentParser, for_node: bool, editing: b
     bmc.add_argument("--bmc-cipher-suite", dest="bmc_cipher_suite", type=int,
                      help="IPMI cipher suite (3 = SHA1 for older BMCs, 17 = SHA256)")
     bmc.add_argument("--bmc-ca-file", dest="bmc_ca_file")
-    bmc.add_argument("--bmc-timeout", dest="bmc_timeout", type=float)
+    bmc.add_argument("--bmc-timeout", dest="bmc_timeout", type=float,
+                     help="seconds per BMC call (0 < T <= 600)")
     bmc.add_argument("--bmc-verify-tls", dest="bmc_verify_tls", action=argparse.BooleanOptionalAction)
     bmc.add_argument("--bmc-boot-once", dest="bmc_boot_once", action=argparse.BooleanOptionalAction,
                      help="--no-bmc-boot-once: the BMC lacks one-time boot override")
     extra = parser.add_argument_group("lists and maps")
-    extra.add_argument("--kernel-arg", action="append", metavar="ARG")
-    extra.add_argument("--system-overlay", action="append", metavar="NAME")
-    extra.add_argument("--runtime-overlay", action="append", metavar="NAME")
-    extra.add_argument("--ssh-key", action="append", metavar="KEY", help="authorized public key")
+    extra.add_argument("--kernel-arg", action="append", metavar="ARG",
+                       help="one kernel argument (repeat for more)")
+    extra.add_argument("--system-overlay", action="append", metavar="NAME",
+                       help="repeat or comma-separate")
+    extra.add_argument("--runtime-overlay", action="append", metavar="NAME",
+                       help="repeat or comma-separate")
+    extra.add_argument("--ssh-key", action="append", metavar="KEY",
+                       help="authorized OpenSSH public key (repeat for more)")
     extra.add_argument("--tag", action="append", metavar="KEY=VALUE")
     nomad = parser.add_argument_group("Nomad and Ansible hand-off")
     nomad.add_argument("--nomad-datacenter")
     nomad.add_argument("--nomad-node-class")
     nomad.add_argument("--nomad-node-pool")
-    nomad.add_argument("--nomad-server", action="append", metavar="ADDR")
+    nomad.add_argument("--nomad-server", action="append", metavar="ADDR",
+                       help="repeat for more")
     nomad.add_argument("--nomad-meta", action="append", metavar="KEY=VALUE")
     nomad.add_argument("--ansible-repo")
     nomad.add_argument("--ansible-branch")
@@ -87,76 +98,63 @@ def add_record_flags(parser: argparse.ArgumentParser, for_node: bool, editing: b
                             help="remove a field, e.g. image, tags.rack, netdevs.eth1, bmc")
 
 
-def record_edits(args: argparse.Namespace, count: int) -> list[dict[str, object]]:
-    """Per target record (count of them), the dotted-field values the flags set."""
+def record_edits(args: argparse.Namespace, count: int) -> list[dict]:
+    """Per target record (count of them), the fields the flags set, as nested data; a
+    range's addresses count up (spread_addresses)."""
     edits: dict[str, object] = {}
     for dest, field in SCALAR_FLAGS.items():
         if getattr(args, dest, None) is not None:
             edits[field] = getattr(args, dest)
     for dest, field in LIST_FLAGS.items():
         if getattr(args, dest, None):
-            edits[field] = _split_list(getattr(args, dest))
+            edits[field] = _list(getattr(args, dest), dest in COMMA_LISTS)
     for dest, field in MAP_FLAGS.items():
         for item in getattr(args, dest, None) or []:
             key, value = _split_pair(item, dest.replace("_", "-"))
             edits[f"{field}.{key}"] = value
     if getattr(args, "profile", None):
-        edits["profiles"] = _split_list(args.profile)
-    for key in BMC_FLAGS:
-        if getattr(args, f"bmc_{key}", None) is not None:
-            edits[f"bmc.{key}"] = getattr(args, f"bmc_{key}")
-    for key in ("verify_tls", "boot_once"):
+        edits["profiles"] = _list(args.profile, True)
+    for key in (*BMC_FLAGS, "verify_tls", "boot_once"):
         if getattr(args, f"bmc_{key}", None) is not None:
             edits[f"bmc.{key}"] = getattr(args, f"bmc_{key}")
     if args.bmc_password_file:
         edits["bmc.password_file"] = str(Path(args.bmc_password_file).expanduser().resolve())
     dev = f"netdevs.{args.netdev}"
     for key in NETDEV_FLAGS:
-        if getattr(args, key, None) is not None and key not in ("mac", "ipaddr"):
+        if getattr(args, key, None) is not None:
             edits[f"{dev}.{key}"] = getattr(args, key)
     if args.primary:
         edits[f"{dev}.primary"] = True
-    per_target = [dict(edits) for _ in range(count)]
-    _spread(per_target, f"{dev}.mac", args.mac, _macs)
-    _spread(per_target, f"{dev}.ipaddr", args.ipaddr, _ips)
-    return per_target
+    nested: dict = {}
+    for path, value in edits.items():
+        _assign(nested, path.split("."), value)
+    return spread_addresses(nested, count)
 
 
-def apply_edits(record: Record, edits: dict[str, object], unset: list[str], what: str) -> Record:
-    """A new record: `record` with `unset` fields removed and `edits` set, validated."""
+def apply_edits(record: Record, edits: dict, unset: list[str], what: str) -> Record:
+    """A new record: `record` with `unset` fields removed and `edits` merged in (mappings
+    key by key; a list or a value replaces), validated."""
     data = record.to_data()
     for path in unset or []:
         _remove(data, path.split("."), what)
-    for path, value in edits.items():
-        _assign(data, path.split("."), value)
+    _merge(data, edits)
     try:
         return Record.model_validate(data)
     except ValidationError as exc:
         raise InvalidInventory(f"{what}: {describe_validation_error(exc)}") from None
 
 
-def _spread(per_target, field, first, make) -> None:
-    if first is None:
-        return
-    for edits, value in zip(per_target, make(first, len(per_target))):
-        edits[field] = value
+def _merge(data: dict, edits: dict) -> None:
+    for key, value in edits.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            _merge(data[key], value)
+        else:
+            data[key] = value
 
 
-def _macs(first: str, count: int) -> list[str]:
-    try:
-        return consecutive_macs(normalise_mac(first), count)
-    except ValueError as exc:
-        raise InvalidInput(f"--mac: {exc}") from None
-
-
-def _ips(first: str, count: int) -> list[str]:
-    try:
-        return consecutive_ipv4(first, count)
-    except ValueError:
-        raise InvalidInput(f"--ipaddr: invalid IPv4 address {first!r}") from None
-
-
-def _split_list(values: list[str]) -> list[str]:
+def _list(values: list[str], comma_separated: bool) -> list[str]:
+    if not comma_separated:
+        return list(values)
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 from provisiond.errors import InvalidInput
-from provisiond.inventory.model import node_sort_key
+from provisiond.inventory.model import node_sort_key, normalise_mac
+
+ADDRESS_FIELDS = ("mac", "ipaddr", "ipaddr6")  # of each netdev; and bmc.address
 
 
 def expand(pattern: str) -> list[str]:
@@ -26,17 +29,57 @@ def fold(names: list[str]) -> str:
     return str(NodeSet.fromlist(names)) if names else ""
 
 
-def consecutive_ipv4(first: str, count: int) -> list[str]:
-    """`count` addresses from `first` up; overflowing 255.255.255.255 is InvalidInput."""
-    start = ipaddress.IPv4Address(first)
-    if int(start) + count - 1 > int(ipaddress.IPv4Address("255.255.255.255")):
-        raise InvalidInput(f"{count} consecutive addresses from {first} overflow IPv4")
+def consecutive(first, count: int, what: str) -> list:
+    """`count` values from `first` up: a MAC, or an IPv4 or IPv6 address (`what` says which
+    field, for errors). A value of another type is repeated for the schema to refuse."""
+    if count == 1 or not isinstance(first, str):
+        return [first] * count
+    if what.endswith("mac"):
+        try:
+            value, top = int(normalise_mac(first).replace(":", ""), 16), 0xFFFFFFFFFFFF
+        except ValueError:
+            raise InvalidInput(f"{what}: invalid MAC address {first!r}") from None
+        if value + count - 1 > top:
+            raise InvalidInput(f"{what}: {count} consecutive MACs from {first} overflow")
+        return [":".join(f"{value + i:012x}"[j:j + 2] for j in range(0, 12, 2))
+                for i in range(count)]
+    try:
+        start = ipaddress.ip_address(first)
+    except ValueError:
+        raise InvalidInput(f"{what}: {count} nodes need consecutive addresses, and "
+                           f"{first!r} is not an IP address to count up from") from None
+    if int(start) + count - 1 >= 1 << start.max_prefixlen:
+        raise InvalidInput(f"{what}: {count} consecutive addresses from {first} overflow "
+                           f"IPv{start.version}")
     return [str(start + i) for i in range(count)]
 
 
-def consecutive_macs(first: str, count: int) -> list[str]:
-    value = int(first.replace(":", ""), 16)
-    if value + count - 1 > 0xFFFFFFFFFFFF:
-        raise InvalidInput(f"{count} consecutive MACs from {first} overflow")
-    return [":".join(f"{value + i:012x}"[j:j + 2] for j in range(0, 12, 2))
-            for i in range(count)]
+def spread_addresses(data: dict, count: int) -> list[dict]:
+    """`count` copies of a record's data for `count` nodes of a range: each netdev's mac,
+    ipaddr and ipaddr6 and the bmc address count up from the value given, one per node.
+    `node add`, `node set` and `apply` all hand out addresses through this."""
+    copies = [copy.deepcopy(data) for _ in range(count)]
+    if count == 1:
+        return copies
+    for path in _address_paths(data):
+        parent = data
+        for key in path[:-1]:
+            parent = parent[key]
+        values = consecutive(parent[path[-1]], count, ".".join(path))
+        for target, value in zip(copies, values):
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+    return copies
+
+
+def _address_paths(data: dict) -> list[tuple[str, ...]]:
+    paths = []
+    netdevs = data.get("netdevs")
+    for dev, fields in (netdevs.items() if isinstance(netdevs, dict) else []):
+        if isinstance(fields, dict):
+            paths += [("netdevs", dev, key) for key in ADDRESS_FIELDS if fields.get(key)]
+    bmc = data.get("bmc")
+    if isinstance(bmc, dict) and bmc.get("address"):
+        paths.append(("bmc", "address"))
+    return paths

@@ -32,6 +32,7 @@ class InventoryStore:
     """
 
     def __init__(self, config: Config):
+        self.config = config
         self.path = config.inventory_path
         self.lock_path = config.state_dir / "inventory.lock"
         self.cache_path = config.state_dir / ".inventory.cache.json"
@@ -73,7 +74,7 @@ class InventoryStore:
                     "reload and retry")
             draft = current.model_copy(deep=True)
             yield draft
-            validate_inventory(draft)
+            validate_inventory(draft, self.config)
             if draft.to_data() | {"revision": 0} == current.to_data() | {"revision": 0}:
                 draft.revision = current.revision
                 return

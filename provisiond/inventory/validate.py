@@ -1,17 +1,19 @@
 """Whole-inventory checks that one record's schema cannot make: references, uniqueness,
-addresses inside their network."""
+addresses inside their network and not the server's own."""
 
 from __future__ import annotations
 
 import ipaddress
 
+from provisiond.config import Config
 from provisiond.errors import InvalidInventory
 from provisiond.inventory.merge import Node, merge_all
 from provisiond.inventory.model import Inventory
 
 
-def validate_inventory(inventory: Inventory) -> dict[str, Node]:
-    """Raise InvalidInventory naming the first problem; return the merged nodes if none."""
+def validate_inventory(inventory: Inventory, config: Config | None = None) -> dict[str, Node]:
+    """Raise InvalidInventory naming the first problem; return the merged nodes if none.
+    With `config`, a node may not have the server's own address."""
     for name, profile in inventory.profiles.items():
         if profile.profiles:
             raise InvalidInventory(f"profile {name}: profiles: a profile cannot list profiles")
@@ -20,23 +22,39 @@ def validate_inventory(inventory: Inventory) -> dict[str, Node]:
             if profile not in inventory.profiles:
                 raise InvalidInventory(f"node {name}: profiles: unknown profile {profile!r}")
     nodes = merge_all(inventory)
-    seen_macs: dict[str, str] = {}
-    seen_ips: dict[str, str] = {}
+    seen_macs: dict = {}
+    seen_ips: dict = {}
+    seen_bmcs: dict = {}
+    if config is not None:
+        seen_ips[str(ipaddress.ip_address(config.server.address))] = "the server (server.address)"
     for name, node in nodes.items():
         for dev, netdev in (node.record.netdevs or {}).items():
             _check_network(name, dev, netdev)
             _claim(seen_macs, netdev.mac, name, f"netdevs.{dev}.mac")
             _claim(seen_ips, netdev.ipaddr, name, f"netdevs.{dev}.ipaddr")
             _claim(seen_ips, netdev.ipaddr6, name, f"netdevs.{dev}.ipaddr6")
+        _claim_bmc(seen_bmcs, node)
     return nodes
 
 
-def _claim(seen: dict[str, str], value: str | None, node: str, field: str) -> None:
+def _claim(seen: dict, value, node: str, field: str, shown: str | None = None) -> None:
     if value is None:
         return
-    owner = seen.setdefault(value, node)
-    if owner != node:
-        raise InvalidInventory(f"node {node}: {field}: {value} is already used by node {owner}")
+    owner = seen.setdefault(value, f"node {node}")
+    if owner != f"node {node}":
+        raise InvalidInventory(
+            f"node {node}: {field}: {shown or value} is already used by {owner}")
+
+
+def _claim_bmc(seen: dict, node: Node) -> None:
+    """One BMC endpoint per node: address, port and system id together (several Redfish
+    systems can share an address, as sushy-tools serves them)."""
+    bmc = node.record.bmc
+    if not (bmc and bmc.address):
+        return
+    shown = bmc.address + (f" port {bmc.port}" if bmc.port else "") + (
+        f" system {bmc.system_id}" if bmc.system_id else "")
+    _claim(seen, (bmc.address, bmc.port, bmc.system_id), node.name, "bmc.address", shown)
 
 
 def _check_network(node: str, dev: str, netdev) -> None:

