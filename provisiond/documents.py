@@ -7,14 +7,54 @@ import yaml
 
 from provisiond.errors import InvalidInput
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping names the same key twice: YAML would keep the last one silently."""
+
+
+class _Loader(_Base):
+    def construct_mapping(self, node, deep=False):
+        """Refuse duplicate keys (a repeated node would silently replace the first one);
+        `<<` merge keys may still be overridden, as YAML intends."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.setdefault(key, line)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                if first != line:
+                    raise DuplicateKey(f"line {line}: duplicate key {key!r} "
+                                       f"(first given at line {first})")
+        return super().construct_mapping(node, deep)
+
+
+def decode_text(raw: str | bytes, origin: str, error: type[InvalidInput] = InvalidInput) -> str:
+    """`raw` as text; bytes that are not UTF-8 are one line naming where."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{origin}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                    f"{exc.start})") from None
 
 
 def load_yaml_mapping(text: str | bytes, origin: str, error: type[InvalidInput] = InvalidInput,
                       expected: str = "a mapping") -> dict:
     """The mapping `text` holds (empty text is {}); `error` names `origin` otherwise."""
+    text = decode_text(text, origin, error)
     try:
         data = yaml.load(text, Loader=_Loader)
+    except DuplicateKey as exc:
+        raise error(f"{origin}: {exc}") from None
     except yaml.YAMLError as exc:
         raise error(f"{origin}: not valid YAML: {' '.join(str(exc).split())}") from None
     if data is None:

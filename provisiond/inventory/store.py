@@ -45,7 +45,7 @@ class InventoryStore:
         digest = hashlib.sha256(raw).hexdigest()
         data = self._cached(digest)
         if data is None:
-            data = load_inventory_yaml(raw.decode("utf-8", "replace"), str(self.path))
+            data = load_inventory_yaml(raw, str(self.path))
             self._write_cache(digest, data)
         return validate_inventory_data(data, str(self.path))
 
@@ -90,7 +90,7 @@ def parse_inventory(text: str, origin: str) -> Inventory:
     return validate_inventory_data(load_inventory_yaml(text, origin), origin)
 
 
-def load_inventory_yaml(text: str, origin: str) -> dict:
+def load_inventory_yaml(text: str | bytes, origin: str) -> dict:
     return load_yaml_mapping(text, origin, InvalidInventory,
                              "a mapping with 'nodes' and 'profiles'")
 
@@ -109,11 +109,22 @@ def describe_validation_error(exc: ValidationError) -> str:
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown field"
+    message += _yaml_hint(err)
     if len(loc) >= 2 and loc[0] in ("nodes", "profiles"):
         kind = loc[0].rstrip("s")
         field = ".".join(loc[2:])
         return f"{kind} {loc[1]}: {field + ': ' if field else ''}{message}"
     return f"{'.'.join(loc)}: {message}" if loc else message
+
+
+def _yaml_hint(err: dict) -> str:
+    """Unquoted YAML 1.1 reads `yes`/`no`/`on` as booleans and 52:54:00:00:00:01 as a
+    base-60 number: say so where a string was expected."""
+    value = err.get("input")
+    if err["type"] != "string_type" or not isinstance(value, (bool, int, float)):
+        return ""
+    kind = "a boolean" if isinstance(value, bool) else "a number"
+    return f" (YAML read the value as {kind}, {value!r}: put it in quotes)"
 
 
 class _Dumper(yaml.SafeDumper):
