@@ -2,103 +2,175 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
+from provisiond.cli.records import confirm, forget_records
 from provisiond.documents import load_yaml_mapping
-from provisiond.errors import InvalidInventory
+from provisiond.errors import InvalidInput, InvalidInventory
 from provisiond.inventory import InventoryStore
-from provisiond.inventory.model import Inventory, Record
-from provisiond.inventory.ranges import expand
+from provisiond.inventory.model import Inventory
+from provisiond.inventory.ranges import expand, spread_addresses
 from provisiond.inventory.store import validate_inventory_data
+from provisiond.lifecycle import edit_inventory
+
+ACTIONS = (("create", "+"), ("update", "~"), ("delete", "-"))
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "apply", help="make nodes and profiles match a YAML file (prints the plan first)",
-        description="Each node and profile in FILE replaces the stored one of that name. "
-        "Node keys may be ranges (n[01-04]). Without --prune, records missing from FILE "
-        "are kept.")
+        description="Each node and profile in FILE replaces the stored one of that name; the "
+        "plan shows every field that changes. Node keys may be ranges (n[01-04]): their "
+        "MACs, IPv4, IPv6 and BMC addresses count up from the value given, as with `node "
+        "add`. Without --prune, records missing from FILE are kept. --dry-run checks "
+        "everything a real run checks.")
     parser.add_argument("-f", "--file", required=True, help="YAML file, - for stdin")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and check it, change nothing")
     parser.add_argument("--prune", action="store_true",
-                        help="delete nodes and profiles that FILE does not name")
+                        help="delete nodes and profiles that FILE does not name (asks, or "
+                        "needs --yes)")
+    parser.add_argument("--yes", action="store_true", help="delete without asking (--prune)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args, ctx) -> None:
     desired = read_desired(args.file)
-    with InventoryStore(ctx.config).edit() as inventory:
-        plan = make_plan(inventory, desired, args.prune)
-        if not args.dry_run:
-            carry_out(inventory, desired, plan)
-        _print_plan(ctx, args, plan, inventory.revision)
-        if args.dry_run:
-            return
+    current = InventoryStore(ctx.config).read()
+    plan = make_plan(current, desired, args.prune)
+    _print_plan(ctx, args, plan)
+    if plan["delete"] and not args.dry_run:
+        confirm(f"delete {len(plan['delete'])} record(s)", args.yes)
+    with edit_inventory(ctx.config, current.revision, write=not args.dry_run) as inventory:
+        carry_out(inventory, desired, plan)
+    if args.dry_run:
+        _say(args, "dry run: the plan is valid, nothing changed")
+        return
+    for key in ("profiles", "nodes"):
+        deleted = [c["name"] for c in plan["delete"] if c["kind"] == key[:-1]]
+        if deleted:
+            forget_records(ctx.config, key, deleted)
+    _say(args, f"applied: inventory revision {inventory.revision}" if _changes(plan)
+         else "nothing to change")
+
+
+def _say(args, line: str) -> None:
     if not args.json:
-        print(f"applied: inventory revision {inventory.revision}" if _changes(plan)
-              else "nothing to change")
+        print(line)
 
 
 def read_desired(path: str) -> Inventory:
-    text = sys.stdin.read() if path == "-" else _read(path)
-    data = _load_yaml(text, path)
-    nodes = {}
-    for key, record in (data.get("nodes") or {}).items():
-        for name in expand(str(key)):
-            nodes[name] = record
-    data["nodes"] = nodes
+    raw = sys.stdin.buffer.read() if path == "-" else _read(path)
+    data = _load_yaml(raw, path)
+    data["nodes"] = _expand_nodes(data.get("nodes") or {}, path)
     data.setdefault("revision", 0)
     return validate_inventory_data(data, path)
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+def _expand_nodes(nodes: dict, origin: str) -> dict:
+    """Range keys to one record per node, addresses counting up; a node named by two keys
+    is an error (YAML itself refuses the same key twice)."""
+    if not isinstance(nodes, dict):
+        raise InvalidInventory(f"{origin}: nodes: expected a mapping of node names")
+    expanded: dict = {}
+    named_by: dict[str, str] = {}
+    for key, record in nodes.items():
+        names = expand(str(key))
+        for name in names:
+            other = named_by.setdefault(name, str(key))
+            if other != str(key):
+                raise InvalidInventory(f"{origin}: nodes: {name} is named by both "
+                                       f"{other!r} and {str(key)!r}")
+        records = spread_addresses(record, len(names)) if isinstance(record, dict) else (
+            [record] * len(names))
+        expanded.update(zip(names, records))
+    return expanded
 
 
-def _load_yaml(text: str, origin: str) -> dict:
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise InvalidInput(f"{path}: {exc.strerror}") from None
+
+
+def _load_yaml(raw: bytes, origin: str) -> dict:
     expected = "a mapping with only 'nodes' and 'profiles'"
-    data = load_yaml_mapping(text, origin, InvalidInventory, expected)
+    data = load_yaml_mapping(raw, origin, InvalidInventory, expected)
     if not set(data) <= {"nodes", "profiles"}:
         raise InvalidInventory(f"{origin}: expected {expected}")
     return data
 
 
 def make_plan(current: Inventory, desired: Inventory, prune: bool) -> dict[str, list]:
-    """create/update/delete lists of ('node'|'profile', name)."""
+    """create/update/delete lists of {kind, name, changes}: changes are every field whose
+    value differs, as {field, before, after} (None: not set)."""
     plan: dict[str, list] = {"create": [], "update": [], "delete": []}
-    for kind in ("profiles", "nodes"):
-        have: dict[str, Record] = getattr(current, kind)
-        want: dict[str, Record] = getattr(desired, kind)
+    for key in ("profiles", "nodes"):
+        have, want = getattr(current, key), getattr(desired, key)
         for name, record in want.items():
-            if name not in have:
-                plan["create"].append((kind[:-1], name))
-            elif have[name].to_data() != record.to_data():
-                plan["update"].append((kind[:-1], name))
+            before = have[name].to_data() if name in have else {}
+            changes = field_changes(before, record.to_data())
+            if name not in have or changes:
+                action = "update" if name in have else "create"
+                plan[action].append({"kind": key[:-1], "name": name, "changes": changes})
         if prune:
-            plan["delete"].extend((kind[:-1], n) for n in have if n not in want)
+            plan["delete"].extend(
+                {"kind": key[:-1], "name": n, "changes": field_changes(have[n].to_data(), {})}
+                for n in have if n not in want)
     return plan
 
 
+def field_changes(before: dict, after: dict) -> list[dict]:
+    """Every dotted field set in either record whose value differs, in field order."""
+    old, new = _flatten(before), _flatten(after)
+    fields = list(old) + [f for f in new if f not in old]
+    return [{"field": f, "before": old.get(f), "after": new.get(f)}
+            for f in fields if old.get(f) != new.get(f)]
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat: dict = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def carry_out(inventory: Inventory, desired: Inventory, plan: dict[str, list]) -> None:
-    for kind, name in plan["create"] + plan["update"]:
-        getattr(inventory, f"{kind}s")[name] = getattr(desired, f"{kind}s")[name]
-    for kind, name in plan["delete"]:
-        del getattr(inventory, f"{kind}s")[name]
+    for change in plan["create"] + plan["update"]:
+        key = f"{change['kind']}s"
+        getattr(inventory, key)[change["name"]] = getattr(desired, key)[change["name"]]
+    for change in plan["delete"]:
+        del getattr(inventory, f"{change['kind']}s")[change["name"]]
 
 
 def _changes(plan: dict[str, list]) -> int:
     return sum(len(v) for v in plan.values())
 
 
-def _print_plan(ctx, args, plan: dict[str, list], revision: int) -> None:
+def _print_plan(ctx, args, plan: dict[str, list]) -> None:
     if args.json:
-        ctx.print_json({action: [{"kind": k, "name": n} for k, n in items]
-                        for action, items in plan.items()})
+        ctx.print_json(plan)
         return
-    for action, sign in (("create", "+"), ("update", "~"), ("delete", "-")):
-        for kind, name in plan[action]:
-            print(f"{sign} {action} {kind} {name}")
-    counts = ", ".join(f"{len(plan[a])} to {a}" for a in ("create", "update", "delete"))
-    print(f"plan: {counts}{' (dry run: nothing changed)' if args.dry_run else ''}")
+    for action, sign in ACTIONS:
+        for change in plan[action]:
+            print(f"{sign} {action} {change['kind']} {change['name']}")
+            if action != "delete":
+                for item in change["changes"]:
+                    print(f"    {item['field']}: {_shown(item['before'])} -> "
+                          f"{_shown(item['after'])}")
+    counts = ", ".join(f"{len(plan[a])} to {a}" for a, _ in ACTIONS)
+    print(f"plan: {counts}{' (dry run)' if args.dry_run else ''}")
+
+
+def _shown(value) -> str:
+    """A value as the plan prints it; (unset) for a field that is not set."""
+    if value is None:
+        return "(unset)"
+    return value if isinstance(value, str) else json.dumps(value)

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import yaml
 
 from provisiond.cli.record_options import add_record_flags, apply_edits, record_edits
 from provisiond.errors import AlreadyExists, InUse, InvalidInput, NodeNotFound, ProfileNotFound
 from provisiond.inventory import InventoryStore
+from provisiond.lifecycle import edit_inventory, forget_nodes
 from provisiond.inventory.merge import merge_node, merge_nodes
 from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
 from provisiond.inventory.ranges import expand, fold
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
-from provisiond.status import clear_status
 
 
 class Kind:
@@ -77,8 +78,7 @@ def register_verbs(subparsers, kind: Kind) -> argparse._SubParsersAction:
 def add_records(args, ctx, kind: Kind) -> None:
     names = kind.names(args.names)
     password = ctx.read_secret("BMC password") if args.bmc_password_stdin else None
-    store = InventoryStore(ctx.config)
-    with store.edit() as inventory:
+    with edit_inventory(ctx.config) as inventory:
         records = kind.records(inventory)
         taken = [n for n in names if n in records]
         if taken:
@@ -93,8 +93,7 @@ def add_records(args, ctx, kind: Kind) -> None:
 
 def set_records(args, ctx, kind: Kind) -> None:
     password = ctx.read_secret("BMC password") if args.bmc_password_stdin else None
-    store = InventoryStore(ctx.config)
-    with store.edit() as inventory:
+    with edit_inventory(ctx.config) as inventory:
         names = kind.existing(inventory, args.names)
         records = kind.records(inventory)
         for name, edits in zip(names, record_edits(args, len(names))):
@@ -173,20 +172,34 @@ def _value_at(data: dict, path: str):
 
 
 def delete_records(args, ctx, kind: Kind) -> None:
-    store = InventoryStore(ctx.config)
-    with store.edit() as inventory:
-        names = kind.existing(inventory, args.names)
-        if kind.noun == "profile":
-            users = _profile_users(inventory).get(names[0])
-            if users:
-                raise InUse(f"profile {names[0]} is used by node {fold(users)}")
-        if not args.yes:
-            raise InvalidInput(f"refusing to delete {kind.noun} {fold(names)} "
-                               f"({len(names)}) without --yes")
+    inventory = InventoryStore(ctx.config).read()
+    names = kind.existing(inventory, args.names)
+    if kind.noun == "profile":
+        users = _profile_users(inventory).get(names[0])
+        if users:
+            raise InUse(f"profile {names[0]} is used by node {fold(users)}")
+    confirm(f"delete {kind.noun} {fold(names)} ({len(names)})", args.yes)
+    with edit_inventory(ctx.config, inventory.revision) as inventory:
         for name in names:
             del kind.records(inventory)[name]
-    SecretStore(ctx.config).forget(kind.key, names)
-    if kind.noun == "node":
-        for name in names:
-            clear_status(ctx.config, name)
+    forget_records(ctx.config, kind.key, names)
     print(f"deleted {kind.noun} {fold(names)} (inventory revision {inventory.revision})")
+
+
+def forget_records(config, key: str, names: list[str]) -> None:
+    """After deleting records: a node's secrets, host keys, builds and status go too."""
+    if key == "nodes":
+        forget_nodes(config, names)
+    else:
+        SecretStore(config).forget(key, names)
+
+
+def confirm(action: str, yes: bool) -> None:
+    """Go on with `action` given --yes or a 'yes' typed at a terminal; else InvalidInput."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise InvalidInput(f"refusing to {action} without --yes (stdin is not a terminal)")
+    answer = input(f"{action}? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise InvalidInput(f"did not {action}: not confirmed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -63,9 +63,13 @@ class InventoryStore:
             write_atomic(self.cache_path, blob, durable=False)
 
     @contextlib.contextmanager
-    def edit(self, expected_revision: int | None = None) -> Iterator[Inventory]:
-        """Yield a copy of the inventory to change; on a clean exit it is validated and, if
-        it changed, written with the next revision. An exception writes nothing."""
+    def edit(self, expected_revision: int | None = None, *, write: bool = True,
+             check: Callable[[Inventory, list[tuple[str, str]]], None] | None = None
+             ) -> Iterator[Inventory]:
+        """Yield a copy of the inventory to change; on a clean exit it is validated, then
+        `check(draft, changed)` sees the ('nodes'|'profiles', name) records that changed,
+        then, if anything changed and `write`, it is written with the next revision. An
+        exception writes nothing; `write=False` checks exactly what a write would."""
         with locked(self.lock_path):
             current = self.read()
             if expected_revision is not None and expected_revision != current.revision:
@@ -75,11 +79,16 @@ class InventoryStore:
             draft = current.model_copy(deep=True)
             yield draft
             validate_inventory(draft, self.config)
-            if draft.to_data() | {"revision": 0} == current.to_data() | {"revision": 0}:
-                draft.revision = current.revision
+            data, before = draft.to_data(), current.to_data()
+            changed = [(kind, name) for kind in ("profiles", "nodes")
+                       for name, record in data[kind].items()
+                       if before[kind].get(name) != record]
+            if check is not None:
+                check(draft, changed)
+            draft.revision = current.revision
+            if data | {"revision": 0} == before | {"revision": 0} or not write:
                 return
-            draft.revision = current.revision + 1
-            data = draft.to_data()
+            draft.revision = data["revision"] = current.revision + 1
             text = (HEADER + dump_yaml(data)).encode()
             write_atomic(self.path, text)
             self._write_cache(hashlib.sha256(text).hexdigest(), data)

@@ -61,6 +61,7 @@ def test_delete_needs_yes(cluster, config):
     record_phase(config, "n001", NodePhase.READY)
     result = cluster("node", "delete", "n[001-002]")
     assert result.code != 0 and "without --yes" in result.err
+    assert len(result.err.strip().splitlines()) == 1
     assert cluster("node", "delete", "n[001-002]", "--yes").code == 0
     names = [n["name"] for n in json.loads(cluster("node", "list", "--json").out)]
     assert names == ["n003", "n004"]

@@ -1,0 +1,83 @@
+"""A node's life beyond its inventory record: what a stored record may name (images and
+overlays that exist), and everything a deleted node leaves behind (secrets, ssh host keys,
+overlay builds, status). The CLI and the API both go through here."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+
+from provisiond.config import Config
+from provisiond.errors import InvalidInventory, NotFound
+from provisiond.images.manifests import manifest_path
+from provisiond.images.recipe import find_recipe
+from provisiond.inventory.model import Inventory
+from provisiond.inventory.secrets import SecretStore
+from provisiond.inventory.store import InventoryStore
+from provisiond.overlays.build import node_dir
+from provisiond.overlays.hostkeys import forget_host_keys
+from provisiond.overlays.source import find_overlay_dir
+from provisiond.status import clear_status
+
+
+@contextlib.contextmanager
+def edit_inventory(config: Config, expected_revision: int | None = None,
+                   write: bool = True) -> Iterator[Inventory]:
+    """InventoryStore.edit, with the records that changed checked against what exists."""
+    check = lambda draft, changed: check_references(config, draft, changed)  # noqa: E731
+    with InventoryStore(config).edit(expected_revision, write=write, check=check) as draft:
+        yield draft
+
+
+def check_references(config: Config, inventory: Inventory, changed: list[tuple[str, str]]
+                     ) -> None:
+    """Each changed record's image has a recipe or a build, each of its overlays exists
+    (shipped or site). Records left alone are not checked: a removed recipe must not block
+    every later edit, the deletion of its users included."""
+    images: dict[str, str | None] = {}
+    overlays: dict[str, str | None] = {}
+    for kind, name in changed:
+        record = getattr(inventory, kind)[name]
+        where = f"{kind[:-1]} {name}"
+        if record.image:
+            _raise(where, "image", images.setdefault(
+                record.image, _image_problem(config, record.image)))
+        for field in ("system_overlays", "runtime_overlays"):
+            for overlay in getattr(record, field) or []:
+                _raise(where, field, overlays.setdefault(
+                    overlay, _overlay_problem(config, overlay)))
+
+
+def _raise(where: str, field: str, problem: str | None) -> None:
+    if problem:
+        raise InvalidInventory(f"{where}: {field}: {problem}")
+
+
+def _image_problem(config: Config, name: str) -> str | None:
+    try:
+        find_recipe(config, name)
+        return None
+    except NotFound:
+        pass
+    if manifest_path(config, name).is_file():
+        return None
+    return f"no recipe and no built image named {name!r} (see `provisiond image list`)"
+
+
+def _overlay_problem(config: Config, name: str) -> str | None:
+    try:
+        find_overlay_dir(config, name)
+        return None
+    except NotFound as exc:
+        return str(exc)
+
+
+def forget_nodes(config: Config, names: list[str]) -> None:
+    """Remove everything the named (deleted) nodes owned, so that a new node of the same
+    name inherits nothing: secrets, ssh host keys, overlay builds, status."""
+    SecretStore(config).forget("nodes", names)
+    for name in names:
+        forget_host_keys(config, name)
+        shutil.rmtree(node_dir(config, name), ignore_errors=True)
+        clear_status(config, name)
