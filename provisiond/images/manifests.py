@@ -9,17 +9,16 @@ from pathlib import Path
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import ImageNotFound, InvalidInput
+from provisiond.errors import ImageNotFound
 from provisiond.images.blobs import blob_path
 from provisiond.images.layers import layer_dir
+from provisiond.images.recipe import check_image_name
 
 MANIFEST = "manifest.json"
 
 
 def check_name(name: str) -> str:
-    if not name or "/" in name or name.startswith(".") or len(name) > 64:
-        raise InvalidInput(f"not an image name: {name!r}")
-    return name
+    return check_image_name(name)
 
 
 def manifest_path(config: Config, name: str) -> Path:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from provisiond.config import Config
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInput, NotFound
+from provisiond.inventory.model import check_image_name as _image_name_rule
 
 RECIPE_FILE = "image.yaml"
 DEFAULT_MODULES = ["virtio_net", "virtio_pci", "virtio_blk", "e1000", "af_packet"]
@@ -134,10 +135,18 @@ class _RecipeHead(BaseModel):
     layers: list[dict]
 
 
+def check_image_name(name: str) -> str:
+    """inventory.model's image name rule (a DNS label), as InvalidInput: one rule for
+    recipes, builds, imports and the inventory."""
+    try:
+        return _image_name_rule(name)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
 def find_recipe(config: Config, name: str) -> Path:
     """The first `<dir>/<name>/image.yaml` on the recipe search path."""
-    if not name or "/" in name or name.startswith("."):
-        raise RecipeError(f"not an image name: {name!r}")
+    check_image_name(name)
     for folder in config.recipe_search_path:
         path = Path(folder) / name / RECIPE_FILE
         if path.is_file():

@@ -64,6 +64,15 @@ def check_name(value: str, what: str = "name") -> str:
     return value
 
 
+def check_image_name(value: str) -> str:
+    """The one rule for an image name, in recipes, builds and the inventory: a DNS label (it
+    names a folder, a URL path part and a field nodes are matched by)."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise ValueError(f"not an image name: {value!r}: use lowercase letters, digits and "
+                         "'-' (a DNS label)")
+    return value
+
+
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4_RE = re.compile(rf"^{_OCTET}(\.{_OCTET}){{3}}$")
 
@@ -342,7 +351,7 @@ class Record(_Record):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str | None) -> str | None:
-        return None if value is None else check_name(value, "image name")
+        return None if value is None else check_image_name(value)
 
     @field_validator("kernel_args")
     @classmethod

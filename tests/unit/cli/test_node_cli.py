@@ -209,3 +209,56 @@ def test_the_servers_own_address_is_not_a_nodes(cluster, state_dir):
     result = cluster("node", "set", "n003", "--ipaddr", "10.10.0.1")
     assert result.code != 0
     assert "node n003: netdevs.eth0.ipaddr: 10.10.0.1 is already used by the server" in result.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image", "nosuch"], "node n001: image: no recipe and no built image named 'nosuch'"),
+    (["--system-overlay", "init,nosuch"], "node n001: system_overlays: no overlay named 'nosuch'"),
+    (["--runtime-overlay", "nosuch"], "node n001: runtime_overlays: no overlay named 'nosuch'"),
+    (["--image", "debian_12"], "not an image name: 'debian_12'"),
+])
+def test_references_are_checked_when_stored(cluster, config, args, message):
+    before = config.inventory_path.read_bytes()
+    result = cluster("node", "set", "n001", *args)
+    assert result.code != 0
+    assert message in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert config.inventory_path.read_bytes() == before
+
+
+def test_site_overlays_and_built_images_can_be_named(cluster, config):
+    from provisiond.images.manifests import manifest_path
+    (config.state_dir / "overlays" / "site-motd").mkdir(parents=True)
+    manifest_path(config, "imported").parent.mkdir(parents=True)
+    manifest_path(config, "imported").write_text("{}")
+    result = cluster("node", "set", "n001", "--image", "imported", "--system-overlay",
+                     "site-motd", "--runtime-overlay", "ssh")
+    assert result.code == 0, result.err
+    # a record left alone is not checked again: the image going away blocks no later edit
+    manifest_path(config, "imported").unlink()
+    assert cluster("node", "set", "n002", "--comment", "fine").code == 0
+    assert cluster("node", "delete", "n001", "--yes").code == 0
+
+
+def test_one_image_name_rule_for_recipes_and_the_inventory(cluster, config):
+    from provisiond.errors import InvalidInput
+    from provisiond.images.recipe import find_recipe
+    recipe = config.state_dir / "recipes" / "debian_12" / "image.yaml"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text("layers:\n  - kind: busybox\n")
+    with pytest.raises(InvalidInput) as raised:
+        find_recipe(config, "debian_12")
+    refused = cluster("node", "set", "n001", "--image", "debian_12")
+    assert str(raised.value) in refused.err
+    built = cluster("image", "build", "debian_12")
+    assert built.code != 0 and str(raised.value) in built.err
+
+
+def test_delete_asks_at_a_terminal(cluster, monkeypatch):
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: "no")
+    result = cluster("node", "delete", "n001")
+    assert result.code != 0 and "not confirmed" in result.err
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    assert cluster("node", "delete", "n001").code == 0
+    assert "n001" not in cluster("node", "list").out
