@@ -14,7 +14,7 @@ from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
-from provisiond.inventory.model import Inventory
+from provisiond.inventory.model import Inventory, check_text
 from provisiond.inventory.validate import validate_inventory
 
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
@@ -118,12 +118,22 @@ def describe_validation_error(exc: ValidationError) -> str:
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown field"
+    if err["type"] == "string_pattern_mismatch":  # the Text pattern: a control character
+        message = _control_message(err["input"])
     message += _yaml_hint(err)
     if len(loc) >= 2 and loc[0] in ("nodes", "profiles"):
         kind = loc[0].rstrip("s")
         field = ".".join(loc[2:])
         return f"{kind} {loc[1]}: {field + ': ' if field else ''}{message}"
     return f"{'.'.join(loc)}: {message}" if loc else message
+
+
+def _control_message(value: str) -> str:
+    try:
+        check_text(value)
+    except ValueError as exc:
+        return str(exc)
+    return "invalid value"
 
 
 def _yaml_hint(err: dict) -> str:

