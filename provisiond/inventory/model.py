@@ -99,12 +99,12 @@ def check_node_mac(value: str) -> str:
 
 
 def check_ipv4_host(value: str) -> str:
-    """An IPv4 address a node can have: not 0.0.0.0, loopback, multicast or broadcast."""
+    """An IPv4 address a node can have: not 0.0.0.0, multicast or broadcast. (Loopback is a
+    node's address only beside a loopback server: see validate_inventory.)"""
     if not is_ipv4(value):
         raise ValueError(f"invalid IPv4 address {value!r}")
     first = int(value.partition(".")[0])  # string checks: ipaddress is slow for 10,000 nodes
-    for bad, why in ((value == "0.0.0.0", "unspecified"), (first == 127, "loopback"),
-                     (224 <= first <= 239, "multicast"),
+    for bad, why in ((value == "0.0.0.0", "unspecified"), (224 <= first <= 239, "multicast"),
                      (value == "255.255.255.255", "the broadcast address")):
         if bad:
             raise ValueError(f"{value} is {why}, not a node's address")
@@ -114,7 +114,7 @@ def check_ipv4_host(value: str) -> str:
 def check_ipv6_host(value: str) -> str:
     """An IPv6 address a node can have, in compressed form. Refused: scope ids (`%eth0` can
     carry any text), IPv4-mapped and NAT64 forms (an IPv4 node is named by ipaddr),
-    unspecified, loopback and multicast."""
+    unspecified and multicast. (Loopback: see validate_inventory.)"""
     if not isinstance(value, str) or "%" in value:
         raise ValueError(f"invalid IPv6 address {value!r}: a scope id (%...) is not allowed")
     try:
@@ -123,7 +123,7 @@ def check_ipv6_host(value: str) -> str:
         raise ValueError(f"invalid IPv6 address {value!r}") from None
     for bad, why in ((address.ipv4_mapped is not None, "an IPv4-mapped address"),
                      (address in NAT64_WELL_KNOWN, "a NAT64 (64:ff9b::/96) address"),
-                     (address.is_unspecified, "unspecified"), (address.is_loopback, "loopback"),
+                     (address.is_unspecified, "unspecified"),
                      (address.is_multicast, "multicast")):
         if bad:
             raise ValueError(f"{value} is {why}, not a node's address")

@@ -13,7 +13,10 @@ from provisiond.inventory.model import Inventory
 
 def validate_inventory(inventory: Inventory, config: Config | None = None) -> dict[str, Node]:
     """Raise InvalidInventory naming the first problem; return the merged nodes if none.
-    With `config`, a node may not have the server's own address."""
+    With `config`, a node may not have the server's own address, nor a loopback one unless
+    the server's is loopback too (a server on loopback, as in tests and demos, is reached by
+    loopback clients only; anywhere else a loopback node address is a mistake, and would
+    hand the node's runtime overlay to any local process)."""
     for name, profile in inventory.profiles.items():
         if profile.profiles:
             raise InvalidInventory(f"profile {name}: profiles: a profile cannot list profiles")
@@ -25,11 +28,16 @@ def validate_inventory(inventory: Inventory, config: Config | None = None) -> di
     seen_macs: dict = {}
     seen_ips: dict = {}
     seen_bmcs: dict = {}
+    loopback_ok = True
     if config is not None:
-        seen_ips[str(ipaddress.ip_address(config.server.address))] = "the server (server.address)"
+        server = ipaddress.ip_address(config.server.address)
+        seen_ips[str(server)] = "the server (server.address)"
+        loopback_ok = server.is_loopback
     for name, node in nodes.items():
         for dev, netdev in (node.record.netdevs or {}).items():
             _check_network(name, dev, netdev)
+            if not loopback_ok:
+                _check_not_loopback(name, dev, netdev)
             _claim(seen_macs, netdev.mac, name, f"netdevs.{dev}.mac")
             _claim(seen_ips, netdev.ipaddr, name, f"netdevs.{dev}.ipaddr")
             _claim(seen_ips, netdev.ipaddr6, name, f"netdevs.{dev}.ipaddr6")
@@ -55,6 +63,15 @@ def _claim_bmc(seen: dict, node: Node) -> None:
     shown = bmc.address + (f" port {bmc.port}" if bmc.port else "") + (
         f" system {bmc.system_id}" if bmc.system_id else "")
     _claim(seen, (bmc.address, bmc.port, bmc.system_id), node.name, "bmc.address", shown)
+
+
+def _check_not_loopback(node: str, dev: str, netdev) -> None:
+    for field in ("ipaddr", "gateway", "ipaddr6"):
+        value = getattr(netdev, field)
+        if value and (value.startswith("127.") or value == "::1"):
+            raise InvalidInventory(
+                f"node {node}: netdevs.{dev}.{field}: {value} is loopback, not a node's "
+                "address (only a server whose server.address is loopback has such nodes)")
 
 
 def _check_network(node: str, dev: str, netdev) -> None:

@@ -21,6 +21,7 @@ from provisiond.status import read_status
 from servers import REPO, free_port, session_alive, start_serve, stop_serve, wait_http, write_config
 
 IPXE_ROOT = "/usr/lib/ipxe"
+LO1 = "127.0.0.2"  # node lo1: a loopback address that is not the server's own
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,9 @@ def served(tmp_path_factory):
                  dns={"enabled": True, "bind": "127.0.0.1", "port": ports["dns"]})
     config = load_config(state)
     add_nodes(config, 20)
-    with InventoryStore(config).edit() as inv:  # a node whose reserved address is loopback
+    with InventoryStore(config).edit() as inv:  # a node on loopback, beside the server's
         inv.nodes["lo1"] = Record(image="tiny", netdevs={"eth0": NetDev(
-            mac="02:00:00:00:00:01", ipaddr="127.0.0.1")})
+            mac="02:00:00:00:00:01", ipaddr=LO1)})
     add_image(config, "tiny")
     proc = start_serve(state)
     base = f"http://127.0.0.1:{ports['http']}"
@@ -143,7 +144,8 @@ def test_kernel_fetch_by_a_node_is_a_logged_boot_step(served):
     config, _, base, _ = served
     manifest = json.loads((config.images_dir / "tiny" / "manifest.json").read_text())
     kernel = manifest["kernel"]["digest"][7:]
-    assert run("curl", "-sSf", "-o", "/dev/null", f"{base}/blobs/sha256/{kernel}").returncode == 0
+    assert run("curl", "-sSf", "--interface", LO1, "-o", "/dev/null",
+               f"{base}/blobs/sha256/{kernel}").returncode == 0
     assert wait_status(config, "lo1", "kernel")["phase"] == "kernel"
     log = config.state_dir / "serve.log"
     deadline = time.monotonic() + 5  # the log is flushed once a second

@@ -174,7 +174,8 @@ def test_commas_split_only_profiles_and_overlays(cluster):
     (["node", "set", "n003", "--mac", "00:00:00:00:00:00"], "all zeros"),
     (["node", "set", "n003", "--mac", "ff:ff:ff:ff:ff:ff"], "broadcast MAC"),
     (["node", "set", "n003", "--mac", "01:00:5e:00:00:01"], "multicast MAC"),
-    (["node", "set", "n003", "--ipaddr", "127.0.0.1"], "loopback"),
+    (["node", "add", "x1", "--ipaddr", "127.0.0.1"],
+     "node x1: netdevs.eth0.ipaddr: 127.0.0.1 is already used by the server (server.address)"),
     (["node", "set", "n003", "--bmc-timeout", "-5"], "node n003: bmc.timeout: timeout -5"),
     (["node", "set", "n003", "--bmc-cipher-suite", "99"], "cipher suite 99"),
     (["node", "set", "n003", "--ssh-key", "not a key"], "not an OpenSSH public key"),
@@ -209,6 +210,14 @@ def test_the_servers_own_address_is_not_a_nodes(cluster, state_dir):
     result = cluster("node", "set", "n003", "--ipaddr", "10.10.0.1")
     assert result.code != 0
     assert "node n003: netdevs.eth0.ipaddr: 10.10.0.1 is already used by the server" in result.err
+    for flag, value in (("--ipaddr", "127.0.0.5"), ("--ipaddr6", "::1")):
+        result = cluster("node", "add", "x1", flag, value)
+        assert result.code != 0 and f"{value} is loopback, not a node's address" in result.err
+
+
+def test_loopback_nodes_only_beside_a_loopback_server(cluster):
+    """A server on loopback (tests, demos) is reached by loopback clients only."""
+    assert cluster("node", "add", "x1", "--ipaddr", "127.0.0.5", "--ipaddr6", "::1").code == 0
 
 
 @pytest.mark.parametrize("args, message", [
