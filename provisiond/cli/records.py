@@ -70,7 +70,8 @@ def register_verbs(subparsers, kind: Kind) -> argparse._SubParsersAction:
     show.set_defaults(func=lambda a, c: show_record(a, c, kind))
     delete = verbs.add_parser("delete", help=f"delete {kind.key}")
     delete.add_argument("names", metavar="NAMES", help=range_help)
-    delete.add_argument("--yes", action="store_true", help="really delete")
+    delete.add_argument("--yes", action="store_true",
+                        help="delete without asking (needed when stdin is not a terminal)")
     delete.set_defaults(func=lambda a, c: delete_records(a, c, kind))
     return verbs
 

@@ -14,7 +14,7 @@ from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
-from provisiond.inventory.model import Inventory, check_text
+from provisiond.inventory.model import CONTROL_RE, Inventory, check_text
 from provisiond.inventory.validate import validate_inventory
 
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
@@ -114,7 +114,7 @@ def validate_inventory_data(data: dict, origin: str) -> Inventory:
 def describe_validation_error(exc: ValidationError) -> str:
     """One line from pydantic's first error: 'node n001: netdevs.eth0.mac: invalid ...'."""
     err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"]]
+    loc = [_loc_part(p) for p in err["loc"] if p != "[key]"]
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown field"
@@ -126,6 +126,12 @@ def describe_validation_error(exc: ValidationError) -> str:
         field = ".".join(loc[2:])
         return f"{kind} {loc[1]}: {field + ': ' if field else ''}{message}"
     return f"{'.'.join(loc)}: {message}" if loc else message
+
+
+def _loc_part(part) -> str:
+    """A field path part; a mapping key holding a control character is shown escaped."""
+    text = str(part)
+    return repr(text) if CONTROL_RE.search(text) else text
 
 
 def _control_message(value: str) -> str:

@@ -178,6 +178,8 @@ def test_range_keys_count_up_every_address(cli, tmp_path):
     ("nodes:\n  n1:\n    netdevs: {eth0: {mac: 52:54:00:00:00:01}}\n",
      "node n1: netdevs.eth0.mac: Input should be a valid string (YAML read the value as a "
      "number, 41135040001: put it in quotes)"),
+    ('nodes:\n  n1:\n    tags: {"k\\n": v}\n',
+     "node n1: tags.'k\\n': control character '\\n' is not allowed in 'k\\n'"),
     ("nodes:\n  n1:\n    tags: {gpu: yes}\n",
      "node n1: tags.gpu: Input should be a valid string (YAML read the value as a boolean, "
      "True: put it in quotes)"),
