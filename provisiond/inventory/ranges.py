@@ -30,28 +30,26 @@ def fold(names: list[str]) -> str:
 
 
 def consecutive(first, count: int, what: str) -> list:
-    """`count` values from `first` up: a MAC, or an IPv4 or IPv6 address (`what` says which
-    field, for errors). A value of another type is repeated for the schema to refuse."""
-    if count == 1 or not isinstance(first, str):
-        return [first] * count
-    if what.endswith("mac"):
-        try:
-            value, top = int(normalise_mac(first).replace(":", ""), 16), 0xFFFFFFFFFFFF
-        except ValueError:
-            raise InvalidInput(f"{what}: invalid MAC address {first!r}") from None
-        if value + count - 1 > top:
-            raise InvalidInput(f"{what}: {count} consecutive MACs from {first} overflow")
-        return [":".join(f"{value + i:012x}"[j:j + 2] for j in range(0, 12, 2))
-                for i in range(count)]
+    """`count` values from `first` up: a MAC, or an IPv4 or IPv6 address (`what` names the
+    field). A value that is none of these (a BMC host name, a typo) is repeated: the schema
+    or the uniqueness check then names the problem."""
     try:
+        if what.endswith("mac"):
+            value = int(normalise_mac(first).replace(":", ""), 16)
+            return _counted(value, count, 48, first, what, lambda v: ":".join(
+                f"{v:012x}"[j:j + 2] for j in range(0, 12, 2)))
         start = ipaddress.ip_address(first)
-    except ValueError:
-        raise InvalidInput(f"{what}: {count} nodes need consecutive addresses, and "
-                           f"{first!r} is not an IP address to count up from") from None
-    if int(start) + count - 1 >= 1 << start.max_prefixlen:
-        raise InvalidInput(f"{what}: {count} consecutive addresses from {first} overflow "
-                           f"IPv{start.version}")
-    return [str(start + i) for i in range(count)]
+    except (ValueError, AttributeError):
+        return [first] * count
+    return _counted(int(start), count, start.max_prefixlen, first, what,
+                    lambda v: str(ipaddress.ip_address(v) if start.version == 4
+                                  else ipaddress.IPv6Address(v)))
+
+
+def _counted(value: int, count: int, bits: int, first: str, what: str, show) -> list[str]:
+    if value + count - 1 >= 1 << bits:
+        raise InvalidInput(f"{what}: {count} consecutive values from {first} overflow")
+    return [show(value + i) for i in range(count)]
 
 
 def spread_addresses(data: dict, count: int) -> list[dict]:

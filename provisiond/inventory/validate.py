@@ -9,6 +9,7 @@ from provisiond.config import Config
 from provisiond.errors import InvalidInventory
 from provisiond.inventory.merge import Node, merge_all
 from provisiond.inventory.model import Inventory
+from provisiond.states import BmcDriver
 
 
 def validate_inventory(inventory: Inventory, config: Config | None = None) -> dict[str, Node]:
@@ -56,9 +57,10 @@ def _claim(seen: dict, value, node: str, field: str, shown: str | None = None) -
 
 def _claim_bmc(seen: dict, node: Node) -> None:
     """One BMC endpoint per node: address, port and system id together (several Redfish
-    systems can share an address, as sushy-tools serves them)."""
+    systems can share an address, as sushy-tools serves them). A fake BMC is the node's own
+    whatever its address (the address only picks a behaviour)."""
     bmc = node.record.bmc
-    if not (bmc and bmc.address):
+    if not (bmc and bmc.address) or bmc.driver is BmcDriver.FAKE:
         return
     shown = bmc.address + (f" port {bmc.port}" if bmc.port else "") + (
         f" system {bmc.system_id}" if bmc.system_id else "")

@@ -180,7 +180,7 @@ def test_commas_split_only_profiles_and_overlays(cluster):
     (["node", "set", "n003", "--bmc-cipher-suite", "99"], "cipher suite 99"),
     (["node", "set", "n003", "--ssh-key", "not a key"], "not an OpenSSH public key"),
     (["node", "set", "n[002-003]", "--bmc-address", "bmc.lab"],
-     "bmc.address: 2 nodes need consecutive addresses"),
+     "node n003: bmc.address: bmc.lab is already used by node n002"),
 ])
 def test_values_are_checked_when_stored(cluster, config, args, message):
     before = config.inventory_path.read_bytes()
@@ -196,7 +196,11 @@ def test_bmc_endpoints_are_unique(cluster):
     result = cluster("node", "set", "n002", "--bmc-address", "10.20.0.1")
     assert result.code != 0
     assert "node n002: bmc.address: 10.20.0.1 is already used by node n001" in result.err
-    # several Redfish systems behind one address are distinct endpoints
+    # a fake BMC is the node's own whatever its address; several Redfish systems behind one
+    # address are distinct endpoints
+    assert cluster("node", "set", "n[001-002]", "--bmc-driver", "fake", "--bmc-address",
+                   "bmc").code == 0
+    assert cluster("node", "set", "n[001-002]", "--bmc-driver", "redfish").code != 0
     assert cluster("node", "set", "n001", "--bmc-address", "127.0.0.1", "--bmc-port", "8000",
                    "--bmc-system-id", "a").code == 0
     assert cluster("node", "set", "n002", "--bmc-address", "127.0.0.1", "--bmc-port", "8000",

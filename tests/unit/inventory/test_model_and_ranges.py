@@ -26,12 +26,14 @@ def test_consecutive_addresses_and_macs():
     assert consecutive("52:54:00:00:00:ff", 2, "mac") == [
         "52:54:00:00:00:ff", "52:54:00:00:01:00"]
     assert consecutive("fd00::ffff", 2, "ipaddr6") == ["fd00::ffff", "fd00::1:0"]
-    with pytest.raises(InvalidInput, match="overflow IPv4"):
+    assert consecutive("fd00::1", 1, "ipaddr6") == ["fd00::1"]
+    with pytest.raises(InvalidInput, match="ipaddr: 2 consecutive values from 255.255.255.255"):
         consecutive("255.255.255.255", 2, "ipaddr")
-    with pytest.raises(InvalidInput, match="overflow IPv6"):
+    with pytest.raises(InvalidInput, match="overflow"):
         consecutive("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 2, "ipaddr6")
-    with pytest.raises(InvalidInput, match="bmc.address: 2 nodes need consecutive"):
-        consecutive("bmc.lab", 2, "bmc.address")
+    with pytest.raises(InvalidInput, match="overflow"):
+        consecutive("ff:ff:ff:ff:ff:ff", 2, "mac")
+    assert consecutive("bmc.lab", 2, "bmc.address") == ["bmc.lab", "bmc.lab"]  # not counted
 
 
 def test_spread_addresses_counts_up_every_address_field():
