@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from provisiond.config import Config
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInput, NotFound
-from provisiond.inventory.model import check_image_name as _image_name_rule
+from provisiond.inventory.values import check_image_name as _image_name_rule
 
 RECIPE_FILE = "image.yaml"
 DEFAULT_MODULES = ["virtio_net", "virtio_pci", "virtio_blk", "e1000", "af_packet"]

@@ -8,7 +8,8 @@ import ipaddress
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 from provisiond.errors import InvalidInput
-from provisiond.inventory.model import node_sort_key, normalise_mac
+from provisiond.inventory.model import node_sort_key
+from provisiond.inventory.values import normalise_mac
 
 ADDRESS_FIELDS = ("mac", "ipaddr", "ipaddr6")  # of each netdev; and bmc.address
 

@@ -14,7 +14,8 @@ from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
-from provisiond.inventory.model import CONTROL_RE, Inventory, check_text
+from provisiond.inventory.model import Inventory
+from provisiond.inventory.values import CONTROL_RE, check_text
 from provisiond.inventory.validate import validate_inventory
 
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"

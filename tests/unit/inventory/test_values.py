@@ -3,7 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from provisiond.inventory.model import Record, check_name
+from provisiond.inventory.model import Record
+from provisiond.inventory.values import check_name
 from provisiond.inventory.store import describe_validation_error
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE2VKIJgSg1BQBvSU0hrcOMnjwkiRUAX6JcU/3rHVLmv a@b"
