@@ -1,22 +1,67 @@
-"""The one exception root of provisiond and its named subclasses.
+"""The one exception root of provisiond, its named subclasses, and the CLI's exit codes.
 
 Every error a user can cause or meet is a ProvisiondError; the CLI prints it as one line and
-exits non-zero, the API maps it to a JSON body and the status code named by `http_status`.
+exits with its `exit_code` (one ExitCode per kind of failure, the table `--help` and README
+show), the API maps it to a JSON body and the status code named by `http_status`.
 """
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What the `provisiond` command's exit status means; EXIT_CODE_MEANINGS says it in words."""
+
+    OK = 0
+    FAILED = 1
+    INVALID_INPUT = 2
+    NOT_FOUND = 3
+    CONFLICT = 4
+    BUILD_FAILED = 5
+    FORBIDDEN = 6
+    BMC_FAILED = 7
+    SERVE_FAILED = 8
+    INTERRUPTED = 130
+    STDOUT_CLOSED = 141
+
+
+EXIT_CODE_MEANINGS = {
+    ExitCode.OK: "success",
+    ExitCode.FAILED: "any other failure (e.g. a file that cannot be read or written)",
+    ExitCode.INVALID_INPUT: "invalid input: a usage error, a bad value in a flag, a file or "
+                            "provisiond.yaml, or a change the inventory would not accept; "
+                            "nothing was written",
+    ExitCode.NOT_FOUND: "not found: a node, profile, image, overlay, or no state directory "
+                        "(run `provisiond init`)",
+    ExitCode.CONFLICT: "conflict: it exists already, is in use, or the inventory changed "
+                       "meanwhile",
+    ExitCode.BUILD_FAILED: "an image or overlay build failed; the previous build stays",
+    ExitCode.FORBIDDEN: "forbidden: not allowed to see or do this",
+    ExitCode.BMC_FAILED: "a BMC failed or did not answer for at least one node (power, "
+                         "bootdev, firmware, slurm); the others were done",
+    ExitCode.SERVE_FAILED: "serve: a boot service could not start",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.STDOUT_CLOSED: "the reader closed the output early (piped into head): the "
+                            "command ends quietly, as one that SIGPIPE ends",
+}
+
+
+def exit_code_table() -> list[tuple[int, str]]:
+    """(code, meaning) rows in code order, for `--help` and README."""
+    return [(int(code), EXIT_CODE_MEANINGS[code]) for code in ExitCode]
 
 
 class ProvisiondError(Exception):
     """Root of every error provisiond reports to a user."""
 
     http_status = 500
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
 
 class InvalidInput(ProvisiondError):
     """A request, a flag or a file holds a value that cannot be used."""
 
     http_status = 400
-    exit_code = 2
+    exit_code = ExitCode.INVALID_INPUT
 
 
 class InvalidInventory(InvalidInput):
@@ -33,7 +78,11 @@ class NotFound(ProvisiondError):
     """A named thing does not exist."""
 
     http_status = 404
-    exit_code = 3
+    exit_code = ExitCode.NOT_FOUND
+
+
+class StateDirNotFound(NotFound):
+    """The state directory holds no provisiond.yaml and no inventory."""
 
 
 class NodeNotFound(NotFound):
@@ -56,14 +105,14 @@ class AlreadyExists(ProvisiondError):
     """A create would overwrite something that exists."""
 
     http_status = 409
-    exit_code = 4
+    exit_code = ExitCode.CONFLICT
 
 
 class Conflict(ProvisiondError):
     """The caller's view is stale or the thing is in use."""
 
     http_status = 409
-    exit_code = 4
+    exit_code = ExitCode.CONFLICT
 
 
 class StaleRevision(Conflict):
@@ -77,21 +126,21 @@ class InUse(Conflict):
 class BuildFailed(ProvisiondError):
     """An image or overlay build failed; the previous build stays in place."""
 
-    exit_code = 5
+    exit_code = ExitCode.BUILD_FAILED
 
 
 class Forbidden(ProvisiondError):
     """The caller may not see or do this."""
 
     http_status = 403
-    exit_code = 6
+    exit_code = ExitCode.FORBIDDEN
 
 
 class BmcError(ProvisiondError):
     """A BMC refused or failed a request."""
 
     http_status = 502
-    exit_code = 7
+    exit_code = ExitCode.BMC_FAILED
 
 
 class BmcUnreachable(BmcError):
@@ -104,3 +153,9 @@ class UnsupportedOperation(BmcError):
     """The driver or BMC cannot do what was asked."""
 
     http_status = 501
+
+
+class ServeFailed(ProvisiondError):
+    """A boot service could not start (a port in use, a missing interface...)."""
+
+    exit_code = ExitCode.SERVE_FAILED

@@ -17,15 +17,9 @@ from provisiond.boot.logs import flush_logs
 from provisiond.boot.phases import PHASE_FD_ENV, PhaseProcess
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config, check_serving, url_host
-from provisiond.errors import ProvisiondError
+from provisiond.errors import ProvisiondError, ServeFailed
 
 log = logging.getLogger("provisiond.boot")
-
-
-class ServeFailed(ProvisiondError):
-    """A boot service could not start (a port in use, a missing interface...)."""
-
-    exit_code = 8
 
 
 def gunicorn_command(config: Config) -> list[str]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
+import textwrap
 
 from provisiond import __version__
-from provisiond.cli.context import Context
-from provisiond.errors import ProvisiondError
+from provisiond.cli.context import Context, printable
+from provisiond.errors import ExitCode, ProvisiondError, exit_code_table
 
 # Each module has register(subparsers) that adds its noun(s) and sets `func` on the leaf
 # parsers; func(args, ctx) returns an exit code (None means 0). Listed in `--help` order.
@@ -18,17 +21,27 @@ NOUN_MODULES = [
 ]
 
 
+def exit_codes_help() -> str:
+    """The exit-code table (provisiond.errors.ExitCode) for the `--help` epilog."""
+    rows = (textwrap.fill(meaning, 79, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+            for code, meaning in exit_code_table())
+    return "exit codes:\n" + "\n".join(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="provisiond",
         description="Stateless provisioning for HPC clusters: inventory, images, overlays, "
         "PXE boot services and BMC power control.",
+        epilog=exit_codes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"provisiond {__version__}")
     parser.add_argument(
         "--state-dir",
         metavar="DIR",
-        help="state directory (default: $PROVISIOND_STATE_DIR or /var/lib/provisiond)",
+        help="state directory, made by `provisiond init` (default: $PROVISIOND_STATE_DIR "
+        "or /var/lib/provisiond)",
     )
     subparsers = parser.add_subparsers(dest="noun", metavar="COMMAND")
     for name in NOUN_MODULES:
@@ -41,20 +54,58 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    ctx = Context(args.state_dir)
+        return ExitCode.INVALID_INPUT
     try:
-        return args.func(args, ctx) or 0
+        code = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError as exc:
+        if not _stdout_closed():
+            return _fail(_os_error_text(exc), ExitCode.FAILED)
+        _discard_stdout()
+        return ExitCode.STDOUT_CLOSED
+
+
+def _run(args) -> int:
+    """The verb's exit code; errors become one line on stderr and their exit code."""
+    try:
+        return args.func(args, Context(args.state_dir)) or ExitCode.OK
     except ProvisiondError as exc:
-        print(f"provisiond: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         print("provisiond: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        raise  # main() tells a closed stdout from another broken pipe
     except OSError as exc:
-        print(f"provisiond: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "),
-              file=sys.stderr)
-        return 1
+        return _fail(_os_error_text(exc), ExitCode.FAILED)
+
+
+def _os_error_text(exc: OSError) -> str:
+    return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"provisiond: error: {printable(message)}", file=sys.stderr)
+    return code
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe or socket whose reader has gone (POLLERR on the fd)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so the final flush at exit neither fails nor prints."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def entry() -> None:

@@ -1,4 +1,8 @@
-"""What every CLI verb gets: the config (loaded on first use) and output helpers."""
+"""What every CLI verb gets: the config (loaded on first use) and output helpers.
+
+Text from the inventory, status reports, BMCs, recipes and overlay files is untrusted: every
+printer here passes it through `printable`, so no escape sequence reaches the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,15 @@ import getpass
 import json
 import shutil
 import sys
+import unicodedata
 from functools import cached_property
 
-from provisiond.config import Config, load_config, resolve_state_dir
-from provisiond.errors import InvalidInput
+from provisiond.config import CONFIG_NAME, Config, load_config, resolve_state_dir
+from provisiond.errors import InvalidInput, StateDirNotFound
+
+# Control (Cc), format (Cf: bidi overrides, zero-width), surrogate, private-use and
+# unassigned code points, and line/paragraph separators: none may reach a terminal raw.
+UNPRINTABLE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 
 
 class Context:
@@ -18,7 +27,15 @@ class Context:
 
     @cached_property
     def config(self) -> Config:
-        return load_config(self.state_dir)
+        """The state dir's settings; a dir `init` never made is StateDirNotFound, so a
+        mistyped path never becomes a new, empty cluster."""
+        config = load_config(self.state_dir)
+        if not (self.state_dir / CONFIG_NAME).is_file() and not config.inventory_path.is_file():
+            raise StateDirNotFound(
+                f"no provisiond state in {self.state_dir} (no {CONFIG_NAME}, no inventory): "
+                f"create one with `provisiond --state-dir {self.state_dir} init`, or name "
+                "an existing one with --state-dir or $PROVISIOND_STATE_DIR")
+        return config
 
     @staticmethod
     def read_secret(what: str) -> str:
@@ -37,9 +54,15 @@ class Context:
         sys.stdout.write("\n")
 
     @staticmethod
+    def print_line(text: str, file=None) -> None:
+        """One line of output, untrusted parts escaped (see `printable`)."""
+        print(printable(text), file=file or sys.stdout)
+
+    @staticmethod
     def print_table(columns: list[str], rows: list[list]) -> None:
-        """A plain table that fits the terminal: the widest column is cut to fit."""
-        cells = [[str(c) if c is not None else "-" for c in row] for row in rows]
+        """A plain table that fits the terminal: the widest column is cut to fit; cells are
+        escaped (see `printable`)."""
+        cells = [[printable(str(c)) if c is not None else "-" for c in row] for row in rows]
         widths = [len(c) for c in columns]
         for row in cells:
             widths = [max(w, len(c)) for w, c in zip(widths, row)]
@@ -51,6 +74,15 @@ class Context:
         print(_format_row(columns, widths))
         for row in cells:
             print(_format_row(row, widths))
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on written as an escape
+    (`\\x1b`, `\\n`, `\\u202e`): untrusted text shows as text and never repaints the screen."""
+    if text.isprintable():
+        return text
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in UNPRINTABLE_CATEGORIES
+                   else ch for ch in text)
 
 
 def _format_row(row: list[str], widths: list[int]) -> str:

@@ -81,7 +81,7 @@ def _summary(ctx, manifest: dict, as_json: bool) -> None:
     if as_json:
         ctx.print_json(manifest)
         return
-    print(f"{manifest['name']}: {len(manifest['layers'])} layers, "
+    ctx.print_line(f"{manifest['name']}: {len(manifest['layers'])} layers, "
           f"{_size(manifest['total_size'])}, kernel {manifest['kernel']['version']}, "
           f"{manifest['build_seconds']:.1f}s")
 
@@ -102,13 +102,13 @@ def cmd_show(args, ctx) -> int:
     if args.json:
         ctx.print_json(manifest)
         return 0
-    print(f"name:        {manifest['name']}")
-    print(f"kernel:      {manifest['kernel']['version']} {manifest['kernel']['digest']} "
+    ctx.print_line(f"name:        {manifest['name']}")
+    ctx.print_line(f"kernel:      {manifest['kernel']['version']} {manifest['kernel']['digest']} "
           f"({_size(manifest['kernel']['size'])})")
-    print(f"init:        {manifest['init']}")
-    print(f"kernel args: {' '.join(manifest['kernel_args']) or '-'}")
-    print(f"recipe:      {manifest['recipe']['path']}")
-    print(f"built:       {manifest['built_at']} in {manifest['build_seconds']:.1f}s, "
+    ctx.print_line(f"init:        {manifest['init']}")
+    ctx.print_line(f"kernel args: {' '.join(manifest['kernel_args']) or '-'}")
+    ctx.print_line(f"recipe:      {manifest['recipe']['path']}")
+    ctx.print_line(f"built:       {manifest['built_at']} in {manifest['build_seconds']:.1f}s, "
           f"total {_size(manifest['total_size'])}")
     rows = [[i, l["kind"], _size(l["size"]), l["digest"][:19], l["description"]]
             for i, l in enumerate(manifest["layers"], 1)]

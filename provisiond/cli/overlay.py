@@ -63,12 +63,12 @@ def cmd_show(args, ctx) -> int:
                         "variables": sorted(overlay.uses), "description": overlay.description,
                         "files": files})
         return 0
-    print(f"{overlay.name}: {overlay.root}" + (" (runtime only: holds secrets)"
+    ctx.print_line(f"{overlay.name}: {overlay.root}" + (" (runtime only: holds secrets)"
                                                if overlay.secret else ""))
     for path in shadowed:
-        print(f"  shadows {path}")
+        ctx.print_line(f"  shadows {path}")
     if overlay.uses:
-        print(f"  templates use: {', '.join(sorted(overlay.uses))}")
+        ctx.print_line(f"  templates use: {', '.join(sorted(overlay.uses))}")
     ctx.print_table(["PATH", "KIND", "MODE", "SOURCE"],
                     [[f["path"], f["kind"], f["mode"], f["source"]] for f in files])
     return 0

@@ -1,7 +1,13 @@
 """`provisiond slurm resume|suspend HOSTLIST`: Slurm's ResumeProgram/SuspendProgram.
 
-Slurm runs the program with a hostlist (`n[001-004]`) as its only argument and reads
-nothing from it but the exit status; each node's outcome goes to syslog or `--log FILE`.
+What Slurm's Power Saving Guide (power_save.shtml) asks of these programs: slurmctld runs
+them as SlurmUser with one argument, the nodes in hostlist form (`n[001-004],gpu1`); it does
+not log their stdout or stderr, so each node's outcome goes to syslog or `--log FILE`; they
+have no time limit but must end (every BMC call here has a deadline); a node that does not
+register within ResumeTimeout is set DOWN by Slurm (and ResumeFailProgram runs). So one name
+provisiond does not know never holds back the others: the known nodes are acted on, each
+unknown one is logged as an error, and the exit status is non-zero (for people and scripts:
+the guide gives Slurm no use for it).
 """
 
 from __future__ import annotations
@@ -11,20 +17,25 @@ import logging
 import logging.handlers
 import os
 
+from provisiond.cli.context import printable
+from provisiond.errors import BmcError, NotFound
 from provisiond.power import operations
 from provisiond.power.base import Driver
 from provisiond.power.report import exit_code
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 SYSLOG_SOCKET = "/dev/log"
-EPILOG = """Slurm runs a program with the hostlist as its only argument, so wrap each verb:
+EPILOG = f"""Slurm runs a program with the hostlist as its only argument, so wrap each verb:
   /usr/local/sbin/provisiond-resume:
     #!/bin/sh
     exec provisiond --state-dir /var/lib/provisiond slurm resume "$1"
   slurm.conf:
     ResumeProgram=/usr/local/sbin/provisiond-resume
     SuspendProgram=/usr/local/sbin/provisiond-suspend
-The program runs as SlurmUser, which must be able to read the state dir and secrets."""
+The program runs as SlurmUser, which must be able to read the state dir and secrets.
+Every node named is tried; each outcome is one log line. Exit status: 0 when every node
+was done, {NotFound.exit_code} when a name is no node (the known ones were still done), else \
+{BmcError.exit_code} when a BMC failed."""
 
 
 def register(subparsers) -> None:
@@ -67,15 +78,18 @@ def pxe_boot(config):
 def _run(args, ctx, operation) -> int:
     log = _logger(args.log)
     try:
-        results = operations.run(ctx.config, args.hostlist, operation, args.timeout)
+        nodes, unknown = operations.find_nodes(ctx.config, args.hostlist)
+        results = operations.run_nodes(ctx.config, nodes, operation, args.timeout)
     except Exception as exc:
         log.error("slurm %s %s: %s", args.verb, args.hostlist, exc)
         raise
+    for name in unknown:
+        log.error("slurm %s %s: error: no such node", args.verb, name)
     for result in results:
         level = logging.INFO if result.ok else logging.ERROR
         log.log(level, "slurm %s %s: %s: %s", args.verb, result.node,
                 "ok" if result.ok else "error", result.detail)
-    return exit_code(results)
+    return NotFound.exit_code if unknown else exit_code(results)
 
 
 def _logger(path: str | None) -> logging.Logger:
@@ -93,5 +107,13 @@ def _logger(path: str | None) -> logging.Logger:
         handler.setFormatter(logging.Formatter("provisiond: %(message)s"))
     else:
         handler = logging.StreamHandler()
+        handler.setFormatter(_PrintableFormatter("provisiond: %(message)s"))
     log.addHandler(handler)
     return log
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines for a terminal: BMC answers and names escaped (see `printable`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))

@@ -24,14 +24,20 @@ DRIVER_CLASSES = {
 Operation = Callable[[Driver], object]
 
 
-def select_nodes(config: Config, pattern: str) -> dict[str, Node]:
-    """The inventory nodes a range names; any name missing is NodeNotFound."""
+def find_nodes(config: Config, pattern: str) -> tuple[dict[str, Node], list[str]]:
+    """The inventory nodes a range names, and the names it names that are no node."""
     names = expand(pattern)
     nodes = load_nodes(config)
-    missing = [n for n in names if n not in nodes]
+    return ({name: nodes[name] for name in names if name in nodes},
+            [name for name in names if name not in nodes])
+
+
+def select_nodes(config: Config, pattern: str) -> dict[str, Node]:
+    """The inventory nodes a range names; any name missing is NodeNotFound."""
+    found, missing = find_nodes(config, pattern)
     if missing:
         raise NodeNotFound(f"no such node: {fold(missing)}")
-    return {name: nodes[name] for name in names}
+    return found
 
 
 def open_driver(config: Config, node: Node, timeout: float | None = None) -> Driver:

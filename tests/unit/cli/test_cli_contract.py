@@ -1,0 +1,225 @@
+"""The command's promises to every user: a state dir `init` made, one line per error with a
+documented exit code, a closed pipe ends it quietly, untrusted text never drives the terminal."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import provisiond
+from provisiond.cli import main
+from provisiond.cli.context import Context
+from provisiond.errors import ExitCode, ProvisiondError, exit_code_table
+from provisiond.power.fake import read_fake_bmcs
+from provisiond.states import NodePhase
+from provisiond.status import record_phase
+from tests.conftest import REPO, run_provisiond
+
+ESCAPES = "\x1b[2J\x1b[H\x1b]0;owned\x07\nFAKE ROW\r\x9b31m\u202e"
+
+
+# --- a state dir that does not exist is not a new cluster ---------------------------------
+
+COMMANDS_NEEDING_STATE = [
+    ["node", "list"], ["node", "add", "n1"], ["node", "status"], ["profile", "list"],
+    ["image", "list"], ["overlay", "list"], ["overlay", "build"], ["power", "status", "n1"],
+    ["slurm", "suspend", "n1", "--log", "{log}"], ["secret", "list"],
+    ["apply", "-f", "{apply}"],
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS_NEEDING_STATE, ids=lambda a: " ".join(a[:2]))
+def test_a_missing_state_dir_is_one_line_and_nothing_is_created(tmp_path, capsys, argv):
+    typo = tmp_path / "stat"
+    (tmp_path / "cluster.yaml").write_text("nodes: {n1: {}}\n")
+    argv = [a.format(log=tmp_path / "slurm.log", apply=tmp_path / "cluster.yaml") for a in argv]
+    code = main(["--state-dir", str(typo), *argv])
+    err = capsys.readouterr().err
+    assert code == ExitCode.NOT_FOUND, err
+    assert err.count("\n") == 1 and err.startswith("provisiond: error: no provisiond state")
+    assert f"provisiond --state-dir {typo} init" in err
+    assert not typo.exists()
+
+
+def test_serve_refuses_a_missing_state_dir_before_starting_anything(tmp_path):
+    typo = tmp_path / "stat"
+    result = run_provisiond(typo, "serve", "--no-http", "--no-dhcp", "--no-tftp", "--no-dns",
+                            timeout=60)
+    assert result.returncode == ExitCode.NOT_FOUND, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("provisiond: error: no provisiond state")
+    assert "Traceback" not in result.stderr and not typo.exists()
+
+
+def test_an_empty_existing_dir_is_refused_too_and_init_makes_it_usable(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--state-dir", str(empty), "node", "list"]) == ExitCode.NOT_FOUND
+    assert list(empty.iterdir()) == []
+    assert main(["--state-dir", str(empty), "init", "--no-profiles"]) == 0
+    assert main(["--state-dir", str(empty), "node", "add", "n1"]) == 0
+    capsys.readouterr()
+    assert main(["--state-dir", str(empty), "node", "list"]) == 0
+    assert "n1" in capsys.readouterr().out
+
+
+def test_an_inventory_without_provisiond_yaml_is_still_a_cluster(tmp_path, capsys):
+    state = tmp_path / "handmade"
+    state.mkdir()
+    (state / "inventory.yaml").write_text("revision: 1\nnodes: {n7: {}}\n")
+    assert main(["--state-dir", str(state), "node", "list"]) == 0
+    assert "n7" in capsys.readouterr().out
+
+
+def test_the_environment_variable_is_checked_the_same_way(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PROVISIOND_STATE_DIR", str(tmp_path / "nosuch"))
+    assert main(["node", "list"]) == ExitCode.NOT_FOUND
+    assert "no provisiond state in" in capsys.readouterr().err
+
+
+# --- a closed stdout ----------------------------------------------------------------------
+
+def _run_into_closed_pipe(state_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """The command with stdout a pipe whose reader is gone (as after `| head -1` exits)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        env = dict(os.environ, PROVISIOND_STATE_DIR=str(state_dir))
+        return subprocess.run([sys.executable, "-m", "provisiond", *args], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("count", [1, 3000], ids=["flushed-at-exit", "fails-mid-print"])
+def test_a_closed_stdout_ends_quietly(cli, state_dir, count):
+    assert cli("node", "add", f"n[1-{count}]").code == 0
+    result = _run_into_closed_pipe(state_dir, "node", "list")
+    assert result.stderr == ""
+    assert result.returncode == ExitCode.STDOUT_CLOSED
+
+
+def test_head_reads_the_first_line_and_the_command_ends_quietly(cli, state_dir):
+    assert cli("node", "add", "n[1-3000]").code == 0
+    env = dict(os.environ, PROVISIOND_STATE_DIR=str(state_dir))
+    lister = subprocess.Popen([sys.executable, "-m", "provisiond", "node", "list"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = lister.stdout.readline()
+    lister.stdout.close()  # what head does after its first line
+    _, err = lister.communicate(timeout=120)
+    assert first.split() == [b"NAME", b"PROFILES", b"IMAGE", b"IPADDR", b"MAC", b"BMC"]
+    assert err == b"" and lister.returncode in (0, ExitCode.STDOUT_CLOSED)
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(cli, monkeypatch):
+    def broken(args, ctx):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    cli("node", "list")
+    from provisiond.cli import node
+
+    monkeypatch.setattr(node, "show_status", broken)
+    result = cli("node", "status")
+    assert result.code == ExitCode.FAILED
+    assert result.err == "provisiond: error: Broken pipe\n"
+
+
+# --- slurm: the known nodes are done, the unknown ones reported -------------------------
+
+@pytest.mark.parametrize("verb, power", [("resume", "on"), ("suspend", "off")])
+def test_slurm_acts_on_known_nodes_and_reports_unknown_ones(cli, config, tmp_path, verb,
+                                                            power):
+    assert cli("node", "add", "n[1-2]", "--bmc-driver", "fake", "--bmc-address", "bmc").code == 0
+    if verb == "suspend":
+        assert cli("power", "on", "n[1-2]").code == 0
+    log = tmp_path / "slurm.log"
+    result = cli("slurm", verb, "n1,nosuch,n2,gone[1-2]", "--log", str(log))
+    assert result.code == ExitCode.NOT_FOUND
+    bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert {name: bmc["power"] for name, bmc in bmcs.items()} == {"n1": power, "n2": power}
+    text = log.read_text()
+    for name in ("nosuch", "gone1", "gone2"):
+        assert f"slurm {verb} {name}: error: no such node" in text
+    assert f"slurm {verb} n1: ok" in text and f"slurm {verb} n2: ok" in text
+
+
+def test_slurm_with_only_unknown_nodes_logs_each_and_exits_not_found(cli, tmp_path):
+    log = tmp_path / "slurm.log"
+    assert cli("slurm", "resume", "x[1-2]", "--log", str(log)).code == ExitCode.NOT_FOUND
+    assert log.read_text().count("error: no such node") == 2
+
+
+# --- exit codes: one table, in errors.py, --help and README -------------------------------
+
+def _all_error_classes() -> set[type]:
+    for module in pkgutil.walk_packages(provisiond.__path__, "provisiond."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    found, todo = set(), [ProvisiondError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_error_class_exits_with_a_code_of_the_table():
+    for cls in _all_error_classes():
+        assert cls.exit_code in set(ExitCode), cls
+        assert type(cls.exit_code) is ExitCode, f"{cls.__name__}: a bare number"
+
+
+def test_help_and_readme_show_the_same_table(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    readme = (REPO / "README.md").read_text()
+    for code, meaning in exit_code_table():
+        assert f"{code} {meaning}" in help_text
+        assert f"| {code} | {meaning} |" in readme
+
+
+def test_usage_errors_exit_with_the_invalid_input_code(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["node", "add"])
+    assert caught.value.code == ExitCode.INVALID_INPUT
+    assert main([]) == ExitCode.INVALID_INPUT
+
+
+# --- untrusted text is escaped ------------------------------------------------------------
+
+def test_status_detail_with_escape_codes_cannot_repaint_the_table(cli, config):
+    assert cli("node", "add", "n[1-2]").code == 0
+    record_phase(config, "n1", NodePhase.FAILED, ESCAPES)
+    out = cli("node", "status").out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "\x9b" not in out and "\u202e" not in out
+    assert len(out.splitlines()) == 3, out  # header, n1, n2: no forged row
+    assert "\\x1b[2J" in out and "FAKE ROW" in out
+
+
+def test_error_lines_escape_what_the_user_typed(cli):
+    result = cli("node", "show", "n1\x1b[2J")
+    assert result.code != 0
+    assert "\x1b" not in result.err and "\\x1b" in result.err
+
+
+def test_every_table_cell_and_line_goes_through_the_same_escape(capsys):
+    Context.print_table(["NAME", "COMMENT"], [["n1", ESCAPES], ["n2", "tab\there"]])
+    Context.print_line(f"image: {ESCAPES}")
+    out = capsys.readouterr().out
+    assert out.isprintable() is False  # only the newlines that end lines remain
+    assert all(line.isprintable() for line in out.splitlines())
+    assert len(out.splitlines()) == 4
+
+
+def test_plain_text_and_other_scripts_pass_unchanged():
+    from provisiond.cli.context import printable
+
+    for text in ["n001", "café ünïcode", "节点 42", "a\\nb", "tags: rack=r1, gpu=a100"]:
+        assert printable(text) == text
