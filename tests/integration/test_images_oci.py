@@ -17,6 +17,7 @@ import pytest
 import zstandard
 
 from provisiond.cli import main
+from provisiond.errors import BuildFailed, NotFound
 from provisiond.images import blob_path, load_manifest
 
 KERNEL = b"MZ fake kernel for the import test"
@@ -285,10 +286,13 @@ def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_p
     bottom = {**BOTTOM, "etc/x\n": None, "etc/x\n/etc": b"tricky\n"}
     layers = [layer_tar(bottom), layer_tar({"etc/x\n/.wh.etc": b""})]
     archive = oci_archive(tmp_path / "image.tar", layers)
-    result = cli("image", "import", str(archive), "newline")
+    result = cli("image", "import", str(archive), "tricky")
     last = result.err.splitlines()[-1]
-    assert result.code != 0 and last.startswith("provisiond: error:"), result.err
-    assert "newline" in last and "Traceback" not in result.err
+    assert result.code == BuildFailed.exit_code and "Traceback" not in result.err, result.err
+    assert last.startswith("provisiond: error: image tricky: ")
+    assert "deletes '/etc/x\\n/etc', whose name has a newline" in last
+    with pytest.raises(NotFound):
+        load_manifest(config, "tricky")
 
 
 def test_names_starting_with_two_dots_are_files_not_escapes(cli, config, tmp_path):
