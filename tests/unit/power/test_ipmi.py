@@ -46,6 +46,9 @@ class FakeCommand:
         yield "BMC Version", {"version": "1.0"}
 
 
+SECRET = "Pw-7f3a91-never-printed"
+
+
 def driver(command: FakeCommand | None = None, **changes) -> ipmi.IpmiDriver:
     values = dict(node="n001", driver=BmcDriver.IPMI, address="127.0.0.1", port=6230,
                   username="admin", password="password", timeout=5.0)
@@ -114,8 +117,9 @@ def test_library_errors_become_provisiond_errors(error, expected, text):
     command = FakeCommand()
     command.failures = [error]
     with pytest.raises(expected, match=text) as caught:
-        driver(command).get_power_state()
-    assert "password'" not in str(caught.value)
+        driver(command, password=SECRET).get_power_state()
+    assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
+    assert caught.value.__cause__ is None  # nothing chained that could hold it either
 
 
 def test_firmware_update_is_unsupported_and_list_reports_the_bmc_version():
