@@ -160,7 +160,7 @@ def test_junk_requests_get_json_4xx(client, method, path):
 
 
 def test_overlays_built_by_the_real_ensure_overlay(client, config):
-    overlays = pytest.importorskip("provisiond.overlays")
+    from provisiond import overlays
     from provisiond.inventory import InventoryStore
 
     with InventoryStore(config).edit() as inv:
