@@ -21,6 +21,9 @@ from provisiond.config import load_config, write_default_config
 from provisiond.images import blob_path, build_image, load_manifest
 from provisiond.images.debs import deb_sha256, fetch_deb
 
+# Downloads Debian packages (busybox-static, the kernel) and mounts overlayfs (root).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED_CACHE = "/var/tmp/provisiond-test-cache"
 
