@@ -63,11 +63,13 @@ def test_unknown_node_is_one_line_error(nodes):
 
 
 def test_timeout_flag_bounds_a_hung_bmc(nodes):
+    """The flag is the hung BMC's deadline (a live node's answer is another test's: here a
+    slow machine could miss so short a deadline)."""
     nodes("node", "add", "n8", "--bmc-driver", "fake", "--bmc-address", "hang")
-    result = nodes("power", "status", "n[1,8]", "--timeout", "0.3", "--json")
-    rows = {r["node"]: r for r in json.loads(result.out)}
-    assert rows["n1"]["result"] == "ok"
-    assert rows["n8"]["detail"] == "no answer within 0.3 s"
+    result = nodes("power", "status", "n8", "--timeout", "0.3", "--json")
+    assert result.code == 7
+    assert [(r["node"], r["detail"]) for r in json.loads(result.out)] == [
+        ("n8", "no answer within 0.3 s")]
 
 
 def test_firmware_list_and_update(nodes):

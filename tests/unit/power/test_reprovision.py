@@ -25,7 +25,7 @@ def boot_when_cycled(config, phases: dict[str, list[NodePhase]]):
     path = config.state_dir / "power" / "fake-bmcs.json"
 
     def agent():
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         todo = dict(phases)
         while todo and time.monotonic() < deadline:
             state = read_fake_bmcs(path)
@@ -39,35 +39,53 @@ def boot_when_cycled(config, phases: dict[str, list[NodePhase]]):
     return thread
 
 
-def test_ready_failed_and_timeout_per_node(nodes, config):
-    record_phase(config, "n3", NodePhase.DHCP)
-    record_phase(config, "n3", NodePhase.READY)  # an old boot: must not count
+def test_ready_and_failed_per_node(nodes, config):
+    """Each node's own outcome; the wait ends as soon as every node has one (the timeout is
+    far away, so a slow machine cannot turn a boot into a timeout)."""
     boot_when_cycled(config, {
         "n1": [NodePhase.DHCP, NodePhase.KERNEL, NodePhase.READY],
         "n2": [NodePhase.DHCP, NodePhase.FAILED],
     })
-    results = {r.node: r for r in reprovision(config, "n[1-3]", timeout=1.5)}
+    results = _in_thread(lambda: reprovision(config, "n[1-2]", timeout=3600))
     assert results["n1"].ok and results["n1"].detail.startswith("ready after")
     assert not results["n2"].ok and results["n2"].detail.startswith("boot failed")
-    assert not results["n3"].ok and "no boot seen" in results["n3"].detail
     boots = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
-    assert all(boots[n]["boots"] == ["pxe"] for n in ("n1", "n2", "n3"))
+    assert all(boots[n]["boots"] == ["pxe"] for n in ("n1", "n2"))
+
+
+def test_a_ready_from_an_older_boot_does_not_count(nodes, config):
+    record_phase(config, "n3", NodePhase.DHCP)
+    record_phase(config, "n3", NodePhase.READY)  # an old boot: must not count
+    results = {r.node: r for r in reprovision(config, "n3", timeout=0.5)}
+    assert not results["n3"].ok and "no boot seen" in results["n3"].detail
+    assert read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")["n3"]["boots"] == [
+        "pxe"]
 
 
 def test_bmc_failure_is_reported_without_waiting(nodes, config):
+    """A node whose BMC failed is not waited for: with an hour's timeout, the call still
+    returns (within the bounded wait below) with the BMC's error."""
     nodes("node", "add", "n9", "--bmc-driver", "fake", "--bmc-address", "unreachable")
-    started = time.monotonic()
-    results = reprovision(config, ["n9"], timeout=30)
-    assert time.monotonic() - started < 5
-    assert not results[0].ok and "unreachable" in results[0].detail
+    results = _in_thread(lambda: reprovision(config, ["n9"], timeout=3600))
+    assert not results["n9"].ok and "unreachable" in results["n9"].detail
+
+
+def _in_thread(call, seconds: float = 120) -> dict:
+    """`call()`'s results by node; fails if it has not returned within `seconds`."""
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"still waiting after {seconds} s"
+    return {r.node: r for r in box[0]}
 
 
 def test_boot_once_false_is_reset_to_disk_after_ready(nodes, config):
     nodes("node", "set", "n1", "--no-bmc-boot-once")
     boot_when_cycled(config, {"n1": [NodePhase.DHCP, NodePhase.READY]})
-    results = reprovision(config, "n1", timeout=5)
-    assert results[0].ok, results[0].detail
-    assert "pending reset done" in results[0].detail
+    result = _in_thread(lambda: reprovision(config, "n1", timeout=3600))["n1"]
+    assert result.ok, result.detail
+    assert "pending reset done" in result.detail
     boot = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")["n1"]["boot"]
     assert boot == {"device": "disk", "persistent": True, "uefi": None}
 
