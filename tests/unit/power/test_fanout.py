@@ -6,6 +6,7 @@ import io
 import threading
 
 from provisiond.errors import BmcError
+from provisiond.power import fanout
 from provisiond.power.fanout import fan_out
 
 
@@ -29,26 +30,27 @@ def test_errors_are_per_node_and_a_driver_bug_is_contained():
     assert "internal error: KeyError" in results["bug"].detail
 
 
-def test_concurrency_limit_is_respected():
-    """Calls meet in threes at a barrier: only the limit lets a group of three form (fewer
-    slots never trip it, more let a fourth run at once), whatever the machine's speed."""
-    lock, running, peak = threading.Lock(), [0], [0]
+def test_concurrency_limit_is_respected(monkeypatch):
+    """At most three in flight whenever the fan-out waits (read from its own table of
+    running calls), and three really run at once: they meet at a barrier of three, which
+    fewer slots would never trip."""
+    in_flight = []
+    wait_one = fanout._Runner.wait_one
+
+    def counting_wait_one(runner):
+        in_flight.append(len(runner.running))
+        wait_one(runner)
+
+    monkeypatch.setattr(fanout._Runner, "wait_one", counting_wait_one)
     three = threading.Barrier(3)
 
     def call(name):
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-        try:
-            three.wait(timeout=30)
-        finally:
-            with lock:
-                running[0] -= 1
+        three.wait(timeout=30)
         return "ok"
 
     results = fan_out([f"n{i}" for i in range(21)], call, lambda n: 60, 3)
     assert [r.detail for r in results] == ["ok"] * 21
-    assert peak[0] == 3
+    assert max(in_flight) == 3
 
 
 def test_hung_calls_are_abandoned_at_their_deadline_and_free_their_slot():
