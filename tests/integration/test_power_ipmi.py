@@ -193,22 +193,20 @@ def test_firmware_list_reports_the_bmc_version(ipmi_nodes):
 
 
 def test_wrong_password_is_an_error_not_a_hang(ipmi_nodes, tmp_path):
+    """The BMC's refusal is the answer: reported as such, not a wait until the deadline."""
     (tmp_path / "bmc-password").write_text("not-it\n")
-    started = time.monotonic()
-    result = ipmi_nodes("power", "status", "i1", "--json", "--timeout", "10")
-    assert time.monotonic() - started < 12
+    result = ipmi_nodes("power", "status", "i1", "--json", "--timeout", "120")
     detail = rows(result)["i1"]["detail"]
     assert result.code == 7 and "not-it" not in detail
+    assert "Incorrect password" in detail, detail  # not "no answer within" / "stayed busy"
 
 
 @pytest.mark.parametrize("ipmi_bmcs", [12], indirect=True)
 def test_fan_out_over_twelve_ipmi_bmcs(ipmi_nodes):
-    started = time.monotonic()
     result = ipmi_nodes("power", "on", "i[1-12]", "--json")
     assert result.code == 0, result.out
     status = rows(ipmi_nodes("power", "status", "i[1-12]", "--json"))
     assert {row["detail"] for row in status.values()} == {"on"}
-    assert time.monotonic() - started < 30
 
 
 if __name__ == "__main__":
