@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,12 +47,21 @@ def dhcp_link(tmp_path_factory):
     script = tmp / "udhcpc.sh"
     script.write_text(SCRIPT)
     script.chmod(0o755)
-    time.sleep(1.5)
+    wait_serving(state / "serve.log", proc)
     try:
         yield link, config, script, tmp
     finally:
         stop_serve(proc)
         link.close()
+
+
+def wait_serving(log: Path, proc, seconds: float = 30) -> None:
+    """Until serve logs that DHCP is served (it logs so once its sockets are bound)."""
+    deadline = time.monotonic() + seconds
+    while "serving dhcp" not in log.read_text(errors="replace"):
+        assert proc.poll() is None, f"serve exited: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"serve not up after {seconds} s"
+        time.sleep(0.1)
 
 
 def udhcpc(link, script, out, *extra: str):
