@@ -15,7 +15,7 @@ deps: .venv/.deps-done
 test: deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Unit and integration tests only (no VMs, no debootstrap).
+# Unit and integration tests only (no VMs, no debootstrap or Debian package downloads).
 test-fast: deps
 	$(PY) -m pytest -m "not lab and not slow" $(PYTEST_ARGS)
 
