@@ -13,7 +13,9 @@ APT_PACKAGES=(
   # boot: iPXE binaries served over TFTP/HTTP
   ipxe
   # tests: real DHCP/TFTP/DNS clients
-  dnsutils isc-dhcp-client tftp-hpa
+  dnsutils isc-dhcp-client tftp-hpa atftp
+  # bench: peers measured in the same run
+  tftpd-hpa
   # lab: QEMU, firmware, libvirt, RA sender
   qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
 )

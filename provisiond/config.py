@@ -159,6 +159,9 @@ class TftpSettings(_Section):
     bind: BindAddress = "0.0.0.0"
     port: Port = 69
     root: str = "/usr/lib/ipxe"
+    sessions_per_client: Annotated[int, bounded(1, 256)] = 8
+    """Transfers at once from one client address (of 256 at most in all); more are refused
+    with a TFTP error."""
 
     @field_validator("root")
     @classmethod
@@ -343,6 +346,7 @@ tftp:
   bind: 0.0.0.0
   port: 69
   root: /usr/lib/ipxe    # iPXE binaries from Debian's ipxe package; must exist to serve
+  sessions_per_client: 8 # transfers at once from one address
 
 dns:
   enabled: false

@@ -1,27 +1,48 @@
-"""Read-only TFTP for the iPXE binaries, built on tftpy with a leaner server loop.
+"""Read-only TFTP (RFC 1350) for the iPXE binaries: one epoll loop, one UDP socket per transfer.
 
-Refused: writes, names with a `..` part, absolute names. tftpy does blksize and tsize; the
-loop here replaces tftpy's (which formats debug strings and scans every session per packet)
-with a socket -> session map, so a 1 MB transfer costs about what tftpd-hpa's does.
+Options: blksize (RFC 2348), tsize and timeout (RFC 2349), windowsize (RFC 7440). Refused:
+writes, absolute names, `..` parts, names that resolve (symlinks included) outside the root,
+anything but a regular file. Bounded: transfers at once, transfers per client address, and
+retransmissions to a silent client (then the transfer is dropped and logged once).
+Blocks are read with os.pread, so the page cache does the caching and no file is held in
+memory; netascii is served as octet, as tftpy (used before) did.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
+import socket
+import stat
+import struct
 import time
+from collections import Counter
 
-import tftpy
-from tftpy.TftpContexts import TftpContextServer
-from tftpy.TftpPacketTypes import TftpPacketRRQ
-from tftpy.TftpShared import TftpErrors, TftpException, TftpTimeout, TftpTimeoutExpectACK
-
+from provisiond.boot.udp import open_udp
 from provisiond.config import Config
 
 log = logging.getLogger("provisiond.boot")
-logging.getLogger("tftpy").setLevel(logging.WARNING)
+
+RRQ, WRQ, DATA, ACK, ERROR, OACK = 1, 2, 3, 4, 5, 6
+NOT_DEFINED, NOT_FOUND, ACCESS_VIOLATION, ILLEGAL = 0, 1, 2, 4
 MAX_SESSIONS = 256  # transfers at once, a socket each; a client over it retries its request
+PER_CLIENT = 8  # transfers at once from one address (tftp.sessions_per_client)
+TIMEOUT = 1.0  # seconds before a block is sent again, unless the client asks otherwise
+RETRIES = 5  # resends without an ACK before a transfer is dropped
+MAX_BLKSIZE = 65464  # RFC 2348
+MAX_WINDOW = 64  # RFC 7440 lets a client ask for 65535 blocks in flight; we allow this many
+TICK = 0.1  # how often timeouts are checked
+_HEADER = struct.Struct(">HH")
+
+
+class Refused(Exception):
+    """A request answered with a TFTP error (code, message) and no transfer."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 def refusal(filename: str) -> str | None:
@@ -35,137 +56,288 @@ def refusal(filename: str) -> str | None:
     return None
 
 
-class _Context(TftpContextServer):
-    """A session that accepts only read requests for names inside the root."""
-
-    def start(self, buffer: bytes) -> None:
-        self.metrics.start_time = self.last_update = time.time()
-        self.tidport = self.port
-        pkt = self.factory.parse(buffer)
-        why = "writes are refused" if not isinstance(pkt, TftpPacketRRQ) else refusal(
-            pkt.filename)
-        if why:
-            self.state.sendError(TftpErrors.AccessViolation)
-            raise TftpException(f"{self.host}: {why}: {getattr(pkt, 'filename', '')[:80]!r}")
-        if os.path.isdir(os.path.join(self.root, pkt.filename)):
-            self.state.sendError(TftpErrors.FileNotFound)
-            raise TftpException(f"{self.host}: {pkt.filename[:80]!r} is a directory")
-        self.state = self.state.handle(pkt, self.host, self.port)
+def error_packet(code: int, message: str) -> bytes:
+    return _HEADER.pack(ERROR, code) + message.encode()[:200] + b"\0"
 
 
-class TftpServer(tftpy.TftpServer):
-    """tftpy's server with a refusing session type and an O(1) packet -> session loop."""
+def parse_request(packet: bytes) -> tuple[str, str, dict[str, str]]:
+    """(file name, mode, options) of a read request; Refused if it is not a valid one."""
+    opcode = int.from_bytes(packet[:2], "big")
+    if opcode == WRQ:
+        raise Refused(ACCESS_VIOLATION, "writes are refused")
+    fields = packet[2:].split(b"\0")
+    if opcode != RRQ or len(fields) < 3 or fields[-1]:
+        raise Refused(ILLEGAL, "not a read request")
+    try:
+        name, mode, *rest = (field.decode() for field in fields[:-1])
+    except UnicodeDecodeError:
+        raise Refused(ILLEGAL, "file name or option is not UTF-8") from None
+    if mode.lower() not in ("octet", "netascii"):
+        raise Refused(ILLEGAL, f"mode {mode[:20]!r} is not served")
+    why = refusal(name)
+    if why:
+        raise Refused(ACCESS_VIOLATION, why)
+    options = {key.lower(): value for key, value in zip(rest[::2], rest[1::2])}
+    return name, mode, options
 
-    def __init__(self, root: str, node_for=None):
-        super().__init__(root)
+
+def negotiate(asked: dict[str, str], size: int) -> dict[str, int]:
+    """The options we take, with their values (RFC 2347: the others are ignored).
+
+    blksize and windowsize may be lowered to what we allow; a bad value drops its option."""
+    taken = {}
+    for key, low, high in (("blksize", 8, MAX_BLKSIZE), ("windowsize", 1, MAX_WINDOW),
+                           ("timeout", 1, 255)):
+        value = asked.get(key, "")
+        if value.isdigit() and int(value) >= low and (key != "timeout" or int(value) <= high):
+            taken[key] = min(int(value), high)
+    if "tsize" in asked:
+        taken["tsize"] = size
+    return taken
+
+
+def open_under(root: str, name: str) -> int:
+    """A read-only descriptor for regular file `name` under `root`; Refused otherwise."""
+    real_root = os.path.realpath(root)
+    path = os.path.realpath(os.path.join(real_root, name))
+    if os.path.commonpath([real_root, path]) != real_root:
+        raise Refused(ACCESS_VIOLATION, "outside the root")
+    try:  # O_NONBLOCK: a FIFO under the root must not block the loop
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise Refused(NOT_FOUND, "file not found") from None
+    except PermissionError:
+        raise Refused(ACCESS_VIOLATION, "permission denied") from None
+    except IsADirectoryError:
+        raise Refused(NOT_FOUND, "file not found") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused(NOT_FOUND, "file not found")
+    return fd
+
+
+class Session:
+    """One transfer: its socket (connected to the client), file, options and progress.
+
+    Blocks are numbered from 1 without wrapping (`acked` is -1 while an OACK is unanswered);
+    the packets carry the number modulo 65536, so files of any size go through (rollover 0).
+    """
+
+    __slots__ = ("sock", "peer", "name", "fd", "size", "blksize", "window", "timeout",
+                 "last", "acked", "sent", "oack", "deadline", "tries", "started")
+
+    def __init__(self, sock, peer, name: str, fd: int, options: dict[str, str]):
+        self.sock, self.peer, self.name, self.fd = sock, peer, name, fd
+        self.size = os.fstat(fd).st_size
+        taken = negotiate(options, self.size)
+        self.blksize = taken.get("blksize", 512)
+        self.window = taken.get("windowsize", 1)
+        self.timeout = float(taken.get("timeout", TIMEOUT))
+        self.last = self.size // self.blksize + 1  # the last block is shorter than blksize
+        self.oack = b"\0\6" + b"".join(b"%s\0%d\0" % (key.encode(), value)
+                                       for key, value in taken.items()) if taken else b""
+        self.acked = -1 if taken else 0  # -1: the OACK is "block 0", acknowledged by ACK 0
+        self.sent = 0
+        self.tries = 0
+        self.started = self.deadline = time.monotonic()
+
+    def send_window(self, now: float) -> None:
+        """Send (again) every block after the last acknowledged one, up to the window."""
+        if self.acked < 0:
+            self.sock.send(self.oack)
+        else:
+            blksize, fd, send = self.blksize, self.fd, self.sock.send
+            end = min(self.acked + self.window, self.last)
+            for block in range(self.acked + 1, end + 1):
+                send(_HEADER.pack(DATA, block & 0xFFFF)
+                     + os.pread(fd, blksize, (block - 1) * blksize))
+            self.sent = end
+        self.deadline = now + self.timeout
+
+    def on_ack(self, number: int) -> bool:
+        """Take an ACK (16-bit block number); True if it acknowledged something new.
+
+        Duplicate and stale ACKs change nothing (no Sorcerer's Apprentice resends)."""
+        ahead = (number - self.acked) & 0xFFFF
+        if ahead == 0 or ahead > max(self.sent, 0) - self.acked:
+            return False
+        self.acked += ahead
+        self.tries = 0
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self.acked == self.last
+
+    def close(self) -> None:
+        self.sock.close()
+        os.close(self.fd)
+
+
+class TftpServer:
+    """The TFTP loop: `bind`, then `listen` (in a thread) until `stop`."""
+
+    def __init__(self, root: str, node_for=None, per_client: int = PER_CLIENT,
+                 max_sessions: int = MAX_SESSIONS, retries: int = RETRIES):
+        self.root = root
         self.node_for = node_for or (lambda address: None)
-        self.sessions: dict[object, _Context] = {}
-        self.max_sessions = MAX_SESSIONS
+        self.per_client = per_client
+        self.max_sessions = max_sessions
+        self.retries = retries
+        self.sock: socket.socket | None = None
+        self.sessions: dict[int, Session] = {}  # by socket fd
+        self.peers: set[tuple] = set()  # (address, port) of every running transfer
+        self.by_client: Counter[str] = Counter()
         self.dropped = 0
+        self._stop: str | None = None  # "now" or "gracefully"
+        self._epoll = select.epoll()
 
     def bind(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
         """Open the server socket (in the caller's thread, so a port in use raises there)."""
-        from provisiond.boot.udp import open_udp
-
         self.sock = open_udp(listenip, listenport)
         self.sock.setblocking(False)
         self.listenport = self.sock.getsockname()[1]
 
-    def listen(self, listenip: str = "0.0.0.0", listenport: int = 69, timeout: float = 5,
-               retries: int = 5) -> None:
+    def stop(self, now: bool = False) -> None:
+        """End the loop: at once, or once the running transfers are done (none are taken)."""
+        self._stop = "now" if now else self._stop or "gracefully"
+
+    def listen(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
         if self.sock is None:
             self.bind(listenip, listenport)
-        self.is_running.set()
-        checked = time.monotonic()
-        while not (self.shutdown_immediately or self.shutdown_gracefully and not self.sessions):
-            ready, _, _ = select.select([self.sock, *self.sessions], [], [], 0.5)
-            for sock in ready:
-                if sock is self.sock:
-                    self._new_session(timeout, retries)
-                elif sock in self.sessions:
-                    self._cycle(sock)
-            if time.monotonic() - checked > 0.5:
-                checked = time.monotonic()
-                self._check_timeouts()
-        self._close_all()
+        listening = self.sock.fileno()
+        self._epoll.register(listening, select.EPOLLIN)
+        poll, sessions, checked = self._epoll.poll, self.sessions, time.monotonic()
+        try:
+            while self._stop != "now" and not (self._stop and not sessions):
+                for fd, _ in poll(TICK):
+                    if fd == listening:
+                        self._accept()
+                    elif fd in sessions:
+                        self._receive(sessions[fd])
+                now = time.monotonic()
+                if now - checked >= TICK:
+                    checked = now
+                    self._check_timeouts(now)
+        finally:
+            self._close_all()
 
-    def _new_session(self, timeout: float, retries: int) -> None:
+    def _accept(self) -> None:
+        """Take every waiting request (the socket is non-blocking)."""
+        while True:
+            try:
+                packet, peer = self.sock.recvfrom(65536)
+            except OSError:
+                return
+            if not self._stop and peer[:2] not in self.peers:  # a resent RRQ is not a new one
+                self._request(packet, peer)
+
+    def _request(self, packet: bytes, peer: tuple) -> None:
+        host = peer[0]
+        if packet[:2] not in (b"\0\1", b"\0\2"):
+            return  # ACKs, ERRORs... for no transfer: never answered, so errors cannot loop
         try:
-            buffer, (host, port) = self.sock.recvfrom(65536)
-        except OSError:
-            return
-        if self.shutdown_gracefully or not self._room(host):
-            return
+            name, _mode, options = parse_request(packet)
+            if self.by_client[host] >= self.per_client:
+                self._count_drop(host, f"{self.per_client} transfers from it already running")
+                raise Refused(NOT_DEFINED, "too many transfers from this address; retry later")
+            if len(self.sessions) >= self.max_sessions:
+                self._count_drop(host, f"{self.max_sessions} transfers already running")
+                return  # silently: the client sends its request again
+            self._start(peer, name, options)
+        except Refused as exc:
+            if exc.code != NOT_DEFINED:
+                log.info("tftp: %s:%s refused: %s: %r", host, peer[1], exc, packet[2:82])
+            self._answer(error_packet(exc.code, str(exc)), peer)
+
+    def _start(self, peer: tuple, name: str, options: dict[str, str]) -> None:
+        fd = open_under(self.root, name)
         try:
-            context = _Context(host, port, timeout, self.root, retries=retries)
+            sock = socket.socket(self.sock.family, socket.SOCK_DGRAM)
         except OSError as exc:  # out of file descriptors: this request is dropped
-            self._refused(host, exc.strerror or str(exc))
+            os.close(fd)
+            self._count_drop(peer[0], exc.strerror or str(exc))
             return
+        session = Session(sock, peer, name, fd, options)
         try:
-            context.start(buffer)
-        except TftpTimeoutExpectACK:
-            context.timeout_expectACK = True
-        except Exception as exc:  # a bad first packet ends only its own session
-            log.info("tftp: %s:%s refused: %s", host, port, exc)
-            context.end()
+            sock.setblocking(False)
+            sock.connect(peer)
+            session.send_window(time.monotonic())
+        except OSError as exc:
+            session.close()
+            log.info("tftp: %s:%s: %s", peer[0], peer[1], exc.strerror or exc)
             return
-        self.sessions[context.sock] = context
+        self.sessions[sock.fileno()] = session
+        self.peers.add(peer[:2])
+        self.by_client[peer[0]] += 1
+        self._epoll.register(sock, select.EPOLLIN)
 
-    def _room(self, host: str) -> bool:
-        """True if one more session (one socket) fits under `max_sessions`."""
-        if len(self.sessions) < self.max_sessions:
-            return True
-        self._refused(host, f"{self.max_sessions} transfers already running")
-        return False
+    def _answer(self, packet: bytes, peer: tuple) -> None:
+        try:
+            self.sock.sendto(packet, peer)
+        except OSError:
+            pass
 
-    def _refused(self, host: str, why: str) -> None:
+    def _count_drop(self, host: str, why: str) -> None:
         self.dropped += 1
         if self.dropped & (self.dropped - 1) == 0:  # 1st, 2nd, 4th... drop
             log.warning("tftp: request from %s dropped (%s); %d so far", host, why, self.dropped)
 
-    def _cycle(self, sock) -> None:
-        context = self.sessions[sock]
-        context.timeout_expectACK = False
-        try:
-            context.cycle()
-        except TftpTimeoutExpectACK:
-            context.timeout_expectACK = True
-            return
-        except Exception as exc:
-            log.info("tftp: %s: transfer failed: %s", context.host, exc)
-            self._finish(sock, ok=False)
-            return
-        if context.state is None:
-            self._finish(sock, ok=True)
-
-    def _check_timeouts(self) -> None:
-        now = time.time()
-        for sock, context in list(self.sessions.items()):
+    def _receive(self, session: Session) -> None:
+        while True:
             try:
-                context.checkTimeout(now)
-            except TftpTimeout:
-                context.retry_count += 1
-                if context.retry_count >= context.retries:
-                    self._finish(sock, ok=False)
-                else:
-                    context.state.resendLast()
+                packet = session.sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # ICMP port unreachable: the client is gone
+                return self._finish(session, f"client gone ({exc.strerror})")
+            opcode = packet[1] if len(packet) >= 4 and packet[0] == 0 else 0
+            if opcode == ACK and session.on_ack(packet[2] << 8 | packet[3]):
+                if session.done:
+                    return self._finish(session, None)
+                session.send_window(time.monotonic())
+            elif opcode == ERROR:
+                message = packet[4:].split(b"\0")[0].decode(errors="replace")[:80]
+                return self._finish(session, f"ended by the client: {message!r}")
 
-    def _finish(self, sock, ok: bool) -> None:
-        context = self.sessions.pop(sock)
-        context.end()
-        if ok:
-            metrics = context.metrics
-            node = self.node_for(context.host) or context.host
-            log.info("%s tftp %s %d bytes %.1f ms", node, context.file_to_transfer,
-                     metrics.bytes, (metrics.end_time - metrics.start_time) * 1000)
+    def _check_timeouts(self, now: float) -> None:
+        for session in [s for s in self.sessions.values() if s.deadline <= now]:
+            session.tries += 1
+            if session.tries > self.retries:
+                self._finish(session, f"abandoned: no answer to {session.tries} sends of "
+                                      f"block {max(session.acked + 1, 0)}")
+                continue
+            try:
+                session.send_window(now)
+            except OSError as exc:
+                self._finish(session, f"client gone ({exc.strerror})")
+
+    def _finish(self, session: Session, failure: str | None) -> None:
+        """Forget a transfer and log it, once: done, or why it ended."""
+        self.sessions.pop(session.sock.fileno(), None)
+        self.peers.discard(session.peer[:2])
+        host = session.peer[0]
+        self.by_client[host] -= 1
+        if not self.by_client[host]:
+            del self.by_client[host]
+        session.close()  # also takes the socket out of the epoll set
+        node = self.node_for(host) or host
+        if failure:
+            log.info("%s tftp %s %s", node, session.name, failure)
+        else:
+            log.info("%s tftp %s %d bytes %.1f ms", node, session.name, session.size,
+                     (time.monotonic() - session.started) * 1000)
 
     def _close_all(self) -> None:
-        for sock in list(self.sessions):
-            self.sessions.pop(sock).end()
-        self.sock.close()
-        self.is_running.clear()
-        self.shutdown_gracefully = self.shutdown_immediately = False
+        for session in list(self.sessions.values()):
+            session.close()
+        self.sessions.clear()
+        self.peers.clear()
+        self.by_client.clear()
+        if self.sock is not None:
+            self.sock.close()
+        self._epoll.close()
 
 
 def make_tftp_server(config: Config, node_for=None) -> TftpServer:
-    return TftpServer(config.tftp.root, node_for)
+    return TftpServer(config.tftp.root, node_for, per_client=config.tftp.sessions_per_client)
