@@ -251,11 +251,13 @@ class TftpServer:
             self._answer(error_packet(exc.code, str(exc)), peer)
 
     def _start(self, peer: tuple, name: str, options: dict[str, str]) -> None:
-        fd = open_under(self.root, name)
+        fd = None
         try:
+            fd = open_under(self.root, name)
             sock = socket.socket(self.sock.family, socket.SOCK_DGRAM)
         except OSError as exc:  # out of file descriptors: this request is dropped
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             self._count_drop(peer[0], exc.strerror or str(exc))
             return
         session = Session(sock, peer, name, fd, options)

@@ -1,5 +1,7 @@
-"""The TFTP server under a flood of read requests that never ACK: it holds a bounded number
-of sessions (each is a socket) and keeps serving, in a process with few file descriptors."""
+"""The TFTP server under a flood of read requests that never ACK: it opens a bounded number
+of transfers (each is a socket), drops the rest, and keeps serving, in a process with few
+file descriptors. The flood sees what the server did: a transfer opened answers from a new
+port; a dropped request gets nothing."""
 
 from __future__ import annotations
 
@@ -13,14 +15,18 @@ import time
 import pytest
 
 from servers import REPO, free_port
+from tftp_flood import Flood, rrq, wait_until_served
 
 IPXE_ROOT = "/usr/lib/ipxe"
+FILE = "undionly.kpxe"
+FLOOD = 100
 SERVER = """
-import sys
+import logging, sys
 from provisiond.boot.tftp import TftpServer
-server = TftpServer(sys.argv[1])
-server.max_sessions = int(sys.argv[3])
-server.listen("127.0.0.1", int(sys.argv[2]), timeout=0.5, retries=2)
+logging.basicConfig(level=logging.INFO)
+server = TftpServer(sys.argv[1], per_client=1000, max_sessions=int(sys.argv[3]), retries=1)
+server.bind("127.0.0.1", int(sys.argv[2]))
+server.listen()
 """
 
 
@@ -28,25 +34,44 @@ def few_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 
 
+def flood_until_marker(port: int) -> Flood:
+    """FLOOD requests (1 s timeout), then a write request whose refusal comes back only once
+    the server has taken or dropped every request before it (one socket, read in order)."""
+    flood = Flood(port, FLOOD).send(rrq(FILE, timeout=1))
+    marker = Flood(port, 1).send(b"\0\2marker\0octet\0")
+    marker.collect(lambda m: m.answered() == 1)
+    assert marker.refusals() == 1, "the server never answered"
+    marker.close()
+    flood.collect(lambda f: False, timeout=0.5)  # what the server sent before the marker
+    return flood
+
+
 @pytest.mark.parametrize("max_sessions", [16, 1000])  # the cap; then running out of fds
 def test_unacked_flood_neither_exhausts_fds_nor_stops_the_server(tmp_path, max_sessions):
     port = free_port(socket.SOCK_DGRAM)
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    log_path = tmp_path / "server.log"
     command = [sys.executable, "-c", SERVER, IPXE_ROOT, str(port), str(max_sessions)]
-    proc = subprocess.Popen(command, env=env, preexec_fn=few_fds, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, env=env, preexec_fn=few_fds, stderr=open(log_path, "wb"))
+    expected = open(f"{IPXE_ROOT}/{FILE}", "rb").read()
     try:
-        time.sleep(1.0)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flood:
-            for _ in range(100):  # 100 sessions would need 100 sockets: more than 64 fds
-                flood.sendto(b"\0\1undionly.kpxe\0octet\0", ("127.0.0.1", port))
-                time.sleep(0.002)
-        time.sleep(2.5)  # the flood's sessions time out (0.5 s x 2 tries)
-        out = tmp_path / "undionly.kpxe"
-        fetched = subprocess.run(["curl", "-sS", "--max-time", "10", "-o", str(out),
-                                  f"tftp://127.0.0.1:{port}/undionly.kpxe"], capture_output=True)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert fetched.returncode == 0, fetched.stderr
-        assert out.read_bytes() == open(f"{IPXE_ROOT}/undionly.kpxe", "rb").read()
+        wait_until_served(port, FILE, expected, tmp_path / "probe")
+        flood = flood_until_marker(port)
+        opened = flood.transfers()
+        if max_sessions == 16:
+            assert opened == 16
+        else:  # 64 fds: the sockets and files it could open, no more
+            assert 0 < opened < 64
+            assert b"Too many open files" in log_path.read_bytes()
+        assert flood.answered() == opened, "a dropped request was answered"
+        deadline = time.monotonic() + 30  # 1 s timeout, one resend
+        while log_path.read_bytes().count(b" abandoned") < opened:
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        flood.close()
+        wait_until_served(port, FILE, expected, tmp_path / "out")
+        assert proc.poll() is None, log_path.read_text()[-2000:]
+        assert b"Traceback" not in log_path.read_bytes()
     finally:
         proc.kill()
         proc.wait()
