@@ -190,7 +190,7 @@ class TftpServer:
         self.by_client: Counter[str] = Counter()
         self.dropped = 0
         self._stop: str | None = None  # "now" or "gracefully"
-        self._epoll = select.epoll()
+        self._epoll: select.epoll | None = None
 
     def bind(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
         """Open the server socket (in the caller's thread, so a port in use raises there)."""
@@ -206,15 +206,19 @@ class TftpServer:
         if self.sock is None:
             self.bind(listenip, listenport)
         listening = self.sock.fileno()
+        self._epoll = select.epoll()
         self._epoll.register(listening, select.EPOLLIN)
         poll, sessions, checked = self._epoll.poll, self.sessions, time.monotonic()
         try:
             while self._stop != "now" and not (self._stop and not sessions):
                 for fd, _ in poll(TICK):
-                    if fd == listening:
-                        self._accept()
-                    elif fd in sessions:
-                        self._receive(sessions[fd])
+                    try:
+                        if fd == listening:
+                            self._accept()
+                        elif fd in sessions:
+                            self._receive(sessions[fd])
+                    except Exception as exc:  # one client's packet never stops the server
+                        log.warning("tftp: packet dropped: %r", exc)
                 now = time.monotonic()
                 if now - checked >= TICK:
                     checked = now
@@ -286,21 +290,22 @@ class TftpServer:
             log.warning("tftp: request from %s dropped (%s); %d so far", host, why, self.dropped)
 
     def _receive(self, session: Session) -> None:
-        while True:
-            try:
+        """Take every packet waiting for one transfer; the client's error ends only it."""
+        try:
+            while True:
                 packet = session.sock.recv(65536)
-            except BlockingIOError:
-                return
-            except OSError as exc:  # ICMP port unreachable: the client is gone
-                return self._finish(session, f"client gone ({exc.strerror})")
-            opcode = packet[1] if len(packet) >= 4 and packet[0] == 0 else 0
-            if opcode == ACK and session.on_ack(packet[2] << 8 | packet[3]):
-                if session.done:
-                    return self._finish(session, None)
-                session.send_window(time.monotonic())
-            elif opcode == ERROR:
-                message = packet[4:].split(b"\0")[0].decode(errors="replace")[:80]
-                return self._finish(session, f"ended by the client: {message!r}")
+                opcode = packet[1] if len(packet) >= 4 and packet[0] == 0 else 0
+                if opcode == ACK and session.on_ack(packet[2] << 8 | packet[3]):
+                    if session.done:
+                        return self._finish(session, None)
+                    session.send_window(time.monotonic())
+                elif opcode == ERROR:
+                    message = packet[4:].split(b"\0")[0].decode(errors="replace")[:80]
+                    return self._finish(session, f"ended by the client: {message!r}")
+        except BlockingIOError:
+            return
+        except OSError as exc:  # ICMP port unreachable: the client is gone
+            self._finish(session, f"client gone ({exc.strerror})")
 
     def _check_timeouts(self, now: float) -> None:
         for session in [s for s in self.sessions.values() if s.deadline <= now]:
