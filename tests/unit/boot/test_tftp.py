@@ -51,3 +51,14 @@ def test_open_under_keeps_to_the_root(tmp_path):
         with pytest.raises(Refused) as refused:
             open_under(str(root), name)
         assert refused.value.code == NOT_FOUND
+
+
+def test_sessions_per_client_is_a_setting_of_at_least_one(tmp_path):
+    from provisiond.config import load_config, write_default_config
+    from provisiond.errors import InvalidConfig
+
+    write_default_config(tmp_path)
+    assert load_config(tmp_path).tftp.sessions_per_client == 8
+    (tmp_path / "provisiond.yaml").write_text("tftp: {sessions_per_client: 0}\n")
+    with pytest.raises(InvalidConfig, match="sessions_per_client: Input should be greater"):
+        load_config(tmp_path)
