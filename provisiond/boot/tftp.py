@@ -149,9 +149,13 @@ class Session:
             blksize, fd, send = self.blksize, self.fd, self.sock.send
             end = min(self.acked + self.window, self.last)
             for block in range(self.acked + 1, end + 1):
-                send(_HEADER.pack(DATA, block & 0xFFFF)
-                     + os.pread(fd, blksize, (block - 1) * blksize))
-            self.sent = end
+                try:
+                    send(_HEADER.pack(DATA, block & 0xFFFF)
+                         + os.pread(fd, blksize, (block - 1) * blksize))
+                except BlockingIOError:  # send buffer full: the rest go after an ACK or timeout
+                    end = block - 1
+                    break
+            self.sent = max(end, self.sent)
         self.deadline = now + self.timeout
 
     def on_ack(self, number: int) -> bool:
