@@ -1,4 +1,4 @@
-"""Read-only TFTP (RFC 1350) for the iPXE binaries: one epoll loop, one UDP socket per transfer.
+"""Read-only TFTP (RFC 1350) for the iPXE binaries: epoll loops, one UDP socket per transfer.
 
 Options: blksize (RFC 2348), tsize and timeout (RFC 2349), windowsize (RFC 7440). Refused:
 writes, absolute names, `..` parts, names that resolve (symlinks included) outside the root,
@@ -17,6 +17,7 @@ import select
 import socket
 import stat
 import struct
+import threading
 import time
 from collections import Counter
 
@@ -179,22 +180,27 @@ class Session:
 
 
 class TftpServer:
-    """The TFTP loop: `bind`, then `listen` (in a thread) until `stop`."""
+    """The TFTP server: `bind`, then `listen` (in a thread) until `stop`.
+
+    `listen` runs one TransferLoop per core (the extra ones in threads of their own): the
+    kernel's share of each packet, most of its cost, then runs on every core, as tftpd-hpa's
+    processes do. The loops share the listening socket and, under a lock, the limits.
+    """
 
     def __init__(self, root: str, node_for=None, per_client: int = PER_CLIENT,
-                 max_sessions: int = MAX_SESSIONS, retries: int = RETRIES):
+                 max_sessions: int = MAX_SESSIONS, retries: int = RETRIES, loops: int = 0):
         self.root = root
         self.node_for = node_for or (lambda address: None)
         self.per_client = per_client
         self.max_sessions = max_sessions
         self.retries = retries
+        self.loops = loops or os.cpu_count() or 1
         self.sock: socket.socket | None = None
-        self.sessions: dict[int, Session] = {}  # by socket fd
         self.peers: set[tuple] = set()  # (address, port) of every running transfer
         self.by_client: Counter[str] = Counter()
         self.dropped = 0
-        self._stop: str | None = None  # "now" or "gracefully"
-        self._epoll: select.epoll | None = None
+        self.stopping: str | None = None  # "now" or "gracefully"
+        self._lock = threading.Lock()
 
     def bind(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
         """Open the server socket (in the caller's thread, so a port in use raises there)."""
@@ -203,18 +209,83 @@ class TftpServer:
         self.listenport = self.sock.getsockname()[1]
 
     def stop(self, now: bool = False) -> None:
-        """End the loop: at once, or once the running transfers are done (none are taken)."""
-        self._stop = "now" if now else self._stop or "gracefully"
+        """End the loops: at once, or once the running transfers are done (none are taken)."""
+        self.stopping = "now" if now else self.stopping or "gracefully"
 
     def listen(self, listenip: str = "0.0.0.0", listenport: int = 69) -> None:
         if self.sock is None:
             self.bind(listenip, listenport)
-        listening = self.sock.fileno()
-        self._epoll = select.epoll()
-        self._epoll.register(listening, select.EPOLLIN)
-        poll, sessions, checked = self._epoll.poll, self.sessions, time.monotonic()
+        loops = [TransferLoop(self) for _ in range(self.loops)]
+        threads = [threading.Thread(target=loop.run, name="tftp", daemon=True)
+                   for loop in loops[1:]]
+        for thread in threads:
+            thread.start()
         try:
-            while self._stop != "now" and not (self._stop and not sessions):
+            loops[0].run()
+        finally:
+            for thread in threads:
+                thread.join()
+            self.sock.close()
+
+    def admit(self, peer: tuple) -> bool:
+        """Reserve a transfer for `peer` if the limits allow. False: a resent request (ignored)
+        or no room (dropped: the client sends it again); Refused: its address already runs
+        `per_client` transfers."""
+        host = peer[0]
+        with self._lock:
+            if peer[:2] in self.peers:
+                return False
+            over = self.by_client[host] >= self.per_client
+            if not over and len(self.peers) < self.max_sessions:
+                self.peers.add(peer[:2])
+                self.by_client[host] += 1
+                return True
+        if over:
+            self.count_drop(host, f"{self.per_client} transfers from it already running")
+            raise Refused(NOT_DEFINED, "too many transfers from this address; retry later")
+        self.count_drop(host, f"{self.max_sessions} transfers already running")
+        return False
+
+    def release(self, peer: tuple) -> None:
+        with self._lock:
+            self.peers.discard(peer[:2])
+            self.by_client[peer[0]] -= 1
+            if not self.by_client[peer[0]]:
+                del self.by_client[peer[0]]
+
+    def count_drop(self, host: str, why: str) -> None:
+        with self._lock:
+            self.dropped += 1
+            dropped = self.dropped
+        if dropped & (dropped - 1) == 0:  # 1st, 2nd, 4th... drop
+            log.warning("tftp: request from %s dropped (%s); %d so far", host, why, dropped)
+
+    def finished(self, session: Session, failure: str | None) -> None:
+        """Log a transfer that ended, once: done, or why it ended."""
+        self.release(session.peer)
+        node = self.node_for(session.peer[0]) or session.peer[0]
+        if failure:
+            log.info("%s tftp %s %s", node, session.name, failure)
+        else:
+            log.info("%s tftp %s %d bytes %.1f ms", node, session.name, session.size,
+                     (time.monotonic() - session.started) * 1000)
+
+
+class TransferLoop:
+    """One epoll loop: takes requests from the shared socket, runs the transfers it took."""
+
+    def __init__(self, server: TftpServer):
+        self.server = server
+        self.sessions: dict[int, Session] = {}  # by socket fd
+        self.epoll = select.epoll()
+
+    def run(self) -> None:
+        server, sessions = self.server, self.sessions
+        listening = server.sock.fileno()
+        self.epoll.register(listening, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        poll, checked = self.epoll.poll, time.monotonic()
+        try:
+            while server.stopping != "now" and not (server.stopping and not sessions):
                 for fd, _ in poll(TICK):
                     try:
                         if fd == listening:
@@ -228,70 +299,58 @@ class TftpServer:
                     checked = now
                     self._check_timeouts(now)
         finally:
-            self._close_all()
+            for session in sessions.values():
+                session.close()
+            self.epoll.close()
 
     def _accept(self) -> None:
-        """Take every waiting request (the socket is non-blocking)."""
-        while True:
-            try:
-                packet, peer = self.sock.recvfrom(65536)
-            except OSError:
-                return
-            if not self._stop and peer[:2] not in self.peers:  # a resent RRQ is not a new one
-                self._request(packet, peer)
+        """Take one waiting request: the next, if any, may wake another loop."""
+        try:
+            packet, peer = self.server.sock.recvfrom(65536)
+        except OSError:
+            return
+        if not self.server.stopping:
+            self._request(packet, peer)
 
     def _request(self, packet: bytes, peer: tuple) -> None:
-        host = peer[0]
         if packet[:2] not in (b"\0\1", b"\0\2"):
             return  # ACKs, ERRORs... for no transfer: never answered, so errors cannot loop
         try:
             name, _mode, options = parse_request(packet)
-            if self.by_client[host] >= self.per_client:
-                self._count_drop(host, f"{self.per_client} transfers from it already running")
-                raise Refused(NOT_DEFINED, "too many transfers from this address; retry later")
-            if len(self.sessions) >= self.max_sessions:
-                self._count_drop(host, f"{self.max_sessions} transfers already running")
-                return  # silently: the client sends its request again
-            self._start(peer, name, options)
+            if self.server.admit(peer):
+                self._start(peer, name, options)
         except Refused as exc:
             if exc.code != NOT_DEFINED:
-                log.info("tftp: %s:%s refused: %s: %r", host, peer[1], exc, packet[2:82])
-            self._answer(error_packet(exc.code, str(exc)), peer)
+                log.info("tftp: %s:%s refused: %s: %r", peer[0], peer[1], exc, packet[2:82])
+            try:
+                self.server.sock.sendto(error_packet(exc.code, str(exc)), peer)
+            except OSError:
+                pass
 
     def _start(self, peer: tuple, name: str, options: dict[str, str]) -> None:
+        """Open the file and the transfer's socket, send the first packet (admitted before)."""
         fd = None
         try:
-            fd = open_under(self.root, name)
-            sock = socket.socket(self.sock.family, socket.SOCK_DGRAM)
+            fd = open_under(self.server.root, name)
+            sock = socket.socket(self.server.sock.family, socket.SOCK_DGRAM)
+        except Refused:
+            self.server.release(peer)
+            raise
         except OSError as exc:  # out of file descriptors: this request is dropped
             if fd is not None:
                 os.close(fd)
-            self._count_drop(peer[0], exc.strerror or str(exc))
+            self.server.release(peer)
+            self.server.count_drop(peer[0], exc.strerror or str(exc))
             return
         session = Session(sock, peer, name, fd, options)
+        self.sessions[sock.fileno()] = session
         try:
             sock.setblocking(False)
             sock.connect(peer)
+            self.epoll.register(sock, select.EPOLLIN)
             session.send_window(time.monotonic())
         except OSError as exc:
-            session.close()
-            log.info("tftp: %s:%s: %s", peer[0], peer[1], exc.strerror or exc)
-            return
-        self.sessions[sock.fileno()] = session
-        self.peers.add(peer[:2])
-        self.by_client[peer[0]] += 1
-        self._epoll.register(sock, select.EPOLLIN)
-
-    def _answer(self, packet: bytes, peer: tuple) -> None:
-        try:
-            self.sock.sendto(packet, peer)
-        except OSError:
-            pass
-
-    def _count_drop(self, host: str, why: str) -> None:
-        self.dropped += 1
-        if self.dropped & (self.dropped - 1) == 0:  # 1st, 2nd, 4th... drop
-            log.warning("tftp: request from %s dropped (%s); %d so far", host, why, self.dropped)
+            self._finish(session, f"not started: {exc.strerror or exc}")
 
     def _receive(self, session: Session) -> None:
         """Take every packet waiting for one transfer; the client's error ends only it."""
@@ -314,7 +373,7 @@ class TftpServer:
     def _check_timeouts(self, now: float) -> None:
         for session in [s for s in self.sessions.values() if s.deadline <= now]:
             session.tries += 1
-            if session.tries > self.retries:
+            if session.tries > self.server.retries:
                 self._finish(session, f"abandoned: no answer to {session.tries} sends of "
                                       f"block {max(session.acked + 1, 0)}")
                 continue
@@ -324,30 +383,9 @@ class TftpServer:
                 self._finish(session, f"client gone ({exc.strerror})")
 
     def _finish(self, session: Session, failure: str | None) -> None:
-        """Forget a transfer and log it, once: done, or why it ended."""
-        self.sessions.pop(session.sock.fileno(), None)
-        self.peers.discard(session.peer[:2])
-        host = session.peer[0]
-        self.by_client[host] -= 1
-        if not self.by_client[host]:
-            del self.by_client[host]
+        del self.sessions[session.sock.fileno()]
         session.close()  # also takes the socket out of the epoll set
-        node = self.node_for(host) or host
-        if failure:
-            log.info("%s tftp %s %s", node, session.name, failure)
-        else:
-            log.info("%s tftp %s %d bytes %.1f ms", node, session.name, session.size,
-                     (time.monotonic() - session.started) * 1000)
-
-    def _close_all(self) -> None:
-        for session in list(self.sessions.values()):
-            session.close()
-        self.sessions.clear()
-        self.peers.clear()
-        self.by_client.clear()
-        if self.sock is not None:
-            self.sock.close()
-        self._epoll.close()
+        self.server.finished(session, failure)
 
 
 def make_tftp_server(config: Config, node_for=None) -> TftpServer:

@@ -24,7 +24,8 @@ SERVER = """
 import logging, sys
 from provisiond.boot.tftp import TftpServer
 logging.basicConfig(level=logging.INFO)
-server = TftpServer(sys.argv[1], per_client=1000, max_sessions=int(sys.argv[3]), retries=1)
+server = TftpServer(sys.argv[1], per_client=1000, max_sessions=int(sys.argv[3]), retries=1,
+                    loops=1)  # one loop reads the requests in order: the marker is last
 server.bind("127.0.0.1", int(sys.argv[2]))
 server.listen()
 """
