@@ -1,11 +1,12 @@
-"""The TFTP server's own logic: request parsing, option negotiation, names under the root."""
+"""TFTP read requests: parsing, option negotiation, names under the root; the setting."""
 
 from __future__ import annotations
 
 import pytest
 
-from provisiond.boot.tftp import (ACCESS_VIOLATION, ILLEGAL, MAX_BLKSIZE, MAX_WINDOW, NOT_FOUND,
-                                  Refused, negotiate, open_under, parse_request)
+from provisiond.boot.tftp_request import (ACCESS_VIOLATION, ILLEGAL, MAX_BLKSIZE, MAX_WINDOW,
+                                          NOT_FOUND, Refused, negotiate, open_under,
+                                          parse_request)
 
 
 def test_parse_request_reads_name_mode_and_options():
