@@ -10,10 +10,12 @@ memory; netascii is served as octet, as tftpy (used before) did.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -30,6 +32,29 @@ PER_CLIENT = 8  # transfers at once from one address (tftp.sessions_per_client)
 TIMEOUT = 1.0  # seconds before a block is sent again, unless the client asks otherwise
 RETRIES = 5  # resends without an ACK before a transfer is dropped
 TICK = 0.1  # how often timeouts are checked
+IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.11 does not name it
+
+
+def ask_destination(sock: socket.socket) -> None:
+    """Have the kernel tell each request's destination address (see `destination`), also
+    when bound to one address: one code path, and the answer's source is then that one."""
+    if sock.family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+    else:
+        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+
+
+def destination(ancdata: list) -> tuple | None:
+    """The address a request was sent to, from its IP_PKTINFO/IPV6_PKTINFO, to bind the
+    transfer's socket to: a server bound to all addresses then answers from the one asked
+    (as tftpd-hpa does), not from whichever the routing table picks."""
+    for level, kind, data in ancdata:
+        if level == socket.IPPROTO_IP and kind == IP_PKTINFO:  # ifindex, spec_dst, addr
+            return socket.inet_ntop(socket.AF_INET, data[8:12]), 0
+        if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_PKTINFO:  # addr, ifindex
+            return (socket.inet_ntop(socket.AF_INET6, data[:16]), 0, 0,
+                    int.from_bytes(data[16:20], sys.byteorder))
+    return None
 
 
 class Session:
@@ -121,6 +146,7 @@ class TftpServer:
         """Open the server socket (in the caller's thread, so a port in use raises there)."""
         self.sock = open_udp(listenip, listenport)
         self.sock.setblocking(False)
+        ask_destination(self.sock)
         self.listenport = self.sock.getsockname()[1]
 
     def stop(self, now: bool = False) -> None:
@@ -221,28 +247,29 @@ class TransferLoop:
     def _accept(self) -> None:
         """Take one waiting request: the next, if any, may wake another loop."""
         try:
-            packet, peer = self.server.sock.recvfrom(65536)
+            packet, ancdata, _, peer = self.server.sock.recvmsg(65536, socket.CMSG_SPACE(20))
         except OSError:
             return
         if not self.server.stopping:
-            self._request(packet, peer)
+            self._request(packet, peer, ancdata)
 
-    def _request(self, packet: bytes, peer: tuple) -> None:
+    def _request(self, packet: bytes, peer: tuple, ancdata: list) -> None:
         if packet[:2] not in (b"\0\1", b"\0\2"):
             return  # ACKs, ERRORs... for no transfer: never answered, so errors cannot loop
         try:
             name, _mode, options = parse_request(packet)
             if self.server.admit(peer):
-                self._start(peer, name, options)
+                self._start(peer, destination(ancdata), name, options)
         except Refused as exc:
             if exc.code != NOT_DEFINED:
                 log.info("tftp: %s:%s refused: %s: %r", peer[0], peer[1], exc, packet[2:82])
-            try:
-                self.server.sock.sendto(error_packet(exc.code, str(exc)), peer)
+            try:  # with the request's PKTINFO: from the address it was sent to
+                self.server.sock.sendmsg([error_packet(exc.code, str(exc))], ancdata, 0, peer)
             except OSError:
                 pass
 
-    def _start(self, peer: tuple, name: str, options: dict[str, str]) -> None:
+    def _start(self, peer: tuple, local: tuple | None, name: str,
+               options: dict[str, str]) -> None:
         """Open the file and the transfer's socket, send the first packet (admitted before)."""
         fd = None
         try:
@@ -261,6 +288,9 @@ class TransferLoop:
         self.sessions[sock.fileno()] = session
         try:
             sock.setblocking(False)
+            if local:
+                with contextlib.suppress(OSError):  # a broadcast address: the routing picks
+                    sock.bind(local)
             sock.connect(peer)
             self.epoll.register(sock, select.EPOLLIN)
             session.send_window(time.monotonic())

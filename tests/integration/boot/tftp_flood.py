@@ -65,22 +65,28 @@ class Flood:
             sock.close()
 
 
-def tftp_get(port: int, name: str, out: Path, timeout: float = 30) -> str:
-    """Fetch `name` with tftp-hpa's client (resending each second, giving up after 10 s); its
-    output, since it exits 0 even when the server answers with an error."""
+def tftp_get(port: int, name: str, out: Path, timeout: float = 30, host: str = "127.0.0.1",
+             netns: str | None = None) -> str:
+    """Fetch `name` with tftp-hpa's client (resending each second, giving up after 10 s),
+    from network namespace `netns` if given; its output, since it exits 0 even when the
+    server answers with an error."""
     commands = f"binary\nrexmt 1\ntimeout 10\nget {name} {out}\nquit\n"
-    result = subprocess.run([TFTP, "127.0.0.1", str(port)], input=commands,
-                            capture_output=True, text=True, timeout=timeout)
+    command = [TFTP, host, str(port)]
+    if netns:
+        command = ["ip", "netns", "exec", netns, *command]
+    result = subprocess.run(command, input=commands, capture_output=True, text=True,
+                            timeout=timeout)
     return result.stdout + result.stderr
 
 
 def wait_until_served(port: int, name: str, expected: bytes, out: Path,
-                      timeout: float = 30) -> None:
-    """Wait (bounded) until a real client gets `name` byte-identical: the server listens."""
+                      timeout: float = 30, **where) -> None:
+    """Wait (bounded) until a real client gets `name` byte-identical: the server listens.
+    `where`: tftp_get's host and netns."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out.unlink(missing_ok=True)
-        tftp_get(port, name, out)
+        tftp_get(port, name, out, **where)
         if out.exists() and out.read_bytes() == expected:
             return
         time.sleep(0.2)
