@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -76,3 +77,26 @@ def test_block_numbers_roll_over(served, tmp_path, options):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert out.read_bytes() == (root / "roll.bin").read_bytes()
+
+
+def test_ipv6_loopback_with_real_clients(tmp_path):
+    """Bound to ::1: tftp-hpa's client (-6) and curl get the file."""
+    state = tmp_path / "state"
+    write_default_config(state)
+    port = free_port(socket.SOCK_DGRAM)
+    write_config(state, tftp={"enabled": True, "bind": "::1", "port": port})
+    proc = start_serve(state, "--no-http", "--tftp")
+    expected = open("/usr/lib/ipxe/undionly.kpxe", "rb").read()
+    try:
+        commands = f"binary\nrexmt 1\ntimeout 10\nget undionly.kpxe {tmp_path / 'hpa'}\nquit\n"
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "hpa").exists() or (tmp_path / "hpa").read_bytes() != expected:
+            assert proc.poll() is None and time.monotonic() < deadline, "no answer on ::1"
+            subprocess.run(["/usr/bin/tftp", "-6", "::1", str(port)], input=commands,
+                           capture_output=True, text=True, timeout=30)
+        result = subprocess.run(["curl", "-sS", "-o", str(tmp_path / "curl"),
+                                 f"tftp://[::1]:{port}/undionly.kpxe"], capture_output=True)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "curl").read_bytes() == expected
+    finally:
+        stop_serve(proc)
