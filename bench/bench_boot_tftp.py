@@ -56,13 +56,13 @@ def ready(port: int, out: Path) -> bool:
         return False
 
 
-def alternate(measure, ports: dict[str, int], rounds: int) -> dict[str, float]:
-    """The median of `rounds` measurements per server, taking turns (the machine is shared)."""
+def alternate(measure, ports: dict[str, int], rounds: int) -> dict[str, list[float]]:
+    """`rounds` measurements per server, taking turns (the machine is shared)."""
     times: dict[str, list[float]] = {name: [] for name in ports}
     for _ in range(rounds):
         for name, port in ports.items():
             times[name].append(measure(port))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def main() -> None:
@@ -90,10 +90,15 @@ def main() -> None:
     report(f"{CLIENTS} clients x 1 MB at once (median of {ROUNDS})", many, 1, "s")
 
 
-def report(what: str, times: dict[str, float], scale: float, unit: str) -> None:
-    ours, peer = times["provisiond"], times["tftpd-hpa"]
+def report(what: str, times: dict[str, list[float]], scale: float, unit: str) -> None:
+    """Medians and their ratio; each round too when there are few (how noisy the run was)."""
+    ours, peer = (statistics.median(times[name]) for name in ("provisiond", "tftpd-hpa"))
+    rounds = ""
+    if len(times["provisiond"]) <= 5:
+        rounds = "; rounds " + ", ".join(f"{a * scale:.2f}/{b * scale:.2f}" for a, b in
+                                         zip(times["provisiond"], times["tftpd-hpa"]))
     print(f"tftp {what}: provisiond {ours * scale:.2f} {unit}, tftpd-hpa {peer * scale:.2f} "
-          f"{unit}, ratio {ours / peer:.2f} (target <= 1.5)")
+          f"{unit}, ratio {ours / peer:.2f} (target <= 1.5){rounds}")
 
 
 if __name__ == "__main__":
