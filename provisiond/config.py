@@ -57,10 +57,14 @@ def ipv4_literal(value: str) -> str:
 
 
 def unicast_address(value: str) -> str:
-    """An address nodes can reach: not 0.0.0.0/::, not multicast or broadcast."""
+    """An address nodes can reach: not 0.0.0.0/::, not multicast or broadcast, not an
+    IPv4-mapped IPv6 form (the DNS zone cannot publish one: serve died at start)."""
     address = ipaddress.ip_address(ip_literal(value))
     if address.is_unspecified or address.is_multicast or str(address) == "255.255.255.255":
         raise ValueError(f"{value!r} is not an address nodes can reach")
+    mapped = getattr(address, "ipv4_mapped", None)
+    if mapped:
+        raise ValueError(f"{value!r} is an IPv4-mapped address; write {mapped}")
     return str(address)
 
 

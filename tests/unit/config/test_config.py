@@ -72,6 +72,8 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("dhcp: {interface: 'averyveryverylongname'}\n", "dhcp.interface"),
     ("server: {address: 0.0.0.0}\n", "server.address: .*not an address nodes can reach"),
     ("server: {address: 224.0.0.1}\n", "server.address"),
+    ("server: {address: '::ffff:10.0.0.1'}\n",
+     "server.address: .*IPv4-mapped.*write 10.0.0.1"),
     ("server: {ssh_authorized_keys: [\"ssh-ed25519 AAAA a\\nssh-rsa evil\"]}\n",
      "server.ssh_authorized_keys.0: .*control character"),
     ("build: {compression: lzma}\n", "build.compression: 'lzma' is not one of zstd, gzip"),
