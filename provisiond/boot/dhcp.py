@@ -135,12 +135,14 @@ class DhcpServer(UdpServer):
             self.save_leases()
 
     def save_leases(self) -> None:
-        """Write the unexpired leases atomically (at most every 5 s, and on close)."""
-        self._dirty, self._saved = False, time.monotonic()
+        """Write the unexpired leases atomically (at most every 5 s, and on close); a write
+        that fails leaves them dirty, so the next tick or close() tries again."""
+        self._saved = time.monotonic()
         now = time.time()
         self.leases = {mac: lease for mac, lease in self.leases.items() if lease[1] > now}
         data = {mac: {"ip": ip, "expires": round(exp)} for mac, (ip, exp) in self.leases.items()}
         write_atomic(self.config.state_dir / LEASES_FILE, json.dumps(data, sort_keys=True))
+        self._dirty = False
 
     def close(self) -> None:
         super().close()

@@ -200,3 +200,22 @@ def test_saved_leases_leave_out_expired_ones(server):
     server.save_leases()
     saved = json.loads((server.config.state_dir / "dhcp-leases.json").read_text())
     assert set(saved) == {mac_of(1)} and set(server.leases) == {mac_of(1)}
+
+
+def test_a_lease_write_that_fails_is_written_later(config):
+    """save_leases marked the leases clean before writing: one failed write (a full disk,
+    here a directory in the way) meant the leases were never written, not at the next
+    tick, not on close."""
+    import json
+
+    server = DhcpServer(config, build_table(config), sock=open_udp("127.0.0.1", 0))
+    target = config.state_dir / "dhcp-leases.json"
+    try:
+        server._lease(mac_of(1), ip_of(1))
+        target.mkdir()
+        with pytest.raises(OSError):
+            server.save_leases()
+        target.rmdir()
+    finally:
+        server.close()  # the final save
+    assert json.loads(target.read_text())[mac_of(1)]["ip"] == ip_of(1)
