@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 
 log = logging.getLogger("provisiond.boot")
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
@@ -52,12 +53,13 @@ class UdpServer:
         """Periodic work (persistence, forwarding timeouts); nothing by default."""
 
     def serve_forever(self) -> None:
-        recv, handle = self.sock.recvfrom, self.handle
+        recv, handle, clock = self.sock.recvfrom, self.handle, time.monotonic
+        next_tick = clock() + self.tick_seconds
         while not self.stopping.is_set():
             try:
                 data, peer = recv(65535)
             except (TimeoutError, socket.timeout):
-                self._tick()
+                next_tick = self._tick()
                 continue
             except OSError as exc:
                 if self.stopping.is_set() or self.sock.fileno() < 0:
@@ -70,13 +72,17 @@ class UdpServer:
             except Exception as exc:  # one bad packet must never stop the server
                 self.errors += 1
                 log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
+            if clock() >= next_tick:  # busy: a receive may never time out
+                next_tick = self._tick()
 
-    def _tick(self) -> None:
+    def _tick(self) -> float:
+        """Run tick(); the monotonic time the next one is due."""
         try:
             self.tick()
         except Exception as exc:  # e.g. a full disk for the leases: retried next tick
             self.errors += 1
             log.error("%s: %s: %s", self.name, type(exc).__name__, exc)
+        return time.monotonic() + self.tick_seconds
 
     def start(self) -> threading.Thread:
         self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)

@@ -222,3 +222,43 @@ def test_a_failing_tick_does_not_end_the_udp_loop(caplog):
         assert server.errors == 1 and server._thread.is_alive()
     finally:
         server.close()
+
+
+class SelfFeedingServer(UdpServer):
+    """Sends each packet back to itself, so its socket never waits `tick_seconds` for one:
+    a DNS or DHCP server under steady load. Stops feeding after FEED packets."""
+
+    name = "busy"
+    tick_seconds = 0.05
+    FEED = 50_000
+
+    def __init__(self, sock):
+        super().__init__(sock)
+        self.handled = 0
+        self.handled_at_first_tick: int | None = None
+
+    def handle(self, data: bytes, peer: tuple) -> None:
+        self.handled += 1
+        if self.handled < self.FEED:
+            self.sock.sendto(data, self.address)
+
+    def tick(self) -> None:
+        if self.handled_at_first_tick is None:
+            self.handled_at_first_tick = self.handled
+
+
+def test_housekeeping_runs_while_packets_keep_coming():
+    """tick() ran only when a receive timed out: under steady traffic the DHCP leases were
+    never written and the DNS forwarder never expired lost queries (at 4096 in flight it
+    then forwarded nothing). Now it runs every tick_seconds, busy or not."""
+    server = SelfFeedingServer(open_udp("127.0.0.1", 0))
+    server.start()
+    try:
+        server.sock.sendto(b"go", server.address)
+        deadline = time.monotonic() + 60
+        while server.handled_at_first_tick is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.handled_at_first_tick is not None, "no tick at all"
+        assert server.handled_at_first_tick < server.FEED, "ticked only once traffic stopped"
+    finally:
+        server.close()
