@@ -114,9 +114,9 @@ class Supervisor:
         for server in self.udp:
             try:
                 server.update_table(self.watcher.table)
-            except Exception as exc:  # defence in depth: builders skip bad records already
-                log.error("%s: table not updated, keeping the previous one: %s: %s",
-                          server.name, type(exc).__name__, exc)
+            except Exception as exc:  # defence in depth: builders skip bad records already,
+                log.error("%s: table not updated, keeping the previous one: %s: %s",  # a bug
+                          server.name, type(exc).__name__, exc, exc_info=exc)
         log.info("inventory changed: %d reservations", len(self.watcher.table.by_mac))
 
     def stop(self, *_args) -> None:

@@ -49,6 +49,16 @@ class BootTable:
         return self.nodes.get(entry.node) if entry else None
 
 
+BAD_DATA_ERRORS = (ProvisiondError, OSError, ValueError)
+"""What a bad record, file or packet raises; anything else caught broadly is a bug."""
+
+
+def traceback_if_bug(exc: BaseException) -> BaseException | None:
+    """exc_info for a log line: the traceback of an error bad data does not explain, so a bug
+    caught by a guard that keeps a service up is still seen in the server log."""
+    return None if isinstance(exc, BAD_DATA_ERRORS) else exc
+
+
 class SkippedRecords:
     """Records a builder could not use: skipped, and logged as one line per build.
 
@@ -58,6 +68,7 @@ class SkippedRecords:
     def __init__(self, what: str):
         self.what = what
         self.problems: list[str] = []
+        self.bug: BaseException | None = None
 
     def build(self, name: str, make: Callable[[], T]) -> T | None:
         """make(), or None (the record skipped) if it raises."""
@@ -65,14 +76,16 @@ class SkippedRecords:
             return make()
         except Exception as exc:  # any error from one record: skip it, keep the rest
             self.problems.append(f"{name}: {exc or type(exc).__name__}")
+            self.bug = self.bug or traceback_if_bug(exc)
             return None
 
     def report(self) -> None:
+        """One error line; with the first bug's traceback if an error was not bad data."""
         if self.problems:
             shown = "; ".join(self.problems[:3])
             more = f" (and {len(self.problems) - 3} more)" if len(self.problems) > 3 else ""
             log.error("%s: skipped %d bad record(s): %s%s", self.what, len(self.problems),
-                      shown, more)
+                      shown, more, exc_info=self.bug)
 
 
 def build_table(config: Config) -> BootTable:
@@ -152,7 +165,7 @@ class TableWatcher:
         except Exception as exc:  # a bad file (or a bug) must not end the service
             reason = exc if isinstance(exc, ProvisiondError) else f"{type(exc).__name__}: {exc}"
             log.error("inventory %s not loaded, %s: %s", self.config.inventory_path, keeping,
-                      reason)
+                      reason, exc_info=traceback_if_bug(exc))
             return False
         if not self.valid and self._checked:
             log.info("inventory %s loaded again: %d nodes", self.config.inventory_path,

@@ -10,6 +10,8 @@ import socket
 import threading
 import time
 
+from provisiond.boot.table import traceback_if_bug
+
 log = logging.getLogger("provisiond.boot")
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
 
@@ -45,6 +47,8 @@ class UdpServer:
         self.errors = 0
         self.address = sock.getsockname()
         self._thread: threading.Thread | None = None
+        self._bugs_seen: set[type] = set()
+        self._tick_failures = 0
 
     def handle(self, data: bytes, peer: tuple) -> None:
         raise NotImplementedError
@@ -70,18 +74,39 @@ class UdpServer:
             try:
                 handle(data, peer)
             except Exception as exc:  # one bad packet must never stop the server
-                self.errors += 1
-                log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
+                self._dropped(peer, exc)
             if clock() >= next_tick:  # busy: a receive may never time out
                 next_tick = self._tick()
 
+    def _dropped(self, peer: tuple, exc: Exception) -> None:
+        """A malformed packet is a debug line; any other error is a bug: its traceback is
+        logged once per exception type (a client repeating the packet cannot flood the log)."""
+        self.errors += 1
+        bug = traceback_if_bug(exc)
+        if bug is None or type(exc) in self._bugs_seen:
+            log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
+            return
+        self._bugs_seen.add(type(exc))
+        log.error("%s: dropped packet from %s: %s: %s (logged once)", self.name, peer,
+                  type(exc).__name__, exc, exc_info=bug)
+
     def _tick(self) -> float:
-        """Run tick(); the monotonic time the next one is due."""
+        """Run tick(); the monotonic time the next one is due. A failure (e.g. a full disk
+        for the leases) is retried every tick and logged when it starts and when it ends."""
         try:
             self.tick()
-        except Exception as exc:  # e.g. a full disk for the leases: retried next tick
+        except Exception as exc:
             self.errors += 1
-            log.error("%s: %s: %s", self.name, type(exc).__name__, exc)
+            self._tick_failures += 1
+            if self._tick_failures == 1:
+                log.error("%s: housekeeping failed, retrying every %ss: %s: %s", self.name,
+                          self.tick_seconds, type(exc).__name__, exc,
+                          exc_info=traceback_if_bug(exc))
+        else:
+            if self._tick_failures:
+                log.info("%s: housekeeping works again (%d failed attempts)", self.name,
+                         self._tick_failures)
+            self._tick_failures = 0
         return time.monotonic() + self.tick_seconds
 
     def start(self) -> threading.Thread:

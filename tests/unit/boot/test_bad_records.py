@@ -6,6 +6,7 @@ schema the way a hand edit or an older provisiond could."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -19,7 +20,7 @@ from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp_reply import Answers
 from provisiond.boot.dns import DnsServer
 from provisiond.boot.dns_zone import Zone
-from provisiond.boot.table import TableWatcher, build_table, index_nodes
+from provisiond.boot.table import SkippedRecords, TableWatcher, build_table, index_nodes
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.inventory.merge import Node
 from provisiond.inventory.model import NetDev, Record
@@ -182,6 +183,7 @@ def test_a_server_that_cannot_take_a_table_keeps_its_last(config, monkeypatch, c
         with caplog.at_level(logging.ERROR, "provisiond.boot"):
             supervisor._update_tables()
         assert "dns: table not updated, keeping the previous one" in caplog.text
+        assert caplog.records[-1].exc_info, "a bug caught here is logged with its traceback"
         host, port = server.sock.getsockname()
         reply = DNSRecord.parse(DNSRecord.question("n2.cluster").send(host, port, timeout=2))
         assert reply.header.rcode == RCODE.NOERROR and str(reply.rr[0].rdata) == ip_of(2)
@@ -262,3 +264,97 @@ def test_housekeeping_runs_while_packets_keep_coming():
         assert server.handled_at_first_tick < server.FEED, "ticked only once traffic stopped"
     finally:
         server.close()
+
+
+def test_a_record_skipped_by_a_bug_is_logged_with_its_traceback(caplog):
+    """SkippedRecords took any exception for a bad record: a bug in a builder (here an
+    AttributeError) skipped every node as "bad" with no traceback anywhere. Bad data stays
+    one line; a bug adds its traceback to the server log."""
+    bad_data = SkippedRecords("dns zone")
+    bad_data.build("node n1", lambda: ipaddress.ip_address("10.1"))
+    bug = SkippedRecords("dns zone")
+    bug.build("node n1", lambda: ipaddress.ip_address("10.1"))
+    bug.build("node n2", lambda: None.primary_netdev)
+    with caplog.at_level(logging.ERROR, "provisiond.boot"):
+        bad_data.report()
+        bug.report()
+    first, second = caplog.records
+    assert first.exc_info is None and "node n1" in first.getMessage()
+    assert second.exc_info and second.exc_info[0] is AttributeError
+    assert "skipped 2 bad record(s)" in second.getMessage()
+
+
+def test_a_table_build_failing_by_a_bug_is_logged_with_its_traceback(config, caplog,
+                                                                     monkeypatch):
+    from provisiond.boot import table as table_module
+
+    add_nodes(config, 1)
+    watcher = TableWatcher(config, interval=0)
+    monkeypatch.setattr(table_module, "build_table", lambda config: {}["a bug"])
+    write_inventory(config, GOOD)
+    with caplog.at_level(logging.ERROR, "provisiond.boot"):
+        assert watcher.changed() is False
+    assert "keeping the last good table (1 nodes): KeyError" in caplog.records[-1].getMessage()
+    assert caplog.records[-1].exc_info[0] is KeyError
+    monkeypatch.undo()
+    write_inventory(config, BAD_EDITS["an unknown profile"][0])
+    with caplog.at_level(logging.ERROR, "provisiond.boot"):
+        watcher.changed()
+    assert caplog.records[-1].exc_info is None  # an invalid file: one line, no traceback
+
+
+class FailingServer(UdpServer):
+    """Its housekeeping fails FAILS times in a row; every packet raises `error`."""
+
+    name = "failing"
+    tick_seconds = 0.02
+    FAILS = 5
+
+    def __init__(self, sock, error: Exception):
+        super().__init__(sock)
+        self.error = error
+        self.ticks = 0
+
+    def handle(self, data: bytes, peer: tuple) -> None:
+        raise self.error
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if self.ticks <= self.FAILS:
+            raise OSError(28, "No space left on device")
+
+
+def wait_for(condition, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert condition()
+
+
+@pytest.mark.parametrize("error, logged", [(KeyError("a bug"), 1), (
+    p.MalformedPacket("not a DHCP packet"), 0)])
+def test_a_failing_tick_or_packet_is_logged_once(caplog, error, logged):
+    """A failing tick logged an error every tick for as long as it failed (a full disk:
+    a line a second, forever); a packet raising a bug was a debug line only. Now a tick
+    failure is one line when it starts and one when it ends, and a bug in handle() is
+    logged with its traceback once per exception type; malformed packets stay debug."""
+    server = FailingServer(open_udp("127.0.0.1", 0), error)
+    with caplog.at_level(logging.INFO, "provisiond.boot"):
+        server.start()
+        try:
+            wait_for(lambda: server.ticks > FailingServer.FAILS)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+                for _ in range(3):
+                    client.sendto(b"x", server.address)
+            wait_for(lambda: server.errors == FailingServer.FAILS + 3)
+        finally:
+            server.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert sum("No space left" in r.getMessage() for r in errors) == 1
+    assert [r.getMessage() for r in errors[:1]] == [
+        "failing: housekeeping failed, retrying every 0.02s: OSError: "
+        "[Errno 28] No space left on device"]
+    assert errors[0].exc_info is None  # an OSError is not a bug
+    assert "housekeeping works again (5 failed attempts)" in caplog.text
+    bugs = errors[1:]
+    assert len(bugs) == logged and all(r.exc_info[0] is KeyError for r in bugs)
