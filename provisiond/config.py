@@ -98,7 +98,15 @@ def parse_upstream(text: str) -> tuple[str, int]:
         host, port = text.split(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"not host:port (port 1-65535): {text!r}")
-    return host, int(port)
+    return upstream_host(host), int(port)
+
+
+def upstream_host(host: str) -> str:
+    """An IP address without a scope id, or a host name of DNS labels ('a b', 10.0.0.300 and
+    fe80::1%lo loaded, then failed when serve started, naming no setting)."""
+    if ":" in host or "%" in host or host.replace(".", "").isdigit():
+        return ip_literal(host)
+    return domain_name(host)
 
 
 def url_host(address: str) -> str:
@@ -356,7 +364,7 @@ dns:
   enabled: false
   bind: 0.0.0.0
   port: 53
-  upstream: null         # host[:port] or [IPv6]:port; null answers NXDOMAIN
+  upstream: null         # address[:port], [IPv6]:port or a host name; null: NXDOMAIN
   ttl: 300               # seconds, 0-2147483647
 
 build:

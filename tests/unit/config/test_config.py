@@ -82,6 +82,11 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("power: {timeout: -5}\n", "power.timeout"),
     ("power: {timeout: .nan}\n", "power.timeout: nan is outside"),
     ("power: {timeout: .inf}\n", "power.timeout"),
+    ("dns: {upstream: 'a b'}\n", "dns.upstream: .*'a b'"),
+    ("dns: {upstream: 'fe80::1%lo'}\n", "dns.upstream: .*scope id"),
+    ("dns: {upstream: '[fe80::1%lo]:53'}\n", "dns.upstream: .*scope id"),
+    ("dns: {upstream: '10.0.0.300:53'}\n", "dns.upstream: not an IP address"),
+    ("dns: {upstream: 'resolver.example-:53'}\n", "dns.upstream: .*label 'example-'"),
 ])
 def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
     """Each of these gave a traceback or a dead service once `serve` ran; now the settings
@@ -100,6 +105,9 @@ def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
     ("dns: {upstream: '[::1]:5353'}\n", lambda c: c.dns.upstream_address == ("::1", 5353)),
     ("dns: {upstream: 'resolver.example'}\n",
      lambda c: c.dns.upstream_address == ("resolver.example", 53)),
+    ("dns: {upstream: 'FD00:0::1'}\n", lambda c: c.dns.upstream_address == ("fd00::1", 53)),
+    ("dns: {upstream: '10.0.0.1:5353'}\n",
+     lambda c: c.dns.upstream_address == ("10.0.0.1", 5353)),
 ])
 def test_good_settings_are_normalised(tmp_path, text, check):
     (tmp_path / "provisiond.yaml").write_text(text)
