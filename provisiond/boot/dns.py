@@ -131,19 +131,23 @@ class Forwarder:
         self.sock.send(struct.pack("!H", query_id) + data[2:])
 
     def _read(self) -> None:
-        while True:
+        """Relay replies until either socket is closed. Other errors cost one reply: an
+        ICMP port unreachable from a dead upstream (ECONNREFUSED) once ended this thread,
+        and with it every forwarded answer for good."""
+        while self.sock.fileno() >= 0 and self.reply_sock.fileno() >= 0:
             try:
                 data = self.sock.recv(65535)
-            except OSError:
-                return
+            except OSError as exc:
+                log.debug("dns-forward: upstream %s: %s", self.upstream, exc)
+                continue
             if len(data) < 12:
                 continue
             entry = self.pending.pop(struct.unpack("!H", data[:2])[0], None)
             if entry:
                 try:
                     self.reply_sock.sendto(entry[0] + data[2:], entry[1])
-                except OSError:
-                    return  # the server closed its socket: shutting down
+                except OSError as exc:
+                    log.debug("dns-forward: reply to %s: %s", entry[1], exc)
 
     def expire(self) -> None:
         limit = time.monotonic() - self.timeout

@@ -120,3 +120,43 @@ def test_forwarder_uses_unused_ids_and_bounds_queries_in_flight():
         forwarder.close()
         sink.close()
         reply.close()
+
+
+def test_forwarding_resumes_once_a_dead_upstream_is_back(state_dir, tmp_path, dns):
+    """A query forwarded while the upstream is down comes back as ECONNREFUSED (an ICMP
+    port unreachable) on the forwarder's connected socket; its reader thread took that for
+    shutdown and ended, so no forwarded query was answered again, upstream back or not."""
+    import socket as _socket
+    import time
+
+    with _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '127.0.0.1:{port}'\n")
+    server = start(load_config(state_dir))
+    upstream = None
+    try:
+        with _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM) as client:
+            client.sendto(DNSRecord.question("n2.other").pack(), server.sock.getsockname())
+        upstream_state = tmp_path / "up"
+        upstream_state.mkdir()
+        (upstream_state / "provisiond.yaml").write_text("server:\n  domain: other\n")
+        upstream_config = load_config(upstream_state)
+        add_nodes(upstream_config, 2, net="10.77")
+        upstream = DnsServer(upstream_config, build_table(upstream_config),
+                             sock=open_udp("127.0.0.1", port))
+        upstream.start()
+        answer, deadline = None, time.monotonic() + 10
+        while answer is None and time.monotonic() < deadline:
+            query = DNSRecord.question("n2.other")
+            host, server_port = server.sock.getsockname()
+            try:
+                answer = DNSRecord.parse(query.send(host, server_port, timeout=0.5))
+            except _socket.timeout:
+                pass
+        assert answer is not None, "the forwarder stopped relaying replies"
+        assert str(answer.rr[0].rdata) == ip_of(2, "10.77")
+    finally:
+        server.close()
+        if upstream:
+            upstream.close()
