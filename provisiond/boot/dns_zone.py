@@ -64,11 +64,16 @@ class Zone:
         else:
             self._add(self.ns_name, QTYPE.A, A(packed(config.server.address, 4)))
         skipped = SkippedRecords("dns zone")
+        left_out = set()
         for node in table.nodes.values():
             records = skipped.build(f"node {node.name}", lambda: self._node_records(node))
+            if records is None:
+                left_out.add(node.name)
             for record in records or []:
                 self._add(*record)
         for entry in table.by_ip.values():
+            if entry.node in left_out:
+                continue
             ptr = skipped.build(f"node {entry.node}", lambda: self._ptr(entry.ipaddr, entry.node))
             if ptr:
                 self._add(*ptr)
@@ -82,6 +87,8 @@ class Zone:
         if not primary:
             return []
         dev = primary[1]
+        if f"{node.name}.{self.domain}" == self.ns_name:
+            raise ValueError(f"{self.ns_name} is this server's name")
         records = []
         for name in (node.name, f"{node.name}.{self.domain}"):
             wire_name(name)  # a name that cannot go on the wire skips the node here

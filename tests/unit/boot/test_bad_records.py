@@ -20,7 +20,8 @@ from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp_reply import Answers
 from provisiond.boot.dns import DnsServer
 from provisiond.boot.dns_zone import Zone
-from provisiond.boot.table import SkippedRecords, TableWatcher, build_table, index_nodes
+from provisiond.boot.table import (SkippedRecords, TableWatcher, build_table, index_nodes,
+                                   reverse_name)
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.inventory.merge import Node
 from provisiond.inventory.model import NetDev, Record
@@ -358,3 +359,17 @@ def test_a_failing_tick_or_packet_is_logged_once(caplog, error, logged):
     assert "housekeeping works again (5 failed attempts)" in caplog.text
     bugs = errors[1:]
     assert len(bugs) == logged and all(r.exc_info[0] is KeyError for r in bugs)
+
+
+def test_a_node_named_like_the_server_does_not_take_its_dns_name(config, caplog):
+    """`node add provisiond` is accepted; provisiond.cluster (the zone's NS, the server's
+    name in every node's hosts file) then answered the server's address and the node's,
+    in turn. The node is left out of the zone, in one line; the server keeps its name."""
+    nodes = {n.name: n for n in (good(1), node("provisiond", mac=mac_of(9), ipaddr=ip_of(9)))}
+    with caplog.at_level(logging.ERROR, "provisiond.boot"):
+        zone = Zone(config, index_nodes(nodes))
+    assert [str(rr.rdata) for rr in ask(zone, "provisiond.cluster")] == [
+        config.server.address]
+    assert [str(rr.rdata) for rr in ask(zone, "n1")] == [ip_of(1)]
+    assert not ask(zone, reverse_name(ip_of(9)), "PTR")  # no PTR to the server's name
+    assert "node provisiond" in caplog.text and "this server's name" in caplog.text
