@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from provisiond.boot.logs import flush_logs
 from provisiond.boot.phases import PHASE_FD_ENV, PhaseProcess
@@ -20,6 +23,7 @@ from provisiond.config import Config, check_serving, url_host
 from provisiond.errors import ProvisiondError, ServeFailed
 
 log = logging.getLogger("provisiond.boot")
+T = TypeVar("T")
 
 
 def gunicorn_command(config: Config) -> list[str]:
@@ -46,6 +50,9 @@ class Supervisor:
         self.phases: PhaseProcess | None = None
 
     def start(self) -> None:
+        if self.enabled["http"]:
+            http = self.config.http
+            _opening("http", http.bind, http.port, lambda: _probe_tcp(http.bind, http.port))
         if self.enabled["dhcp"] or self.enabled["http"]:
             self.phases = PhaseProcess(self.config)
         try:
@@ -55,7 +62,7 @@ class Supervisor:
         except OSError as exc:
             self.stop()
             raise ServeFailed(f"cannot start the boot services: {exc.strerror or exc}") from None
-        except ProvisiondError:  # a bad setting (e.g. dns.upstream): stop what started
+        except ProvisiondError:  # a port in use, a bad setting: stop what started
             self.stop()
             raise
         if self.enabled["http"]:
@@ -63,16 +70,20 @@ class Supervisor:
         log.info("serving %s", ", ".join(name for name, on in self.enabled.items() if on))
 
     def _start_udp(self) -> None:
-        from provisiond.boot.dhcp import DhcpServer
+        from provisiond.boot.dhcp import PROXY_PORT, DhcpServer
         from provisiond.boot.dns import DnsServer
 
-        table = self.watcher.table
+        config, table = self.config, self.watcher.table
+        dhcp, dns = config.dhcp, config.dns
         if self.enabled["dhcp"]:
-            self.udp.append(DhcpServer(self.config, table, self.phases))
-            if self.config.dhcp.proxy:
-                self.udp.append(DhcpServer.proxy_port(self.config, table, self.phases))
+            self.udp.append(_opening("dhcp", dhcp.bind, dhcp.port,
+                                     lambda: DhcpServer(config, table, self.phases)))
+            if dhcp.proxy:
+                self.udp.append(_opening("proxydhcp", dhcp.bind, PROXY_PORT, lambda: (
+                    DhcpServer.proxy_port(config, table, self.phases))))
         if self.enabled["dns"]:
-            self.udp.append(DnsServer(self.config, table))
+            self.udp.append(_opening("dns", dns.bind, dns.port,
+                                     lambda: DnsServer(config, table)))
         for server in self.udp:
             server.start()
             log.info("%s listening on %s:%s", server.name, *server.address[:2])
@@ -82,7 +93,7 @@ class Supervisor:
 
         self.tftp = make_tftp_server(self.config, self._node_for)
         tftp = self.config.tftp
-        self.tftp.bind(tftp.bind, tftp.port)
+        _opening("tftp", tftp.bind, tftp.port, lambda: self.tftp.bind(tftp.bind, tftp.port))
         threading.Thread(target=self.tftp.listen, name="tftp", daemon=True).start()
         log.info("tftp listening on %s:%s serving %s", tftp.bind, tftp.port, tftp.root)
 
@@ -137,6 +148,24 @@ class Supervisor:
                 self.gunicorn.wait()
         if self.phases:
             self.phases.close()
+
+
+def _opening(service: str, bind: str, port: int, open_socket: Callable[[], T]) -> T:
+    """open_socket(); an OSError (a port in use, a missing interface) as one ServeFailed
+    line naming the service and its address (it said only "Address already in use")."""
+    try:
+        return open_socket()
+    except OSError as exc:
+        raise ServeFailed(f"cannot start {service} on {url_host(bind)}:{port}: "
+                          f"{exc.strerror or exc}") from None
+
+
+def _probe_tcp(bind: str, port: int) -> None:
+    """Bind (as gunicorn does, SO_REUSEADDR) and close: a port in use is found before
+    anything starts, not by gunicorn after DHCP, DNS and TFTP are up."""
+    with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((bind, port))
 
 
 def serve(config: Config, enabled: dict[str, bool]) -> int:

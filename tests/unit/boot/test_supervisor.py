@@ -116,3 +116,39 @@ def test_a_dead_phase_writer_never_fails_the_request(config):
         assert pipe.dropped == 1
     finally:
         os.close(write_end)
+
+
+def test_a_udp_port_in_use_names_the_service_and_the_port(config):
+    """It said "cannot start the boot services: Address already in use": which of them?"""
+    import socket
+
+    from provisiond.boot.supervisor import ServeFailed, Supervisor
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        config.dns.bind, config.dns.port = "127.0.0.1", taken.getsockname()[1]
+        with pytest.raises(ServeFailed, match=f"cannot start dns on 127.0.0.1:"
+                           f"{config.dns.port}: Address already in use"):
+            Supervisor(config, {**NONE, "dns": True}).start()
+
+
+def test_an_http_port_in_use_is_one_line_before_anything_starts(config):
+    """gunicorn found the port taken only after DHCP, DNS and TFTP had started: it retried
+    for 5 s, printed ten lines, exited, and serve stopped everything with code 1."""
+    import socket
+
+    from provisiond.boot.supervisor import ServeFailed, Supervisor
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config.http.bind, config.http.port = "127.0.0.1", taken.getsockname()[1]
+        config.dns.bind, config.dns.port = "127.0.0.1", 0
+        server = Supervisor(config, {**NONE, "http": True, "dns": True})
+        try:
+            with pytest.raises(ServeFailed, match=f"cannot start http on 127.0.0.1:"
+                               f"{config.http.port}: Address already in use"):
+                server.start()
+            assert server.gunicorn is None and server.udp == []
+        finally:
+            server.stop()
