@@ -130,7 +130,8 @@ class TableWatcher:
 
     An inventory that does not load or validate is logged as one line and the last good
     table kept; at start there is none, so no node is served until the file is fixed (the
-    fix is picked up like any change, no restart)."""
+    fix is picked up like any change, no restart). A file that goes missing or empty while
+    serving (rm, a truncating editor) is refused the same way; at start it means no nodes."""
 
     def __init__(self, config: Config, interval: float = 1.0):
         self.config = config
@@ -156,8 +157,13 @@ class TableWatcher:
         if stamp == self._stamp:
             return False
         self._stamp = stamp
-        return self._load(keeping=f"keeping the last good table ({len(self.table.nodes)} "
-                          "nodes)" if self.valid else "still serving no nodes")
+        keeping = (f"keeping the last good table ({len(self.table.nodes)} nodes)"
+                   if self.valid else "still serving no nodes")
+        if not stamp or not stamp[1]:  # the CLI never leaves it missing or empty
+            log.error("inventory %s is missing or empty, %s", self.config.inventory_path,
+                      keeping)
+            return False
+        return self._load(keeping)
 
     def _load(self, keeping: str) -> bool:
         try:

@@ -373,3 +373,24 @@ def test_a_node_named_like_the_server_does_not_take_its_dns_name(config, caplog)
     assert [str(rr.rdata) for rr in ask(zone, "n1")] == [ip_of(1)]
     assert not ask(zone, reverse_name(ip_of(9)), "PTR")  # no PTR to the server's name
     assert "node provisiond" in caplog.text and "this server's name" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated"])
+def test_an_inventory_deleted_or_truncated_while_serving_keeps_the_last_table(
+        config, caplog, how):
+    """`rm inventory.yaml`, a `git checkout` in progress, or `> inventory.yaml` (an editor
+    writing in place starts so) made the server drop every node at once: a missing or
+    empty file read as an empty cluster. The CLI never writes either; now they are
+    refused like any invalid edit, and the file coming back is picked up."""
+    write_inventory(config, GOOD)
+    watcher = TableWatcher(config, interval=0)
+    if how == "deleted":
+        config.inventory_path.unlink()
+    else:
+        config.inventory_path.write_text("")
+    with caplog.at_level(logging.ERROR, "provisiond.boot"):
+        assert watcher.changed() is False
+    assert set(watcher.table.nodes) == {"n1", "n2"}
+    assert "keeping the last good table (2 nodes)" in caplog.text
+    write_inventory(config, GOOD.replace(ip_of(2), ip_of(7)))
+    assert watcher.changed() is True and watcher.table.by_ip[ip_of(7)].node == "n2"
