@@ -12,8 +12,9 @@ def register(subparsers) -> None:
         "serve", help="run the boot services (HTTP, DHCP, TFTP, DNS)",
         description="Run the boot services that provisiond.yaml enables; --X/--no-X override "
         "one service. A bad setting stops it before anything starts. inventory.yaml is "
-        "reloaded when it changes; an invalid one is logged and the last good one kept (none "
-        "at start: no node is served until the file is fixed). Stops cleanly on SIGTERM.")
+        "reloaded when it changes; an invalid one (or one gone missing or empty) is logged and "
+        "the last good one kept (none at start: no node is served until the file is fixed). "
+        "A port in use is named in one line. Stops cleanly on SIGTERM.")
     for name in SERVICES:
         parser.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
                             help=f"run the {name.upper()} server (default: {name}.enabled)")
