@@ -13,6 +13,16 @@ from provisiond.boot.supervisor import serve
 NONE = {"http": False, "dhcp": False, "tftp": False, "dns": False}
 
 
+def free_tcp_port() -> int:
+    """A loopback port free now: serve checks the HTTP port before anything starts, and
+    the default 9873 may be in use by another serve on this machine."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture
 def handlers():
     """serve() installs SIGTERM/SIGINT handlers: give pytest its own back."""
@@ -27,6 +37,7 @@ def test_gunicorn_exit_ends_serve_with_code_1_and_one_stop(config, monkeypatch, 
     stopping the phase writer twice."""
     monkeypatch.setattr(supervisor, "gunicorn_command",
                         lambda config: [sys.executable, "-c", "raise SystemExit(3)"])
+    config.http.bind, config.http.port = "127.0.0.1", free_tcp_port()  # serve probes it
     assert serve(config, {**NONE, "http": True}) == 1
 
 
@@ -82,6 +93,8 @@ def test_sigterm_while_starting_stops_cleanly(state_dir, tmp_path):
     import subprocess
     from pathlib import Path
 
+    (state_dir / "provisiond.yaml").write_text(
+        f"http: {{bind: 127.0.0.1, port: {free_tcp_port()}}}\n")
     pid_file = tmp_path / "gunicorn.pid"
     repo = Path(__file__).resolve().parents[3]
     log = tmp_path / "serve.log"  # a file, not a pipe: a child left running would hold it
