@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, ValidationError,
+                      field_validator, model_validator)
 
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidConfig
@@ -201,6 +202,25 @@ class DnsSettings(_Section):
     @property
     def upstream_address(self) -> tuple[str, int] | None:
         return parse_upstream(self.upstream) if self.upstream else None
+
+    @model_validator(mode="after")
+    def _not_itself(self) -> "DnsSettings":
+        """An upstream that is this server forwards each miss to itself 4096 times (the
+        queries in flight), then forwards nothing for 5 s."""
+        upstream = self.upstream_address
+        if upstream and upstream[1] == self.port and self._listens_on(upstream[0]):
+            raise ValueError(f"upstream {self.upstream} is this DNS server itself "
+                             f"(bind {self.bind}, port {self.port})")
+        return self
+
+    def _listens_on(self, host: str) -> bool:
+        if host == self.bind:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False  # a host name: resolved only when serve starts
+        return ipaddress.ip_address(self.bind).is_unspecified and address.is_loopback
 
 
 class BuildSettings(_Section):

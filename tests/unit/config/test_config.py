@@ -87,6 +87,9 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("dns: {upstream: '[fe80::1%lo]:53'}\n", "dns.upstream: .*scope id"),
     ("dns: {upstream: '10.0.0.300:53'}\n", "dns.upstream: not an IP address"),
     ("dns: {upstream: 'resolver.example-:53'}\n", "dns.upstream: .*label 'example-'"),
+    ("dns: {upstream: '127.0.0.1'}\n", "dns: upstream 127.0.0.1 is this DNS server itself"),
+    ("dns: {bind: '::', port: 5353, upstream: '[::1]:5353'}\n", "dns: .* itself"),
+    ("dns: {bind: 10.0.0.1, upstream: '10.0.0.1:53'}\n", "dns: .* itself"),
 ])
 def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
     """Each of these gave a traceback or a dead service once `serve` ran; now the settings
@@ -108,6 +111,10 @@ def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
     ("dns: {upstream: 'FD00:0::1'}\n", lambda c: c.dns.upstream_address == ("fd00::1", 53)),
     ("dns: {upstream: '10.0.0.1:5353'}\n",
      lambda c: c.dns.upstream_address == ("10.0.0.1", 5353)),
+    ("dns: {port: 5300, upstream: '127.0.0.1'}\n",  # a local resolver on 53
+     lambda c: c.dns.upstream_address == ("127.0.0.1", 53)),
+    ("dns: {bind: 10.0.0.1, upstream: '127.0.0.1'}\n",
+     lambda c: c.dns.upstream_address == ("127.0.0.1", 53)),
 ])
 def test_good_settings_are_normalised(tmp_path, text, check):
     (tmp_path / "provisiond.yaml").write_text(text)
