@@ -120,6 +120,8 @@ BAD_EDITS = {
     "an unknown profile": (GOOD.replace("  n2:\n", "  n2:\n    profiles: [nosuch]\n"),
                            "unknown profile 'nosuch'"),
     "not YAML": ("nodes: [", "not valid YAML"),
+    "a duplicated node key": (GOOD + f"  n1:\n    netdevs:\n      eth0: {{mac: '{mac_of(9)}'}}\n",
+                              "duplicate key 'n1'"),
     "a schema error": (GOOD.replace(ip_of(2), "10.0.0.999"), "invalid IPv4 address"),
 }
 
