@@ -89,14 +89,15 @@ class SkippedRecords:
 
 
 def build_table(config: Config) -> BootTable:
-    """Read the inventory, check it with the CLI's rules (validate_inventory: known profiles,
-    unique MACs and addresses...) and index every netdev that has a MAC or an address.
+    """Read the inventory, check it with the CLI's rules (validate_inventory with the config:
+    known profiles, unique MACs and addresses, not the server's own...) and index every netdev
+    that has a MAC or an address.
 
     Raises InvalidInventory for an inventory the CLI would refuse to write."""
     from provisiond.inventory import InventoryStore
     from provisiond.inventory.validate import validate_inventory
 
-    return index_nodes(validate_inventory(InventoryStore(config).read()))
+    return index_nodes(validate_inventory(InventoryStore(config).read(), config))
 
 
 def index_nodes(nodes: dict) -> BootTable:

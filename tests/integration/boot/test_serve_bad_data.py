@@ -140,20 +140,21 @@ def test_a_hand_edit_duplicating_an_address_is_refused_and_the_last_table_kept(
     supervisor and from the HTTP worker) and n02's runtime overlay stays n02's."""
     state, ports = loopback_state
     base = f"http://127.0.0.1:{ports['http']}"
-    n01 = ("n01", {"mac": mac_of(1), "ipaddr": "127.0.0.1"})
+    # n01 is the loopback client 127.0.0.2 (127.0.0.1 is the server's own address).
+    n01 = ("n01", {"mac": mac_of(1), "ipaddr": "127.0.0.2"})
     write_inventory(state, inventory(n01, node(2)))
     proc = start_serve(state)
     try:
         wait_http(f"{base}/boot/ipxe", proc)
         runtime = f"{base}/overlays/n02/runtime"
         assert status(runtime) == "403"
-        write_inventory(state, inventory(("n02", {**node(2)[1], "ipaddr": "127.0.0.1"}), n01))
+        write_inventory(state, inventory(("n02", {**node(2)[1], "ipaddr": "127.0.0.2"}), n01))
         deadline = time.monotonic() + 20
         refusals = 0
         while refusals < 2 and time.monotonic() < deadline:
             assert status(runtime) == "403"  # was 200 within 2 s
             text = (state / "serve.log").read_text(errors="replace")
-            refusals = text.count("127.0.0.1 is already used by node")
+            refusals = text.count("127.0.0.2 is already used by node")
             time.sleep(0.2)
         assert refusals == 2, text[-2000:]  # the supervisor's line and the worker's
         assert status(runtime) == "403" and proc.poll() is None
@@ -163,7 +164,9 @@ def test_a_hand_edit_duplicating_an_address_is_refused_and_the_last_table_kept(
 
 
 def status(url: str) -> str:
-    return run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url).stdout
+    """The status n01 (at 127.0.0.2) gets for `url`."""
+    return run("curl", "-s", "--interface", "127.0.0.2", "-o", "/dev/null", "-w",
+               "%{http_code}", url).stdout
 
 
 @pytest.mark.parametrize("section, value, message", [
