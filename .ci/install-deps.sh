@@ -14,8 +14,8 @@ APT_PACKAGES=(
   ipxe
   # tests: real DHCP/TFTP/DNS clients
   dnsutils isc-dhcp-client tftp-hpa atftp
-  # bench: peers measured in the same run
-  tftpd-hpa
+  # bench: peers measured in the same run, and the HTTP load generator
+  tftpd-hpa nginx-light wrk
   # lab: QEMU, firmware, libvirt, RA sender
   qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
 )

@@ -136,8 +136,10 @@ class HttpSettings(_Section):
     bind: BindAddress = "0.0.0.0"
     port: Port = 9873
     workers: Annotated[int, bounded(1, 64)] = 2
-    threads: Count = 16
-    """gunicorn gthread threads per worker."""
+    connections: Annotated[int, bounded(10, 100_000)] = 1000
+    """Open connections per worker (each a greenlet); beyond it, new ones wait in the backlog."""
+    threads: int | None = None
+    """Unused since the gevent worker (no thread pool); accepted so older files still load."""
 
 
 class DhcpSettings(_Section):
@@ -360,7 +362,7 @@ http:
   bind: 0.0.0.0          # an IP address; "::" listens on IPv6 and IPv4
   port: 9873             # 1-65535, as every port below
   workers: 2             # 1-64
-  threads: 16           # gunicorn gthread threads per worker, 1-1024
+  connections: 1000      # open connections per worker, 10-100000 (idle ones close after 5 s)
 
 dhcp:
   # Answers known MACs with their reserved address and a boot file.

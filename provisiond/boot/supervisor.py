@@ -28,9 +28,12 @@ T = TypeVar("T")
 
 def gunicorn_command(config: Config) -> list[str]:
     http = config.http
+    # One greenlet per connection (provisiond.api.worker): idle and slow clients hold no
+    # thread; a request's headers must arrive within the keepalive timeout.
     return [sys.executable, "-m", "gunicorn", "--bind", f"{url_host(http.bind)}:{http.port}",
-            "--workers", str(http.workers), "--worker-class", "gthread",
-            "--threads", str(http.threads), "--graceful-timeout", "5",
+            "--workers", str(http.workers), "--worker-class", "provisiond.api.worker.BootWorker",
+            "--worker-connections", str(http.connections), "--keep-alive", "5",
+            "--graceful-timeout", "5",
             "--no-control-socket",  # else every instance shares ~/.gunicorn/gunicorn.ctl
             "--config", "python:provisiond.api.gunicorn_conf",
             "provisiond.api:create_app_from_env()"]

@@ -58,7 +58,7 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("server: {domain: -a.org}\n", "server.domain"),
     ("server: {domain: 'a_b'}\n", "server.domain"),
     ("http: {workers: 0}\n", "http.workers: 0 is outside 1-64"),
-    ("http: {threads: 0}\n", "http.threads: 0 is outside"),
+    ("http: {connections: 0}\n", "http.connections: 0 is outside"),
     ("http: {bind: 'not an address'}\n", "http.bind: not an IP address"),
     ("http: {bind: 'fe80::1%eth0'}\n", "http.bind: .*scope id"),
     ("tftp: {port: -1}\n", "tftp.port"),

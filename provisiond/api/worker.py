@@ -1,0 +1,54 @@
+"""The gunicorn worker `provisiond serve` runs: gevent, one greenlet per connection.
+
+With gunicorn's thread worker, a client that sends half a request holds a thread until it
+finishes: 80 of them held all 32 threads and every boot request waited. Here an idle or slow
+connection costs a greenlet; the header read of each request is bounded by gunicorn's
+keepalive timeout (the worker's `timeout_ctx`), every other socket wait by `SOCKET_TIMEOUT`,
+and the number of connections by `worker_connections`.
+
+gevent's socket copies a file through Python 8 KiB at a time (os.sendfile is not
+cooperative), which serves blobs at a fraction of nginx's rate: sockets here send files with
+os.sendfile on the non-blocking descriptor and wait for writability in the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gevent import socket as gsocket
+from gunicorn.workers.ggevent import GeventWorker
+
+SOCKET_TIMEOUT = 30.0  # one send or receive waiting longer than this ends the connection
+MAX_CHUNK = 1 << 30
+
+
+class SendfileSocket(gsocket.socket):
+    """A gevent socket whose `sendfile` is the kernel's, waiting cooperatively."""
+
+    __slots__ = ()
+
+    def sendfile(self, file, offset: int = 0, count: int | None = None) -> int:
+        out, src = self.fileno(), file.fileno()
+        sent = 0
+        while count is None or sent < count:
+            chunk = MAX_CHUNK if count is None else min(count - sent, MAX_CHUNK)
+            try:
+                done = os.sendfile(out, src, offset + sent, chunk)
+            except BlockingIOError:
+                gsocket.wait_write(out, timeout=self.gettimeout(),
+                                   timeout_exc=TimeoutError("sendfile timed out"))
+                continue
+            if done == 0:  # end of file
+                break
+            sent += done
+        file.seek(offset + sent)
+        return sent
+
+
+class BootWorker(GeventWorker):
+    """gunicorn's gevent worker with bounded socket waits and kernel sendfile."""
+
+    def handle(self, listener, client, addr):
+        client.__class__ = SendfileSocket  # same layout: only `sendfile` differs
+        client.settimeout(SOCKET_TIMEOUT)
+        super().handle(listener, client, addr)
