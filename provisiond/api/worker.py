@@ -13,9 +13,11 @@ os.sendfile on the non-blocking descriptor and wait for writability in the event
 
 from __future__ import annotations
 
+import errno
 import os
 
 from gevent import socket as gsocket
+from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
 SOCKET_TIMEOUT = 30.0  # one send or receive waiting longer than this ends the connection
@@ -23,9 +25,29 @@ MAX_CHUNK = 1 << 30
 
 
 class SendfileSocket(gsocket.socket):
-    """A gevent socket whose `sendfile` is the kernel's, waiting cooperatively."""
+    """A gevent socket whose `sendfile` is the kernel's, waiting cooperatively; a wait
+    that times out ends the connection as a reset (gunicorn logs those at debug level,
+    other socket errors with a traceback: a slow client is no server error)."""
 
     __slots__ = ()
+
+    def recv(self, *args):
+        try:
+            return super().recv(*args)
+        except TimeoutError:
+            raise _timed_out() from None
+
+    def recv_into(self, *args):
+        try:
+            return super().recv_into(*args)
+        except TimeoutError:
+            raise _timed_out() from None
+
+    def sendall(self, *args):
+        try:
+            return super().sendall(*args)
+        except TimeoutError:
+            raise _timed_out() from None
 
     def sendfile(self, file, offset: int = 0, count: int | None = None) -> int:
         out, src = self.fileno(), file.fileno()
@@ -35,8 +57,7 @@ class SendfileSocket(gsocket.socket):
             try:
                 done = os.sendfile(out, src, offset + sent, chunk)
             except BlockingIOError:
-                gsocket.wait_write(out, timeout=self.gettimeout(),
-                                   timeout_exc=TimeoutError("sendfile timed out"))
+                gsocket.wait_write(out, timeout=self.gettimeout(), timeout_exc=_timed_out())
                 continue
             if done == 0:  # end of file
                 break
@@ -45,10 +66,15 @@ class SendfileSocket(gsocket.socket):
         return sent
 
 
+def _timed_out() -> ConnectionResetError:
+    return ConnectionResetError(errno.ECONNRESET, f"client idle for {SOCKET_TIMEOUT:.0f} s")
+
+
 class BootWorker(GeventWorker):
     """gunicorn's gevent worker with bounded socket waits and kernel sendfile."""
 
     def handle(self, listener, client, addr):
-        client.__class__ = SendfileSocket  # same layout: only `sendfile` differs
+        client.__class__ = SendfileSocket  # no new slots: the same object, other methods
         client.settimeout(SOCKET_TIMEOUT)
-        super().handle(listener, client, addr)
+        # Not GeventWorker.handle: it makes the socket blocking, without a timeout.
+        AsyncWorker.handle(self, listener, client, addr)
