@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -174,9 +175,48 @@ def test_junk_http_requests_get_4xx_json(served):
         assert result.stdout.decode()[0] == "4", path
     with socket.create_connection(("127.0.0.1", ports["http"]), timeout=5) as sock:
         sock.sendall(b"\x16\x03\x01junk that is not HTTP\r\n\r\n")
-        answer = sock.recv(100)
-    assert answer.startswith(b"HTTP/1.1 400") or answer == b""
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer  # an answer, not a dropped connection
+    assert b"Connection: close" in answer.split(b"\r\n\r\n")[0]
     assert run("curl", "-sS", f"{base}/boot/ipxe").returncode == 0
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (the socket's timeout bounds each wait)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_idle_and_half_sent_requests_do_not_hold_boot_requests(served):
+    """500 connections, half idle and half stopped mid-header (what held every gthread
+    thread), do not stop a node's script; the server closes a half request by itself."""
+    _, ports, base, _ = served
+    held = []
+    try:
+        for i in range(500):
+            sock = socket.create_connection(("127.0.0.1", ports["http"]), timeout=60)
+            if i % 2:
+                sock.sendall(b"GET /boot/ipxe HTTP/1.1\r\nHost: x\r\n")  # headers never end
+            held.append(sock)
+        with urllib.request.urlopen(f"{base}/boot/ipxe/{mac_of(5)}", timeout=10) as answer:
+            assert b"provisiond.node=n5 " in answer.read()
+        for sock in held[1:8:2]:
+            assert read_until_closed(sock) == b""  # closed without an answer, well within 60 s
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.slow  # 30 s: the server's socket timeout
+def test_a_client_stalled_in_its_body_is_disconnected(served):
+    _, ports, _, _ = served
+    with socket.create_connection(("127.0.0.1", ports["http"]), timeout=90) as sock:
+        sock.sendall(b"POST /api/v1/status/n1 HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                     b"Content-Type: application/json\r\n\r\n{")  # 99 bytes never come
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:100]  # werkzeug: ClientDisconnected
 
 
 def test_inventory_change_reaches_dns(served):
