@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import socket
@@ -15,6 +17,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+NGINX = "/usr/sbin/nginx"
+NGINX_CONF = """worker_processes 2; error_log {dir}/error.log; pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{ sendfile on; tcp_nopush on; access_log off; keepalive_timeout 65;
+  server {{ listen 127.0.0.1:{port}; {locations} }} }}
+"""
 
 
 def mac_of(i: int) -> str:
@@ -25,18 +33,52 @@ def ip_of(i: int, net: str = "10.99") -> str:
     return f"{net}.{i // 250}.{i % 250 + 2}"
 
 
-def make_state(count: int, **sections) -> Path:
-    """A fresh state dir with provisiond.yaml `sections` and nodes n1..nCOUNT."""
+def make_state(count: int, net: str = "10.99", profiles: dict | None = None,
+               **sections) -> Path:
+    """A fresh state dir with provisiond.yaml `sections`, `profiles` and nodes n1..nCOUNT
+    (addresses ip_of(i, net))."""
     state = Path(tempfile.mkdtemp(prefix="pvbench-")) / "state"
     state.parent.chmod(0o755)  # the peers (nginx, dnsmasq) drop to unprivileged users
     state.mkdir(parents=True)
     (state / "provisiond.yaml").write_text(yaml.safe_dump(sections))
     nodes = {f"n{i}": {"image": "tiny", "netdevs": {"eth0": {
-        "mac": mac_of(i), "ipaddr": ip_of(i), "netmask": "255.255.0.0"}}}
+        "mac": mac_of(i), "ipaddr": ip_of(i, net), "netmask": "255.255.0.0"}}}
         for i in range(1, count + 1)}
-    (state / "inventory.yaml").write_text(yaml.safe_dump(
-        {"revision": 1, "profiles": {}, "nodes": nodes}, sort_keys=False))
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    (state / "inventory.yaml").write_text(yaml.dump(
+        {"revision": 1, "profiles": profiles or {}, "nodes": nodes}, Dumper=dumper,
+        sort_keys=False))
     return state
+
+
+def add_blob(state: Path, data: bytes, repeat: int = 1) -> str:
+    """Store `data` * `repeat` as a blob (written in pieces); returns its hex digest."""
+    digest = hashlib.sha256()
+    for _ in range(repeat):
+        digest.update(data)
+    blobs = state / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    with open(blobs / digest.hexdigest(), "wb") as handle:
+        for _ in range(repeat):
+            handle.write(data)
+    return digest.hexdigest()
+
+
+def add_image(state: Path, kernel: str, layers: list[str], name: str = "tiny") -> None:
+    """An image manifest naming blobs already stored (the fields iPXE scripts read)."""
+    manifest = {"name": name, "kernel": {"digest": f"sha256:{kernel}"},
+                "layers": [{"digest": f"sha256:{layer}"} for layer in layers],
+                "kernel_args": ["console=ttyS0"]}
+    (state / "images" / name).mkdir(parents=True, exist_ok=True)
+    (state / "images" / name / "manifest.json").write_text(json.dumps(manifest))
+
+
+def start_nginx(folder: Path, port: int, locations: str) -> subprocess.Popen:
+    """nginx-light, 2 workers (as many as provisiond's), sendfile, serving `locations`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=folder, port=port, locations=locations))
+    return start([NGINX, "-c", str(conf), "-p", str(folder), "-g", "daemon off;"])
 
 
 def free_port(kind=socket.SOCK_DGRAM) -> int:

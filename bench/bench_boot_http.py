@@ -15,14 +15,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from bench_boot_common import REPO, free_port, mac_of, make_state, serve, start, stop, wait_for
+from bench_boot_common import (REPO, add_blob, add_image, free_port, mac_of, make_state, serve,
+                               start, start_nginx, stop, wait_for)
 
 SECONDS, NODES, ROUNDS = 10, 1000, 3
-NGINX_CONF = """worker_processes 2; error_log {dir}/error.log; pid {dir}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{ sendfile on; tcp_nopush on; access_log off; keepalive_timeout 65;
-  server {{ listen 127.0.0.1:{port}; location /blobs/sha256/ {{ alias {blobs}/; }} }} }}
-"""
 LUA = """local n, i = {count}, 0
 request = function()
   i = i % n + 1
@@ -33,7 +29,7 @@ end
 
 
 def wrk(url: str, connections: int, script: Path | None = None, seconds: int = SECONDS) -> dict:
-    cmd = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "30s"]
+    cmd = ["/usr/bin/wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "30s"]
     out = subprocess.run([*cmd, *(["-s", str(script)] if script else []), url],
                          capture_output=True, text=True, timeout=SECONDS + 60).stdout
     print(out, file=sys.stderr)
@@ -72,22 +68,10 @@ def up(url: str) -> bool:
 
 
 def setup_state(port: int) -> tuple[Path, str]:
-    import hashlib
-    import json
-
     state = make_state(NODES, server={"address": "127.0.0.1"},
                        http={"bind": "127.0.0.1", "port": port})
-    blobs = state / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    chunk = os.urandom(1 << 20)
-    layer = hashlib.sha256(chunk * 100).hexdigest()
-    with open(blobs / layer, "wb") as handle:
-        for _ in range(100):
-            handle.write(chunk)
-    manifest = {"name": "tiny", "kernel": {"digest": f"sha256:{layer}"},
-                "layers": [{"digest": f"sha256:{layer}"}] * 2, "kernel_args": ["console=ttyS0"]}
-    (state / "images" / "tiny").mkdir(parents=True)
-    (state / "images" / "tiny" / "manifest.json").write_text(json.dumps(manifest))
+    layer = add_blob(state, os.urandom(1 << 20), repeat=100)
+    add_image(state, kernel=layer, layers=[layer, layer])
     return state, layer
 
 
@@ -96,13 +80,10 @@ def main() -> None:
     state, layer = setup_state(port_ours)
     lua = state / "macs.lua"
     lua.write_text(LUA.format(count=NODES))
-    (state / "nginx").mkdir()
-    conf = state / "nginx" / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=state / "nginx", port=port_nginx,
-                                      blobs=state / "blobs" / "sha256"))
     procs = [serve(state, "--http", "--no-dhcp", "--no-tftp", "--no-dns"),
              gunicorn("bench_boot_bare_app:app", port_bare, state),
-             start(["nginx", "-c", str(conf), "-p", str(state / "nginx"), "-g", "daemon off;"])]
+             start_nginx(state / "nginx", port_nginx,
+                         f"location /blobs/sha256/ {{ alias {state / 'blobs' / 'sha256'}/; }}")]
     base = {name: f"http://127.0.0.1:{port}" for name, port in
             (("ours", port_ours), ("bare", port_bare), ("nginx", port_nginx))}
     try:
