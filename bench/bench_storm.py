@@ -1,0 +1,283 @@
+"""Boot storm: N nodes, C at a time, each doing over HTTP what iPXE does when it boots: the
+chain script, its own script, then the kernel, every layer and its overlays that the script
+names, one after the other on one kept-alive connection. Once from `provisiond serve` and once
+from nginx-light serving the same files (the scripts provisiond renders, the overlays it
+built), in one run, on loopback.
+
+    python bench/bench_storm.py [--nodes 1000] [--concurrency 200]
+
+provisiond runs as a user runs it: its provisiond.yaml, the shipped `default` profile (its
+system overlays built beforehand, as `provisiond overlay build` does), HTTP only. Each node
+connects from its own reserved address (127.1.x.y), so the server finds the node, records its
+phases and logs its boot steps as in a real storm. Prints both times, the ratio (target
+>= 0.9), the errors (target 0) and the RSS of the serve's processes before and after (target:
+within 1.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from bench_boot_common import (REPO, add_blob, add_image, free_port, ip_of, mac_of, make_state,
+                               serve, start_nginx, stop, wait_for)
+
+NET = "127.1"  # the nodes' reserved addresses: loopback, so each node has its own source
+KERNEL_MIB, LAYER_MIB, LAYER2_KIB = 6, 3, 64  # about the tiny image: kernel, busybox, scripts
+NODE_TIMEOUT = 120.0
+BUFFER = bytearray(1 << 20)
+
+
+def setup(nodes: int, port: int) -> Path:
+    """The state dir: nodes with the `default` profile, a tiny image, system overlays built."""
+    from provisiond.config import load_config
+    from provisiond.overlays import build_overlays
+
+    profile = yaml.safe_load((REPO / "profiles" / "default.yaml").read_text())
+    state = make_state(nodes, net=NET, profiles={"default": profile},
+                       server={"address": "127.0.0.1"}, http={"bind": "127.0.0.1", "port": port})
+    add_image(state, kernel=add_blob(state, os.urandom(1 << 20), KERNEL_MIB),
+              layers=[add_blob(state, os.urandom(1 << 20), LAYER_MIB),
+                      add_blob(state, os.urandom(1 << 10), LAYER2_KIB)])
+    started = time.monotonic()
+    build_overlays(load_config(state), kinds=("shared", "system"))
+    print(f"{nodes} nodes, system overlays built in {time.monotonic() - started:.1f} s",
+          flush=True)
+    return state
+
+
+def mirror(state: Path) -> Path:
+    """What nginx serves: every node's script as provisiond renders it, links to its
+    overlays, the chain script."""
+    from provisiond.boot.artifacts import ManifestCache, overlay_file
+    from provisiond.boot.ipxe import chain_script, node_script
+    from provisiond.boot.table import build_table
+    from provisiond.config import load_config
+
+    config = load_config(state)
+    table, manifests = build_table(config), ManifestCache(config)
+    root = state / "mirror"
+    (root / "scripts").mkdir(parents=True)
+    (root / "chain.ipxe").write_text(chain_script(config))
+    for mac, entry in table.by_mac.items():
+        (root / "scripts" / mac).write_text(
+            node_script(config, manifests, entry, table.nodes[entry.node]))
+        (root / "overlays" / entry.node).mkdir(parents=True)
+        for kind in ("shared", "system"):
+            (root / "overlays" / entry.node / kind).symlink_to(overlay_file(config, entry.node,
+                                                                              kind))
+    return root
+
+
+def nginx_locations(state: Path, root: Path) -> str:
+    return (f"location = /boot/ipxe {{ alias {root}/chain.ipxe; }} "
+            f"location /boot/ipxe/ {{ alias {root}/scripts/; }} "
+            f"location /overlays/ {{ alias {root}/overlays/; }} "
+            f"location /blobs/sha256/ {{ alias {state}/blobs/sha256/; }}")
+
+
+class Connection:
+    """One node's kept-alive HTTP/1.1 connection from its own address (as iPXE keeps one)."""
+
+    def __init__(self, loop, source: str, server: tuple[str, int]):
+        self.loop, self.source, self.server = loop, source, server
+        self.sock: socket.socket | None = None
+        self.pending = b""
+
+    async def connect(self) -> None:
+        self.close()
+        self.sock = socket.socket()
+        self.sock.setblocking(False)
+        self.sock.bind((self.source, 0))
+        await self.loop.sock_connect(self.sock, self.server)
+        self.pending = b""
+
+    def close(self) -> None:
+        if self.sock:
+            self.sock.close()
+            self.sock = None
+
+    async def get(self, path: str, keep: bool = False) -> tuple[bytes, int]:
+        """(body if `keep`, body length); reconnects once if the server closed the
+        kept-alive connection; raises on anything but a whole 200 answer."""
+        if self.sock is None:
+            await self.connect()
+        request = f"GET {path} HTTP/1.1\r\nHost: provisiond\r\nUser-Agent: iPXE\r\n\r\n"
+        try:
+            await self.loop.sock_sendall(self.sock, request.encode())
+            head = await self._head()
+        except (ConnectionError, EOFError):
+            await self.connect()
+            await self.loop.sock_sendall(self.sock, request.encode())
+            head = await self._head()
+        status, length, closes = _parse_head(head, path)
+        body = await self._body(length, keep)
+        if closes:
+            self.close()
+        return body, length
+
+    async def _head(self) -> bytes:
+        while b"\r\n\r\n" not in self.pending:
+            chunk = await self.loop.sock_recv(self.sock, 65536)
+            if not chunk:
+                raise EOFError("connection closed")
+            self.pending += chunk
+        head, self.pending = self.pending.split(b"\r\n\r\n", 1)
+        return head
+
+    async def _body(self, length: int, keep: bool) -> bytes:
+        body, self.pending = self.pending[:length], self.pending[length:]
+        parts, left = [body], length - len(body)
+        view = memoryview(BUFFER)
+        while left > 0:
+            got = await self.loop.sock_recv_into(self.sock, view[:min(left, len(BUFFER))])
+            if not got:
+                raise EOFError(f"body cut {left} bytes short")
+            if keep:
+                parts.append(bytes(view[:got]))
+            left -= got
+        return b"".join(parts) if keep else b""
+
+
+def _parse_head(head: bytes, path: str) -> tuple[int, int, bool]:
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    if status != 200:
+        raise RuntimeError(f"{path}: HTTP {status}")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    return status, int(fields["content-length"]), fields.get("connection") == "close"
+
+
+def script_paths(script: str) -> list[str]:
+    """The kernel and initrd URLs of an iPXE script, as paths on the same server."""
+    paths = []
+    for line in script.splitlines():
+        words = line.split()
+        if words[:1] in (["kernel"], ["initrd"]):
+            paths.append(urlsplit(next(w for w in words[1:] if "://" in w)).path)
+    return paths
+
+
+async def boot(loop, server: tuple[str, int], index: int) -> int:
+    """One node's boot fetches; returns the bytes received."""
+    conn = Connection(loop, ip_of(index, NET), server)
+    try:
+        await conn.get("/boot/ipxe")
+        script, total = await conn.get(f"/boot/ipxe/{mac_of(index)}", keep=True)
+        paths = script_paths(script.decode())
+        if len(paths) < 3:
+            raise RuntimeError(f"node {index}: no boot script: {script[:200]!r}")
+        for path in paths:
+            total += (await conn.get(path))[1]
+        return total
+    finally:
+        conn.close()
+
+
+async def storm(server: tuple[str, int], nodes: int, concurrency: int) -> dict:
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(concurrency)
+    errors: list[str] = []
+
+    async def one(index: int) -> int:
+        async with gate:
+            try:
+                return await asyncio.wait_for(boot(loop, server, index), NODE_TIMEOUT)
+            except (OSError, RuntimeError, EOFError, ValueError, KeyError,
+                    asyncio.TimeoutError) as exc:
+                errors.append(f"n{index}: {type(exc).__name__} {exc}")
+                return 0
+
+    started = time.monotonic()
+    sizes = await asyncio.gather(*(one(i) for i in range(1, nodes + 1)))
+    return {"seconds": time.monotonic() - started, "errors": errors, "bytes": sum(sizes)}
+
+
+def session_rss(leader: int) -> dict[str, float]:
+    """MiB resident per process of the serve's session (serve, phase writer, gunicorn)."""
+    result = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != leader:
+                continue
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            rss = next(int(line.split()[1]) for line in (entry / "status").read_text()
+                       .splitlines() if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        result[f"{_role(cmd)} {entry.name}"] = rss / 1024
+    return dict(sorted(result.items()))
+
+
+def _role(cmd: list[bytes]) -> str:
+    text = b" ".join(cmd).decode(errors="replace")
+    if "gunicorn" in text:
+        return "gunicorn"
+    return "phase-writer" if "provisiond.boot.phases" in text else "serve"
+
+
+def show_rss(label: str, rss: dict[str, float]) -> None:
+    parts = ", ".join(f"{name} {mib:.0f}" for name, mib in rss.items())
+    print(f"provisiond RSS {label}: {sum(rss.values()):.0f} MiB ({parts})", flush=True)
+
+
+def up(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read(10)
+        return True
+    except OSError:
+        return False
+
+
+def run_storm(name: str, port: int, args) -> dict:
+    result = asyncio.run(storm(("127.0.0.1", port), args.nodes, args.concurrency))
+    print(f"{name:<10} {result['seconds']:6.2f} s  {len(result['errors'])} errors  "
+          f"{result['bytes'] / 2**30:.1f} GiB", flush=True)
+    for line in result["errors"][:5]:
+        print(f"    {line}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    args = parser.parse_args()
+    port, port_nginx = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
+    state = setup(args.nodes, port)
+    root = mirror(state)
+    procs = [serve(state, "--http", "--no-dhcp", "--no-tftp", "--no-dns"),
+             start_nginx(state / "nginx", port_nginx, nginx_locations(state, root))]
+    try:
+        wait_for(lambda: up(f"http://127.0.0.1:{port}/boot/ipxe")
+                 and up(f"http://127.0.0.1:{port_nginx}/boot/ipxe"))
+        time.sleep(2)  # the workers settle
+        before = session_rss(procs[0].pid)
+        show_rss("before", before)
+        print(f"{args.nodes} nodes, {args.concurrency} at a time; load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
+        peer = run_storm("nginx", port_nginx, args)
+        ours = run_storm("provisiond", port, args)
+        time.sleep(2)
+        after = session_rss(procs[0].pid)
+        show_rss("after", after)
+        print(f"ratio (nginx time / provisiond time) {peer['seconds'] / ours['seconds']:.2f} "
+              f"(target >= 0.9, 0 errors); RSS after/before "
+              f"{sum(after.values()) / sum(before.values()):.2f} (target <= 1.5)")
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+if __name__ == "__main__":
+    main()
