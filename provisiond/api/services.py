@@ -9,7 +9,7 @@ from pathlib import Path
 
 from flask import current_app, request
 
-from provisiond.boot.artifacts import ManifestCache
+from provisiond.boot.artifacts import LruCache, ManifestCache
 from provisiond.boot.ipxe import ScriptCache
 from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
@@ -19,6 +19,7 @@ from provisiond.images.blobs import file_sha256
 
 log = logging.getLogger("provisiond.boot")
 STEP_KEY = "provisiond.boot_step"
+ETAGS_KEPT = 4096  # overlay ETags: a refresh storm of this many nodes hashes nothing twice
 
 
 class BootServices:
@@ -27,7 +28,7 @@ class BootServices:
         self.watcher = TableWatcher(config)
         self.manifests = ManifestCache(config)
         self.scripts = ScriptCache(config, self.manifests)
-        self._etags: dict[str, tuple[tuple, str]] = {}  # path -> (stat stamp, sha256)
+        self._etags = LruCache(ETAGS_KEPT)  # path -> (stat stamp, sha256)
         self._phases = None
 
     @property
@@ -48,14 +49,14 @@ class BootServices:
         return node
 
     def file_etag(self, path: Path) -> str:
-        """sha256 of a file, remembered (one entry per path) until the file changes."""
+        """sha256 of a file, remembered (for the last ETAGS_KEPT paths) until it changes."""
         st = os.stat(path)
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)  # a build renamed in: a new inode
         cached = self._etags.get(str(path))
         if cached and cached[0] == stamp:
             return cached[1]
         digest = file_sha256(path)
-        self._etags[str(path)] = (stamp, digest)
+        self._etags.put(str(path), (stamp, digest))
         return digest
 
 

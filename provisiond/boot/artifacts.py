@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from provisiond.config import Config
@@ -22,36 +23,64 @@ class OverlayUnavailable(NotFound):
     """The node's overlay cannot be built or is not there."""
 
 
+class LruCache:
+    """At most `size` entries; a new one beyond that drops the least recently used. For
+    what a server keeps per node or per file: its memory stays bounded however many
+    nodes boot (greenlets and the GIL make each call atomic enough here)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._data: OrderedDict = OrderedDict()
+
+    def get(self, key, default=None):
+        value = self._data.get(key, default)
+        if key in self._data:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key, value) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+    def pop(self, key) -> None:
+        self._data.pop(key, None)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
 class ManifestCache:
     """Image manifests by name, re-read only when manifest.json changes; a name is stat'ed
     at most once per `interval` seconds (no syscall on most requests)."""
 
-    def __init__(self, config: Config, interval: float = 1.0):
+    def __init__(self, config: Config, interval: float = 1.0, size: int = 256):
         self.config = config
         self.interval = interval
-        self._cache: dict[str, tuple[tuple, dict]] = {}
-        self._checked: dict[str, float] = {}
+        self._cache = LruCache(size)  # name -> (stat stamp, manifest, checked at)
 
     def get(self, name: str) -> dict:
         now = time.monotonic()
-        if name in self._cache and now - self._checked.get(name, 0) < self.interval:
-            return self._cache[name][1]
-        self._checked[name] = now
-        return self._load(name)
+        cached = self._cache.get(name)
+        if cached and now - cached[2] < self.interval:
+            return cached[1]
+        return self._load(name, cached, now)
 
-    def _load(self, name: str) -> dict:
+    def _load(self, name: str, cached: tuple | None, now: float) -> dict:
         path = self.config.images_dir / name / "manifest.json"
         try:
             st = os.stat(path)
             stamp = (st.st_mtime_ns, st.st_ino, st.st_size)  # a rename within a tick: new inode
         except (FileNotFoundError, NotADirectoryError):
-            self._cache.pop(name, None)
+            self._cache.pop(name)
             raise ImageNotFound(f"no image named {name!r} has been built") from None
-        cached = self._cache.get(name)
-        if cached and cached[0] == stamp:
-            return cached[1]
-        manifest = load_manifest(self.config, name)
-        self._cache[name] = (stamp, manifest)
+        manifest = cached[1] if cached and cached[0] == stamp else load_manifest(self.config,
+                                                                                 name)
+        self._cache.put(name, (stamp, manifest, now))
         return manifest
 
 

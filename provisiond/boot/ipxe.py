@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jinja2
 
-from provisiond.boot.artifacts import ManifestCache
+from provisiond.boot.artifacts import LruCache, ManifestCache
 from provisiond.boot.table import BootEntry
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
@@ -86,21 +86,26 @@ def kernel_args(config: Config, manifest: dict, name: str, node, initrds) -> lis
 
 
 class ScriptCache:
-    """Rendered scripts by MAC, reused while the boot table and the node's manifest are the
-    same objects (both are replaced, never changed, when their files change)."""
+    """Rendered scripts by MAC (at most `size`), reused while the boot table and the node's
+    manifest are the same objects (both are replaced, never changed, when their files
+    change). A new table empties the cache: no entry keeps an old table alive."""
 
-    def __init__(self, config: Config, manifests: ManifestCache):
+    def __init__(self, config: Config, manifests: ManifestCache, size: int = 4096):
         self.config = config
         self.manifests = manifests
-        self._scripts: dict[str, tuple] = {}
+        self._table = None
+        self._scripts = LruCache(size)  # mac -> (manifest, text)
 
     def script(self, table, entry: BootEntry) -> str:
+        if table is not self._table:
+            self._scripts.clear()
+            self._table = table
         manifest = self._manifest(entry.image)
         hit = self._scripts.get(entry.mac)
-        if hit and hit[0] is table and hit[1] is manifest:
-            return hit[2]
+        if hit and hit[0] is manifest:
+            return hit[1]
         text = node_script(self.config, self.manifests, entry, table.nodes.get(entry.node))
-        self._scripts[entry.mac] = (table, manifest, text)
+        self._scripts.put(entry.mac, (manifest, text))
         return text
 
     def _manifest(self, image: str | None) -> dict | None:
