@@ -30,6 +30,7 @@ def create_app(config: Config) -> Flask:
     app.extensions["provisiond"] = BootServices(config)
     for module in (boot, blobs, overlays, status):
         app.register_blueprint(module.bp)
+    app.wsgi_app = blobs.WholeBlobs(app.wsgi_app, app.extensions["provisiond"])
     app.register_error_handler(ProvisiondError, _provisiond_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)

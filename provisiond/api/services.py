@@ -64,15 +64,15 @@ def services() -> BootServices:
     return current_app.extensions["provisiond"]
 
 
-def client_address() -> str:
+def client_address(environ: dict | None = None) -> str:
     """The peer's address; an IPv4-mapped one (an http.bind of "::") as plain IPv4."""
-    address = request.remote_addr or ""
+    address = (environ if environ is not None else request.environ).get("REMOTE_ADDR") or ""
     return address[7:] if address.startswith("::ffff:") and "." in address else address
 
 
-def log_step(node: str, what: str, started: float) -> None:
+def log_step(node: str, what: str, started: float, environ: dict | None = None) -> None:
     """Note the boot step of this request; `log_sent` writes its line once the body is out."""
-    request.environ[STEP_KEY] = (node, what, started)
+    (environ if environ is not None else request.environ)[STEP_KEY] = (node, what, started)
 
 
 def log_sent(environ: dict, status, sent: int | None) -> None:
