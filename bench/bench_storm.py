@@ -33,7 +33,7 @@ from bench_boot_common import (REPO, add_blob, add_image, free_port, ip_of, mac_
 NET = "127.1"  # the nodes' reserved addresses: loopback, so each node has its own source
 KERNEL_MIB, LAYER_MIB, LAYER2_KIB = 6, 3, 64  # about the tiny image: kernel, busybox, scripts
 NODE_TIMEOUT = 120.0
-BUFFER = bytearray(1 << 20)
+BUFFER_SIZE = 256 << 10  # per connection: a buffer shared by all would mix their bodies
 
 
 def setup(nodes: int, port: int) -> Path:
@@ -91,6 +91,7 @@ class Connection:
         self.loop, self.source, self.server = loop, source, server
         self.sock: socket.socket | None = None
         self.pending = b""
+        self.buffer = memoryview(bytearray(BUFFER_SIZE))
 
     async def connect(self) -> None:
         self.close()
@@ -136,9 +137,9 @@ class Connection:
     async def _body(self, length: int, keep: bool) -> bytes:
         body, self.pending = self.pending[:length], self.pending[length:]
         parts, left = [body], length - len(body)
-        view = memoryview(BUFFER)
+        view = self.buffer
         while left > 0:
-            got = await self.loop.sock_recv_into(self.sock, view[:min(left, len(BUFFER))])
+            got = await self.loop.sock_recv_into(self.sock, view[:min(left, BUFFER_SIZE)])
             if not got:
                 raise EOFError(f"body cut {left} bytes short")
             if keep:
