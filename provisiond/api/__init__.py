@@ -23,6 +23,7 @@ MAX_BODY = 64 << 10  # the largest body any endpoint reads (a status report is ~
 def create_app(config: Config) -> Flask:
     """The provisiond HTTP app for `config`: boot, blobs, overlays and status endpoints."""
     from provisiond.api import blobs, boot, overlays, status
+    from provisiond.api.whole import WholeFiles
 
     app = Flask("provisiond", static_folder=None)
     app.config["PROVISIOND"] = config
@@ -30,7 +31,7 @@ def create_app(config: Config) -> Flask:
     app.extensions["provisiond"] = BootServices(config)
     for module in (boot, blobs, overlays, status):
         app.register_blueprint(module.bp)
-    app.wsgi_app = blobs.WholeBlobs(app.wsgi_app, app.extensions["provisiond"])
+    app.wsgi_app = WholeFiles(app.wsgi_app, app.extensions["provisiond"])
     app.register_error_handler(ProvisiondError, _provisiond_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)

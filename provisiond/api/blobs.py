@@ -1,18 +1,12 @@
-"""Immutable blobs by digest: ETag = digest, cached forever, Range, sent with sendfile.
-
-A whole blob (GET, no Range, no condition) is the most frequent request of a boot storm:
-`WholeBlobs` answers it in front of Flask, which cost several times the rest of such a
-request; Flask's view answers everything else (ranges, 304s, errors).
-"""
+"""Immutable blobs by digest: ETag = digest, cached forever, Range, sent with sendfile
+(a whole blob is sent by api.whole in front of Flask, with the same headers)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 from flask import Blueprint, request, send_file
 from werkzeug.http import http_date
-from werkzeug.wsgi import wrap_file
 
 from provisiond.api.services import client_address, log_step, services
 from provisiond.boot.artifacts import HEX_RE, blob_file
@@ -23,8 +17,6 @@ bp = Blueprint("blobs", __name__)
 ONE_YEAR = 31536000
 PREFIX = "/blobs/sha256/"
 CACHE_CONTROL = f"public, max-age={ONE_YEAR}, immutable"
-CONDITIONS = ("HTTP_RANGE", "HTTP_IF_NONE_MATCH", "HTTP_IF_MODIFIED_SINCE", "HTTP_IF_MATCH",
-              "HTTP_IF_UNMODIFIED_SINCE", "HTTP_IF_RANGE")
 
 
 @bp.get("/blobs/sha256/<hexdigest>")
@@ -44,33 +36,18 @@ def blob(hexdigest: str):
     return response
 
 
-class WholeBlobs:
-    """WSGI middleware: a plain GET of a stored blob, with the headers Flask's view sends."""
-
-    def __init__(self, app, svc):
-        self.app = app
-        self.svc = svc
-
-    def __call__(self, environ, start_response):
-        started = time.monotonic()
-        path = environ.get("PATH_INFO", "")
-        hexdigest = path[len(PREFIX):]
-        if (not path.startswith(PREFIX) or environ.get("REQUEST_METHOD") != "GET"
-                or any(name in environ for name in CONDITIONS) or not HEX_RE.fullmatch(hexdigest)):
-            return self.app(environ, start_response)
-        try:
-            handle = open(blob_file(self.svc.config, hexdigest), "rb")
-        except OSError:
-            return self.app(environ, start_response)  # its 404
-        st = os.fstat(handle.fileno())
-        note_step(self.svc, environ, hexdigest, started)
-        start_response("200 OK", [
-            ("Content-Type", "application/octet-stream"), ("Content-Length", str(st.st_size)),
-            ("Content-Disposition", f"inline; filename={hexdigest}"),
-            ("ETag", f'"sha256:{hexdigest}"'), ("Last-Modified", http_date(st.st_mtime)),
-            ("Cache-Control", CACHE_CONTROL), ("Expires", http_date(time.time() + ONE_YEAR)),
-            ("Accept-Ranges", "bytes")])
-        return wrap_file(environ, handle)  # gunicorn's file wrapper: sendfile
+def whole_blob(svc, environ: dict, hexdigest: str) -> tuple | None:
+    """For api.whole: the blob's path, the headers the view sends, and what notes the
+    boot step once the file is open."""
+    if not HEX_RE.fullmatch(hexdigest):
+        return None
+    started = time.monotonic()
+    return blob_file(svc.config, hexdigest), [
+        ("Content-Type", "application/octet-stream"),
+        ("Content-Disposition", f"inline; filename={hexdigest}"),
+        ("ETag", f'"sha256:{hexdigest}"'), ("Cache-Control", CACHE_CONTROL),
+        ("Expires", http_date(time.time() + ONE_YEAR))], \
+        lambda: note_step(svc, environ, hexdigest, started)
 
 
 def note_step(svc, environ: dict, hexdigest: str, started: float) -> None:

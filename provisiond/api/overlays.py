@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint, send_file
+from werkzeug.http import http_date
 
 from provisiond.api.services import client_address, log_step, services
 from provisiond.boot.artifacts import overlay_file
@@ -13,6 +14,7 @@ from provisiond.errors import Forbidden, NotFound
 
 bp = Blueprint("overlays", __name__)
 KINDS = ("shared", "system", "runtime")
+PREFIX = "/overlays/"
 
 
 @bp.get("/overlays/<node>/<kind>")
@@ -35,3 +37,19 @@ def overlay(node: str, kind: str):
 
 def _addresses(node) -> set[str]:
     return {dev.ipaddr for dev in (node.record.netdevs or {}).values() if dev.ipaddr}
+
+
+def whole_overlay(svc, environ: dict, rest: str) -> tuple | None:
+    """For api.whole: a shared or system overlay's path and the view's headers (the
+    runtime one, served to its node only, is left to the view)."""
+    started = time.monotonic()
+    node, _, kind = rest.partition("/")
+    if kind not in ("shared", "system"):
+        return None
+    svc.node(node)
+    path = overlay_file(svc.config, node, kind)
+    return path, [("Content-Type", "application/octet-stream"),
+                  ("Content-Disposition", f"inline; filename={path.name}"),
+                  ("ETag", f'"{svc.file_etag(path)}"'), ("Cache-Control", "no-cache, max-age=0"),
+                  ("Expires", http_date(time.time()))], \
+        lambda: log_step(node, f"{kind}-overlay", started, environ)

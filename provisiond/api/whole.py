@@ -1,0 +1,59 @@
+"""Whole files in front of Flask: the boot storm's most frequent requests.
+
+A node's boot fetches blobs (kernel, layers) and its shared and system overlays in full,
+without a condition. Through Flask's `send_file`, each cost 300-500 µs of CPU; answered here
+(the same headers, boot steps and phases), 30-50 µs, which on 2 cores decides how a storm
+compares with nginx. Anything else (a Range, an If-None-Match, a runtime overlay, any
+error) goes on to Flask's views, which remain the whole definition of these endpoints.
+"""
+
+from __future__ import annotations
+
+import os
+
+from werkzeug.http import http_date
+from werkzeug.wsgi import wrap_file
+
+from provisiond.api import blobs, overlays
+from provisiond.errors import ProvisiondError
+
+CONDITIONS = ("HTTP_RANGE", "HTTP_IF_NONE_MATCH", "HTTP_IF_MODIFIED_SINCE", "HTTP_IF_MATCH",
+              "HTTP_IF_UNMODIFIED_SINCE", "HTTP_IF_RANGE")
+
+
+class WholeFiles:
+    """WSGI middleware: plain GETs of blobs and shared/system overlays, sent with sendfile."""
+
+    def __init__(self, app, svc):
+        self.app = app
+        self.svc = svc
+
+    def __call__(self, environ, start_response):
+        found = None
+        if environ.get("REQUEST_METHOD") == "GET" and not any(c in environ for c in CONDITIONS):
+            found = self._find(environ)
+        if found is None:
+            return self.app(environ, start_response)
+        path, headers, note_step = found
+        try:
+            handle = open(path, "rb")
+        except OSError:
+            return self.app(environ, start_response)  # not there: the view's 404
+        note_step()
+        st = os.fstat(handle.fileno())
+        start_response("200 OK", [("Content-Length", str(st.st_size)),
+                                  ("Last-Modified", http_date(st.st_mtime)),
+                                  ("Accept-Ranges", "bytes"), *headers])
+        return wrap_file(environ, handle)  # gunicorn's file wrapper: sendfile
+
+    def _find(self, environ) -> tuple | None:
+        """(path, headers, note_step) from the endpoint's module, or None for Flask."""
+        path = environ.get("PATH_INFO", "")
+        try:
+            if path.startswith(blobs.PREFIX):
+                return blobs.whole_blob(self.svc, environ, path[len(blobs.PREFIX):])
+            if path.startswith(overlays.PREFIX):
+                return overlays.whole_overlay(self.svc, environ, path[len(overlays.PREFIX):])
+        except ProvisiondError:
+            return None  # the view gives the error its status
+        return None
