@@ -255,7 +255,9 @@ def run_storm(name: str, port: int, args) -> tuple[str, dict]:
 def alternate(round_: int, port: int, port_nginx: int, args) -> tuple[dict, dict]:
     """One storm from each server, who goes first alternating (the machine is shared)."""
     order = [("nginx", port_nginx), ("provisiond", port)]
-    results = dict(run_storm(name, p, args) for name, p in (order[::-1] if round_ % 2 else order))
+    if round_ % 2:
+        order.reverse()
+    results = dict(run_storm(name, p, args) for name, p in order)
     return results["nginx"], results["provisiond"]
 
 
