@@ -36,12 +36,12 @@ def ip_of(i: int, net: str = "10.99") -> str:
 def make_state(count: int, net: str = "10.99", profiles: dict | None = None,
                **sections) -> Path:
     """A fresh state dir with provisiond.yaml `sections`, `profiles` and nodes n1..nCOUNT
-    (addresses ip_of(i, net))."""
+    (addresses ip_of(i, net)) using every profile given."""
     state = Path(tempfile.mkdtemp(prefix="pvbench-")) / "state"
     state.parent.chmod(0o755)  # the peers (nginx, dnsmasq) drop to unprivileged users
     state.mkdir(parents=True)
     (state / "provisiond.yaml").write_text(yaml.safe_dump(sections))
-    nodes = {f"n{i}": {"image": "tiny", "netdevs": {"eth0": {
+    nodes = {f"n{i}": {"profiles": list(profiles or []), "image": "tiny", "netdevs": {"eth0": {
         "mac": mac_of(i), "ipaddr": ip_of(i, net), "netmask": "255.255.0.0"}}}
         for i in range(1, count + 1)}
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
