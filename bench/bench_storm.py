@@ -59,13 +59,13 @@ def setup(nodes: int, port: int) -> Path:
 def mirror(state: Path) -> Path:
     """What nginx serves: every node's script as provisiond renders it, links to its
     overlays, the chain script."""
-    from provisiond.boot.artifacts import ManifestCache, overlay_file
+    from provisiond.boot.artifacts import ManifestCache, OverlayFiles
     from provisiond.boot.ipxe import chain_script, node_script
     from provisiond.boot.table import build_table
     from provisiond.config import load_config
 
     config = load_config(state)
-    table, manifests = build_table(config), ManifestCache(config)
+    table, manifests, overlays = build_table(config), ManifestCache(config), OverlayFiles(config)
     root = state / "mirror"
     (root / "scripts").mkdir(parents=True)
     (root / "chain.ipxe").write_text(chain_script(config))
@@ -74,8 +74,7 @@ def mirror(state: Path) -> Path:
             node_script(config, manifests, entry, table.nodes[entry.node]))
         (root / "overlays" / entry.node).mkdir(parents=True)
         for kind in ("shared", "system"):
-            (root / "overlays" / entry.node / kind).symlink_to(overlay_file(config, entry.node,
-                                                                              kind))
+            (root / "overlays" / entry.node / kind).symlink_to(overlays.path(entry.node, kind))
     return root
 
 

@@ -9,7 +9,6 @@ from flask import Blueprint, send_file
 from werkzeug.http import http_date
 
 from provisiond.api.services import client_address, log_step, services
-from provisiond.boot.artifacts import overlay_file
 from provisiond.errors import Forbidden, NotFound
 
 bp = Blueprint("overlays", __name__)
@@ -26,7 +25,7 @@ def overlay(node: str, kind: str):
     record = svc.node(node)
     if kind == "runtime" and client_address() not in _addresses(record):
         raise Forbidden(f"the runtime overlay of {node} is served only to {node} itself")
-    path = overlay_file(svc.config, node, kind)
+    path = svc.overlays.path(node, kind)
     response = send_file(path, mimetype="application/octet-stream", conditional=True,
                          etag=svc.file_etag(path), max_age=0)
     response.cache_control.no_cache = True
@@ -47,7 +46,7 @@ def whole_overlay(svc, environ: dict, rest: str) -> tuple | None:
     if kind not in ("shared", "system"):
         return None
     svc.node(node)
-    path = overlay_file(svc.config, node, kind)
+    path = svc.overlays.path(node, kind)
     return path, [("Content-Type", "application/octet-stream"),
                   ("Content-Disposition", f"inline; filename={path.name}"),
                   ("ETag", f'"{svc.file_etag(path)}"'), ("Cache-Control", "no-cache, max-age=0"),

@@ -1,4 +1,5 @@
-"""What the HTTP views share within one worker: the config, the boot table, manifests."""
+"""What the HTTP views share within one worker: the config, the boot table, manifests,
+scripts and overlays."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from flask import current_app, request
 
-from provisiond.boot.artifacts import LruCache, ManifestCache
+from provisiond.boot.artifacts import LruCache, ManifestCache, OverlayFiles
 from provisiond.boot.ipxe import ScriptCache
 from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
@@ -28,6 +29,7 @@ class BootServices:
         self.watcher = TableWatcher(config)
         self.manifests = ManifestCache(config)
         self.scripts = ScriptCache(config, self.manifests)
+        self.overlays = OverlayFiles(config)
         self._etags = LruCache(ETAGS_KEPT)  # path -> (stat stamp, sha256)
         self._phases = None
 

@@ -12,9 +12,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 from provisiond.config import Config
-from provisiond.errors import ImageNotFound, InvalidInput, NotFound
+from provisiond.errors import ImageNotFound, InvalidInput, NodeNotFound, NotFound
 from provisiond.images import load_manifest
-from provisiond.overlays import ensure_overlay
+from provisiond.overlays.build import build_node, output_path
+from provisiond.overlays.context import take_snapshot
+from provisiond.overlays.render import Builder
 
 HEX_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -91,10 +93,32 @@ def blob_file(config: Config, hexdigest: str) -> Path:
     return config.blob_dir / hexdigest
 
 
-def overlay_file(config: Config, node: str, kind: str) -> Path:
-    """The node's built overlay (built first if stale) from provisiond.overlays."""
-    path = Path(ensure_overlay(config, node, kind))
-    if not path.is_file():
-        raise OverlayUnavailable(f"no {kind} overlay built for {node}")
-    return path
+class OverlayFiles:
+    """Nodes' current overlays, as `ensure_overlay` gives them (built first if stale), with
+    one Builder for all requests of `interval` s: a Builder reads each overlay's sources
+    once, where ensure_overlay's new one per request walked and stat'ed them all (4.7 ms a
+    request with the default profile: most of a boot storm's CPU). An edit to the inventory
+    or an overlay's sources is seen within `interval`, as manifests are."""
 
+    def __init__(self, config: Config, interval: float = 1.0):
+        self.config = config
+        self.interval = interval
+        self._builder: Builder | None = None
+        self._made = 0.0
+
+    def path(self, node: str, kind: str) -> Path:
+        builder = self._current()
+        if node not in builder.snapshot.nodes:
+            raise NodeNotFound(f"no node named {node!r}")
+        build_node(builder, node, kind)
+        path = output_path(self.config, builder, node, kind)
+        if not path.is_file():
+            raise OverlayUnavailable(f"no {kind} overlay built for {node}")
+        return path
+
+    def _current(self) -> Builder:
+        now = time.monotonic()
+        if self._builder is None or now - self._made >= self.interval:
+            self._builder = Builder(self.config, take_snapshot(self.config))
+            self._made = now
+        return self._builder

@@ -113,14 +113,14 @@ def test_bad_and_missing_blobs_are_json_errors(client):
 
 
 def test_overlays_shared_system_and_runtime_rules(client, config, monkeypatch):
-    """ensure_overlay is replaced by one returning files put where it would place them."""
+    """OverlayFiles.path is replaced by one returning files put where it would place them."""
     import provisiond.boot.artifacts as artifacts
 
     system = add_overlay(config, "n1", "system", b"system-cpio")
     runtime = add_overlay(config, "n1", "runtime", b"runtime-cpio")
     shared = add_overlay(config, "_shared", "0" * 64, b"shared-cpio")
     paths = {"shared": shared, "system": system, "runtime": runtime}
-    monkeypatch.setattr(artifacts, "ensure_overlay", lambda c, n, k: paths[k])
+    monkeypatch.setattr(artifacts.OverlayFiles, "path", lambda self, n, k: paths[k])
     assert client.get("/overlays/n1/system").data == b"system-cpio"
     common = client.get("/overlays/n1/shared", environ_base={"REMOTE_ADDR": ip_of(2)})
     assert common.data == b"shared-cpio" and "private" not in common.headers["Cache-Control"]
@@ -218,7 +218,7 @@ def test_a_dual_stack_bind_still_knows_the_node(client, config, monkeypatch):
     import provisiond.boot.artifacts as artifacts
 
     runtime = add_overlay(config, "n1", "runtime", b"runtime-cpio")
-    monkeypatch.setattr(artifacts, "ensure_overlay", lambda c, n, k: runtime)
+    monkeypatch.setattr(artifacts.OverlayFiles, "path", lambda self, n, k: runtime)
     mapped = {"REMOTE_ADDR": "::ffff:" + ip_of(1)}
     assert client.get("/overlays/n1/runtime", environ_base=mapped).data == b"runtime-cpio"
     other = {"REMOTE_ADDR": "::ffff:" + ip_of(2)}
