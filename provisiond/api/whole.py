@@ -15,7 +15,6 @@ from werkzeug.http import http_date
 from werkzeug.wsgi import wrap_file
 
 from provisiond.api import blobs, overlays
-from provisiond.errors import ProvisiondError
 
 CONDITIONS = ("HTTP_RANGE", "HTTP_IF_NONE_MATCH", "HTTP_IF_MODIFIED_SINCE", "HTTP_IF_MATCH",
               "HTTP_IF_UNMODIFIED_SINCE", "HTTP_IF_RANGE")
@@ -54,6 +53,6 @@ class WholeFiles:
                 return blobs.whole_blob(self.svc, environ, path[len(blobs.PREFIX):])
             if path.startswith(overlays.PREFIX):
                 return overlays.whole_overlay(self.svc, environ, path[len(overlays.PREFIX):])
-        except ProvisiondError:
-            return None  # the view gives the error its status
+        except Exception:  # noqa: BLE001 - the view answers it again: its status, its log
+            return None
         return None
