@@ -11,8 +11,9 @@ system overlays built beforehand, as `provisiond overlay build` does), HTTP only
 connects from its own reserved address (127.1.x.y), so the server finds the node, records its
 phases and logs its boot steps as in a real storm. The machine is shared: each server runs
 `--rounds` storms (default 3), alternating who goes first. Prints every time, the median
-ratio (target >= 0.9), the errors (target 0) and the RSS of the serve's processes before the
-first storm and after the last (target: within 1.5x).
+ratio (target >= 0.9), the errors (target 0), each server's CPU seconds (steadier than wall
+time on a shared machine) and the RSS of the serve's processes before the first storm and
+after the last (target: within 1.5x).
 """
 
 from __future__ import annotations
@@ -203,6 +204,19 @@ async def storm(server: tuple[str, int], nodes: int, concurrency: int) -> dict:
     return {"seconds": time.monotonic() - started, "errors": errors, "bytes": sum(sizes)}
 
 
+def session_cpu(leader: int) -> float:
+    """CPU seconds used so far by the processes of a session (a server and its workers)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getsid(int(entry.name)) == leader:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def session_rss(leader: int) -> dict[str, float]:
     """MiB resident per process of the serve's session (serve, phase writer, gunicorn)."""
     result = {}
@@ -241,22 +255,24 @@ def up(url: str) -> bool:
         return False
 
 
-def run_storm(name: str, port: int, args) -> tuple[str, dict]:
+def run_storm(name: str, port: int, leader: int, args) -> tuple[str, dict]:
+    cpu = session_cpu(leader)
     result = asyncio.run(storm(("127.0.0.1", port), args.nodes, args.concurrency))
+    result["cpu"] = session_cpu(leader) - cpu
     print(f"{name:<10} {result['seconds']:6.2f} s  {len(result['errors'])} errors  "
-          f"{result['bytes'] / 2**30:.1f} GiB  (load average {os.getloadavg()[0]:.1f})",
-          flush=True)
+          f"{result['bytes'] / 2**30:.1f} GiB  server CPU {result['cpu']:5.1f} s  "
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
     for line in result["errors"][:5]:
         print(f"    {line}")
     return name, result
 
 
-def alternate(round_: int, port: int, port_nginx: int, args) -> tuple[dict, dict]:
+def alternate(round_: int, servers: dict, args) -> tuple[dict, dict]:
     """One storm from each server, who goes first alternating (the machine is shared)."""
-    order = [("nginx", port_nginx), ("provisiond", port)]
+    order = ["nginx", "provisiond"]
     if round_ % 2:
         order.reverse()
-    results = dict(run_storm(name, p, args) for name, p in order)
+    results = dict(run_storm(name, *servers[name], args) for name in order)
     return results["nginx"], results["provisiond"]
 
 
@@ -280,16 +296,19 @@ def main() -> None:
         show_rss("before", before)
         print(f"{args.nodes} nodes, {args.concurrency} at a time; load average "
               f"{os.getloadavg()[0]:.2f}", flush=True)
-        runs = [alternate(round_, port, port_nginx, args) for round_ in range(args.rounds)]
+        servers = {"provisiond": (port, procs[0].pid), "nginx": (port_nginx, procs[1].pid)}
+        runs = [alternate(round_, servers, args) for round_ in range(args.rounds)]
         time.sleep(2)
         after = session_rss(procs[0].pid)
         show_rss("after", after)
         ratios = [peer["seconds"] / ours["seconds"] for peer, ours in runs]
+        cpu = [ours["cpu"] / peer["cpu"] for peer, ours in runs if peer["cpu"]]
         errors = sum(len(ours["errors"]) + len(peer["errors"]) for peer, ours in runs)
         print(f"ratio (nginx time / provisiond time) {statistics.median(ratios):.2f}, median of "
               f"{len(runs)} (rounds: {', '.join(f'{r:.2f}' for r in ratios)}); errors {errors} "
               f"(target >= 0.9, 0 errors); RSS after/before "
-              f"{sum(after.values()) / sum(before.values()):.2f} (target <= 1.5)")
+              f"{sum(after.values()) / sum(before.values()):.2f} (target <= 1.5); server CPU "
+              f"provisiond/nginx {statistics.median(cpu) if cpu else float('nan'):.1f}x")
     finally:
         for proc in procs:
             stop(proc)
