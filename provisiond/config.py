@@ -12,9 +12,9 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, ValidationError,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 
 from provisiond.documents import load_yaml_mapping
@@ -229,6 +229,9 @@ class BuildSettings(_Section):
     compression: str = "zstd"
     workers: Annotated[int, bounded(0, 1024)] = 0
     """Parallel overlay build workers; 0 means one per core."""
+    ssh_host_key_types: list[Literal["ed25519", "ecdsa", "rsa"]] = Field(
+        ["ed25519", "ecdsa"], min_length=1)
+    """SSH host key types made for each node (ssh overlay); RSA is slow to make."""
 
     @field_validator("compression")
     @classmethod
@@ -392,6 +395,7 @@ dns:
 build:
   compression: zstd      # or gzip
   workers: 0             # overlay build workers, 0-1024; 0 = one per core
+  ssh_host_key_types: [ed25519, ecdsa]   # per-node host keys made; rsa is slow to make
 
 power:
   concurrency: 32        # BMCs contacted at once, 1-4096

@@ -18,6 +18,7 @@ from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
 from provisiond.inventory.model import node_sort_key
 from provisiond.overlays.build import build_node, is_built, output_path, remove_unused_shared
 from provisiond.overlays.context import take_snapshot
+from provisiond.overlays.hostkeys import sync_new_keys
 from provisiond.overlays.render import KINDS, Builder
 
 IN_PROCESS_LIMIT = 64  # below this many nodes a pool costs more than it saves
@@ -46,13 +47,15 @@ def build_overlays(config: Config, names: list[str] | None = None,
     read = time.monotonic() - started
     full = names is None
     names = _check_names(snapshot.nodes, names)
-    builder = Builder(config, snapshot)
+    builder = Builder(config, snapshot, durable_secrets=False)
     kinds = _with_shared(kinds)
     node_kinds = tuple(k for k in kinds if k != "shared")
     results = _build_shared(builder, names, full) if "shared" in kinds else []
     stale = [n for n in names if not all(is_built(builder, n, k) for k in node_kinds)]
     results += [(n, k, "reused") for n in set(names) - set(stale) for k in node_kinds]
     results += _run(builder, stale, node_kinds, progress, _worker_count(config))
+    if "runtime" in node_kinds and stale:
+        sync_new_keys()  # before anyone is told the build is done
     summary = _summarise(names, kinds, results, time.monotonic() - started)
     summary["inventory_seconds"] = round(read, 3)
     if summary["failed"]:

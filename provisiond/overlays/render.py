@@ -15,7 +15,7 @@ from provisiond import archive
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.overlays.context import ImageCache, Snapshot, digest_of
-from provisiond.overlays.hostkeys import ensure_host_keys, has_host_keys
+from provisiond.overlays.hostkeys import ensure_host_keys, host_key_signature
 from provisiond.overlays.source import Overlay, load_overlay
 from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
 
@@ -48,12 +48,15 @@ def render_overlay(overlay: Overlay, context: dict, node: str) -> list[archive.E
 class Builder:
     """Keys and packed bytes of nodes' overlays for one snapshot of the inventory."""
 
-    def __init__(self, config: Config, snapshot: Snapshot):
+    def __init__(self, config: Config, snapshot: Snapshot, durable_secrets: bool = True):
         self.config = config
         self.snapshot = snapshot
         self.build_dir = str(config.overlay_build_dir)
         self.images = ImageCache(config)
-        self._secrets: dict[str, tuple[dict, str]] = {}
+        self.durable_secrets = durable_secrets
+        """False: new secrets are not fsynced one by one (the caller syncs after a batch)."""
+        self._secrets: dict[str, dict] = {}
+        self._signatures: dict[str, tuple | None] = {}
         self._overlays: dict[str, Overlay] = {}
         self._shared_keys: dict[tuple, str] = {}
 
@@ -110,20 +113,37 @@ class Builder:
         if "image" in uses:
             parts.append(self.images.get(self.snapshot.nodes[node].record.image)[1])
         if "secrets" in uses and kind == "runtime":
-            parts.append(self.secrets(node)[1])
+            parts.append(self.secrets_key(node))
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def secrets_exist(self, node: str, kind: str) -> bool:
         """False when keying this build would first have to generate secrets."""
-        if kind != "runtime" or node in self._secrets:
+        if kind != "runtime":
             return True
         uses = any("secrets" in o.uses for o in self.overlays(node, kind))
-        return not uses or has_host_keys(self.config, node)
+        return not uses or self._key_signature(node) is not None
+
+    def _key_signature(self, node: str) -> tuple | None:
+        if self._signatures.get(node) is None:
+            self._signatures[node] = host_key_signature(self.config, node)
+        return self._signatures[node]
+
+    def secrets_key(self, node: str) -> str:
+        """What identifies the node's secrets, from file stats (reading 10,000 nodes' keys
+        to hash them cost more than the rest of an unchanged build); makes missing keys."""
+        if self._key_signature(node) is None:
+            self._load_secrets(node)
+        return digest_of(self._key_signature(node))
 
     def secrets(self, node: str) -> tuple[dict, str]:
+        """(the node's secrets, their key for the build cache)."""
+        return self._load_secrets(node), self.secrets_key(node)
+
+    def _load_secrets(self, node: str) -> dict:
         if node not in self._secrets:
-            data = {"ssh_host_keys": ensure_host_keys(self.config, node)}
-            self._secrets[node] = (data, digest_of(data))
+            keys = ensure_host_keys(self.config, node, durable=self.durable_secrets)
+            self._signatures.pop(node, None)
+            self._secrets[node] = {"ssh_host_keys": keys}
         return self._secrets[node]
 
     def context(self, overlay: Overlay, node: str, kind: str) -> dict:

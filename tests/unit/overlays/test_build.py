@@ -14,7 +14,7 @@ from provisiond.config import load_config
 from provisiond.errors import BuildFailed, InvalidInput, NodeNotFound
 from provisiond import archive
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
-from provisiond.overlays.hostkeys import ensure_host_keys, host_key_dir
+from provisiond.overlays.hostkeys import host_key_dir
 
 SYSTEM = ["init", "hostname", "hosts", "network", "agent"]
 
@@ -260,15 +260,6 @@ def test_rebuilding_an_image_unchanged_does_not_rebuild_overlays(cfg, monkeypatc
     assert build_overlays(cfg, kinds=("system",))["reused"]["shared"] == 1
     manifest["init"] = "/sbin/init"
     assert build_overlays(cfg, kinds=("system",))["rebuilt"]["shared"] == 1
-
-
-def test_ssh_keygen_timing_out_is_a_build_error(state_dir, monkeypatch):
-    def hang(argv, **kwargs):
-        raise subprocess.TimeoutExpired(argv, kwargs.get("timeout"))
-
-    monkeypatch.setattr("provisiond.overlays.hostkeys.subprocess.run", hang)
-    with pytest.raises(BuildFailed, match="ssh-keygen for n9: no answer in 120 s"):
-        ensure_host_keys(load_config(state_dir), "n9")
 
 
 def test_nomad_client_quotes_inventory_strings_for_hcl(state_dir):

@@ -23,7 +23,9 @@ def test_render_prints_one_file_and_hides_secrets(cli, state_dir):
     result = cli("overlay", "render", "n1", "hostname", "/etc/hostname")
     assert result.code == 0 and result.out == "n1\n"
     key = cli("overlay", "render", "n1", "ssh", "/etc/ssh/ssh_host_ed25519_key")
-    assert key.out == "<secrets.ssh_host_keys.ed25519.private>"
+    assert key.out == "<secrets.ssh_host_keys.ed25519.private>\n"
+    key = cli("overlay", "render", "n1", "ssh", "/etc/ssh/ssh_host_ecdsa_key.pub")
+    assert key.out == "<secrets.ssh_host_keys.ecdsa.public>\n"
     missing = cli("overlay", "render", "n1", "hostname", "/etc/nothing")
     assert missing.code == 2 and "has no file /etc/nothing" in missing.err
 

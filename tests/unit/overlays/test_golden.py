@@ -30,7 +30,7 @@ class FixedSecretsBuilder(Builder):
     def secrets(self, node):
         keys = {t: {"private": f"PRIVATE {t} KEY OF {node}\n",
                     "public": f"ssh-{t} PUBLIC-{t}-{node} root@{node}\n"}
-                for t in ("ed25519", "rsa")}
+                for t in ("ed25519", "ecdsa")}
         return {"ssh_host_keys": keys}, f"fixed-{node}"
 
 
