@@ -15,10 +15,13 @@ from provisiond.config import Config
 from provisiond.errors import NotFound
 from provisiond.images import load_manifest
 from provisiond.inventory import Node, load_nodes
-from provisiond.inventory.model import node_sort_key
+from provisiond.inventory.model import Record, node_sort_key
 
 
 BUILD_TIMES = frozenset({"built_at", "build_seconds", "layer_build_seconds"})
+# The fields node_context adds, and the record fields each is made from.
+DERIVED_FIELDS = {"name": (), "ipaddr": ("netdevs",), "macs": ("netdevs",),
+                  "primary_netdev": ("netdevs",)}
 
 
 def digest_of(data) -> str:
@@ -63,7 +66,7 @@ class Snapshot:
     all_nodes_digest: str = ""
     server_digest: str = ""
     _node_data: dict[str, dict] = field(default_factory=dict)
-    _node_digests: dict[str, str] = field(default_factory=dict)
+    _node_digests: dict[tuple, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.all_nodes = nodes_context(self.nodes)
@@ -76,12 +79,31 @@ class Snapshot:
             self._node_data[name] = node_context(self.nodes[name])
         return self._node_data[name]
 
-    def node_digest(self, name: str) -> str:
-        """A hash of the node's record (pydantic's JSON, no dict round trip), made once."""
-        if name not in self._node_digests:
-            record = self.nodes[name].record.model_dump_json().encode()
-            self._node_digests[name] = hashlib.sha256(name.encode() + b"\0" + record).hexdigest()
-        return self._node_digests[name]
+    def node_digest(self, name: str, fields: frozenset[str] | None = None) -> str:
+        """A hash of the node's name and the record fields behind the template `fields`
+        (None: the whole record), from pydantic's JSON (no dict round trip), made once."""
+        include = record_fields(fields)
+        if (name, include) not in self._node_digests:
+            record = self.nodes[name].record.model_dump_json(include=include).encode()
+            self._node_digests[name, include] = hashlib.sha256(
+                name.encode() + b"\0" + record).hexdigest()
+        return self._node_digests[name, include]
+
+
+def record_fields(fields: frozenset[str] | None) -> frozenset[str] | None:
+    """The record fields the template fields of `node` are made from; None (the whole
+    record) when `fields` is None or names something that is neither."""
+    if fields is None:
+        return None
+    result: set[str] = set()
+    for name in fields:
+        if name in DERIVED_FIELDS:
+            result.update(DERIVED_FIELDS[name])
+        elif name in Record.model_fields:
+            result.add(name)
+        else:
+            return None
+    return frozenset(result)
 
 
 _SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}

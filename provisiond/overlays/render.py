@@ -105,7 +105,7 @@ class Builder:
         parts = [overlay.name, kind, overlay.digest]
         uses = overlay.uses
         if "node" in uses:
-            parts.append(self.snapshot.node_digest(node))
+            parts.append(self.snapshot.node_digest(node, overlay.node_fields))
         if "nodes" in uses:
             parts.append(self.snapshot.all_nodes_digest)
         if "server" in uses:

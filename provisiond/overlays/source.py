@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from jinja2 import TemplateSyntaxError, meta
+from jinja2 import meta, nodes
 
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, OverlayNotFound
-from provisiond.overlays.templates import ENVIRONMENT, compile_template
+from provisiond.overlays.templates import ENVIRONMENT, compile_template, fields_read
 
 META_FILE = "overlay.yaml"
 TEMPLATE_SUFFIX = ".j2"
@@ -48,6 +48,8 @@ class Overlay:
     files: list[SourceFile]
     uses: frozenset[str]
     digest: str
+    node_fields: frozenset[str] | None = None
+    """The fields of `node` its templates read; None: possibly all of them."""
     description: str = ""
     secret: bool = False
     dir_modes: dict[str, int] = field(default_factory=dict)
@@ -134,9 +136,11 @@ def _read_overlay(name: str, root: Path) -> Overlay:
     modes = _read_modes(root / META_FILE, meta_data.get("modes") or {})
     files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
              if rel != META_FILE]
-    uses = frozenset().union(*(_variables(f) for f in files if f.kind == "template"))
+    trees = [_parse(f) for f in files if f.kind == "template"]
+    uses = frozenset().union(*(meta.find_undeclared_variables(t) for t in trees))
     return Overlay(
         name=name, root=root, files=files, uses=uses, digest=_digest(files, modes),
+        node_fields=_node_fields(trees),
         description=str(meta_data.get("description", "")), secret=bool(meta_data.get("secret")),
         dir_modes=modes)
 
@@ -173,11 +177,19 @@ def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> Sour
     return SourceFile(rel, target, "template", perm, data, template)
 
 
-def _variables(source: SourceFile) -> set[str]:
-    try:
-        return set(meta.find_undeclared_variables(ENVIRONMENT.parse(source.data.decode())))
-    except TemplateSyntaxError:
-        return set()  # compile_template already reported it
+def _parse(source: SourceFile) -> nodes.Template:
+    """The template's syntax tree (compile_template has already reported syntax errors)."""
+    return ENVIRONMENT.parse(source.data.decode())
+
+
+def _node_fields(trees: list[nodes.Template]) -> frozenset[str] | None:
+    fields: set[str] = set()
+    for tree in trees:
+        read = fields_read(tree, "node")
+        if read is None:
+            return None
+        fields |= read
+    return frozenset(fields)
 
 
 def _digest(files: list[SourceFile], modes: dict[str, int]) -> str:

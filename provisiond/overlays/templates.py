@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 
 from jinja2 import Environment, StrictUndefined, TemplateError, TemplateSyntaxError
+from jinja2 import nodes as ast
 
 from provisiond.errors import BuildFailed
 
@@ -102,3 +103,39 @@ def split_files(target: str, text: str) -> list[tuple[str, str]]:
         body = text[mark.end() + 1:following.start() if following else len(text)]
         pieces.append((folder + mark.group(1).strip("/"), body))
     return pieces
+
+
+def fields_read(tree: ast.Template, variable: str) -> frozenset[str] | None:
+    """The fields of `variable` a parsed template reads: `var.x`, `var["x"]` and anything
+    below them (`var.x.y`, `var.x | sort`, a loop over `var.x`) give "x" (so `var.items()`
+    gives "items": the caller treats a name it does not know as "all of it"). Any other use
+    of `var` itself (passed whole to a filter or a test, iterated, aliased with `set`, or
+    the name rebound by a loop or a macro) gives None: the template may read all of it."""
+    fields: set[str] = set()
+    for parent, child in _edges(tree):
+        if not (isinstance(child, ast.Name) and child.name == variable):
+            continue
+        field = _field_of(parent, child)
+        if field is None:
+            return None
+        fields.add(field)
+    return frozenset(fields)
+
+
+def _edges(node: ast.Node, parent: ast.Node | None = None):
+    """(parent, child) for every node of the tree."""
+    yield parent, node
+    for child in node.iter_child_nodes():
+        yield from _edges(child, node)
+
+
+def _field_of(parent: ast.Node | None, name: ast.Name) -> str | None:
+    """The field read when `name` is the object of `parent`, else None."""
+    if name.ctx != "load" or parent is None or getattr(parent, "node", None) is not name:
+        return None
+    if isinstance(parent, ast.Getattr):
+        return parent.attr
+    if isinstance(parent, ast.Getitem) and isinstance(parent.arg, ast.Const) \
+            and isinstance(parent.arg.value, str):
+        return parent.arg.value
+    return None

@@ -1,0 +1,118 @@
+"""Builds are keyed on the node fields their templates read: a change to a field no template
+reads rebuilds nothing, a change to one a template reads rebuilds that node's part only, and
+templates that use `node` whole (iterate it, filter it, alias it) depend on all of it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from provisiond.config import load_config
+from provisiond.overlays import build_overlays, ensure_overlay
+from provisiond.overlays.source import ENVIRONMENT
+from provisiond.overlays.templates import fields_read
+from tests.unit.overlays.test_build import SYSTEM, files_of, write_inventory
+
+
+def edit_node(state, node: str, **fields) -> None:
+    data = yaml.safe_load((state / "inventory.yaml").read_text())
+    data["nodes"][node].update(fields)
+    (state / "inventory.yaml").write_text(yaml.safe_dump(data))
+
+
+def site_overlay(state, name: str, template: str) -> None:
+    folder = state / "overlays" / name / "etc"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "site.j2").write_text(template)
+
+
+def rebuilt(config) -> dict:
+    return build_overlays(config)["rebuilt"]
+
+
+BMC = {"driver": "redfish", "address": "10.9.0.2", "username": "admin"}
+
+
+@pytest.mark.parametrize("change", [{"comment": "rack 4, replaced PSU"},
+                                    {"tags": {"rack": "r4"}},
+                                    {"bmc": BMC},
+                                    {"kernel_args": ["quiet"]}])
+def test_a_field_no_template_reads_rebuilds_nothing(state_dir, change):
+    write_inventory(state_dir)
+    config = load_config(state_dir)
+    build_overlays(config)
+    edit_node(state_dir, "n2", **change)
+    assert rebuilt(config) == {"shared": 0, "system": 0, "runtime": 0}
+
+
+def test_a_field_a_template_reads_rebuilds_that_node_only(state_dir):
+    write_inventory(state_dir)
+    config = load_config(state_dir)
+    build_overlays(config)
+    edit_node(state_dir, "n2", ssh_authorized_keys=["ssh-ed25519 AAAAC3Nza operator@desk"])
+    assert rebuilt(config) == {"shared": 0, "system": 0, "runtime": 1}
+    keys = files_of(ensure_overlay(config, "n2", "runtime"))["root/.ssh/authorized_keys"]
+    assert b"operator@desk" in keys
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n3"]["netdevs"]["eth0"]["mtu"] = 9000
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    assert rebuilt(config) == {"shared": 0, "system": 1, "runtime": 0}
+
+
+@pytest.mark.parametrize("template", [
+    "{% for key, value in node.items() | sort %}{{ key }}={{ value }}\n{% endfor %}",
+    "{{ node | tojson }}\n",
+    "{% set n = node %}{{ n.comment }}\n",
+    "{% for n in [node] %}{{ n.comment }}{% endfor %}\n",
+    "{{ node['comm' ~ 'ent'] }}\n",
+])
+def test_templates_that_use_the_whole_node_depend_on_all_of_it(state_dir, template):
+    write_inventory(state_dir, system=[*SYSTEM, "site"])
+    site_overlay(state_dir, "site", template)
+    config = load_config(state_dir)
+    build_overlays(config)
+    edit_node(state_dir, "n2", comment="moved to rack 5")
+    assert rebuilt(config) == {"shared": 0, "system": 1, "runtime": 0}
+    assert b"moved to rack 5" in files_of(ensure_overlay(config, "n2", "system"))["etc/site"]
+
+
+def test_a_filter_on_a_sub_record_depends_on_that_field_only(state_dir):
+    write_inventory(state_dir, system=[*SYSTEM, "site"])
+    site_overlay(state_dir, "site", "{% for k, v in (node.tags or {}) | dictsort %}{{ k }}={{ v }}\n"
+                                    "{% endfor %}")
+    config = load_config(state_dir)
+    build_overlays(config)
+    edit_node(state_dir, "n2", comment="not read")
+    assert rebuilt(config) == {"shared": 0, "system": 0, "runtime": 0}
+    edit_node(state_dir, "n2", tags={"rack": "r5"})
+    assert rebuilt(config) == {"shared": 0, "system": 1, "runtime": 0}
+    assert files_of(ensure_overlay(config, "n2", "system"))["etc/site"] == b"rack=r5\n"
+
+
+def test_a_derived_field_follows_the_field_it_is_made_from(state_dir):
+    """`node.ipaddr` is the primary netdev's address: a netdev change must rebuild it."""
+    write_inventory(state_dir, system=["site"], runtime=())
+    site_overlay(state_dir, "site", "{{ node.ipaddr }}\n")
+    config = load_config(state_dir)
+    build_overlays(config)
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n1"]["netdevs"]["eth0"]["ipaddr"] = "10.0.0.201"
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    assert rebuilt(config)["system"] == 1
+    assert files_of(ensure_overlay(config, "n1", "system"))["etc/site"] == b"10.0.0.201\n"
+
+
+@pytest.mark.parametrize("source, fields", [
+    ("{{ node.name }}", {"name"}),
+    ("{{ node['tags'].rack }} {{ node.netdevs.eth0.mtu }}", {"tags", "netdevs"}),
+    ("{% set a = node.ansible or {} %}{{ a.repo }}", {"ansible"}),
+    ("{% for n in nodes %}{{ n.name }}{% endfor %}", set()),
+    ("{{ node.items() }}", {"items"}),
+    ("{{ node | tojson }}", None),
+    ("{% for node in nodes %}{{ node.name }}{% endfor %}{{ node.name }}", None),
+    ("{% macro m(node) %}{{ node.x }}{% endmacro %}", None),
+    ("{{ node[key] }}", None),
+])
+def test_fields_read(source, fields):
+    read = fields_read(ENVIRONMENT.parse(source), "node")
+    assert read == (None if fields is None else frozenset(fields))
