@@ -1,108 +1,113 @@
-"""Overlay build benchmark: system overlays of N nodes (default 10,000), built in full,
-again with nothing changed, and after one node's address changed.
+"""Overlay build benchmark: what a user runs. `provisiond overlay build` (the console entry
+point, as a child process) for N nodes (default 10,000) of the shipped `default` profile,
+from an empty state (runtime overlays and ssh host keys included), again with nothing
+changed, after one node's address changed, and after one node's comment changed.
 
-    python bench/bench_overlays.py [--nodes 10000] [--keep DIR]
+    python bench/bench_overlays.py [--nodes 10000] [--keep DIR] [--keygen-sample 20]
 
-Targets (DESIGN.md section 8): full build < 20 s, one-node change < 1 s. The hosts overlay
-lists every node, so an address change truly changes every node's /etc/hosts; hosts does
-not read `node`, so it is in the shared part (built once), and the change rebuilds that one
-shared part plus the changed node's own part. `--without-hosts` also runs the lists without
-hosts.
+Targets (DESIGN.md section 8, 2 cores): from empty < 60 s (goal < 20 s); one node changed
+< 1 s. The nodes are made with `provisiond init` and `provisiond node add` (not timed). For
+scale, the same run times `ssh-keygen` (what builds used before: RSA 3072 + ed25519 per node)
+for a sample of nodes, and `provisiond --version` (the fixed cost of starting any command).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from provisiond.config import load_config, write_default_config  # noqa: E402
-from provisiond.inventory import InventoryStore  # noqa: E402
-from provisiond.overlays import build_overlays  # noqa: E402
-
-DEFAULT = ["init", "hostname", "hosts", "network", "agent"]
+VENV_BIN = Path(sys.executable).parent
+TIMEOUT = 900  # seconds for any one command; the first build took over 15 min with RSA
 
 
-def write_inventory(state: Path, count: int, system: list[str]) -> None:
-    nodes = {}
-    for i in range(1, count + 1):
-        host = i + 10
-        nodes[f"n{i:05d}"] = {"profiles": ["compute"], "netdevs": {"eth0": {
-            "mac": "52:54:%02x:%02x:%02x:%02x" % (i >> 24, (i >> 16) & 255, (i >> 8) & 255,
-                                                  i & 255),
-            "ipaddr": f"10.{(host >> 16) & 255}.{(host >> 8) & 255}.{host & 255}",
-            "netmask": "255.0.0.0", "gateway": "10.0.0.1"}}}
-    data = {"revision": 1, "profiles": {"compute": {
-        "system_overlays": system, "runtime_overlays": ["ssh"]}}, "nodes": nodes}
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    (state / "inventory.yaml").write_text(yaml.dump(data, Dumper=dumper, sort_keys=False))
-
-
-def timed(label: str, config, results: list) -> dict:
+def provisiond(state: Path, *args: str) -> tuple[float, str]:
+    """Run the real entry point; (wall seconds, stdout). A failure ends the benchmark."""
+    command = VENV_BIN / "provisiond"
+    argv = [str(command)] if command.exists() else [sys.executable, "-m", "provisiond"]
     started = time.perf_counter()
-    summary = build_overlays(config, kinds=("shared", "system"))
+    result = subprocess.run([*argv, "--state-dir", str(state), *args], capture_output=True,
+                            text=True, timeout=TIMEOUT)
     seconds = time.perf_counter() - started
-    inventory = summary["inventory_seconds"]
+    if result.returncode != 0:
+        sys.exit(f"provisiond {' '.join(args)} failed ({result.returncode}): "
+                 f"{result.stderr.strip()}")
+    return seconds, result.stdout
+
+
+def make_nodes(state: Path, count: int) -> None:
+    provisiond(state, "init")
+    last = f"n[{1:05d}-{count:05d}]"
+    provisiond(state, "node", "add", last, "--profile", "default", "--mac",
+               "52:54:00:10:00:01", "--ipaddr", "10.10.0.11", "--netmask", "255.255.0.0")
+
+
+def build(state: Path, label: str, expect: dict) -> float:
+    """One timed `overlay build --json`; checks the rebuilt counts are `expect`."""
+    seconds, out = provisiond(state, "overlay", "build", "--json")
+    summary = json.loads(out)
     rebuilt, reused = summary["rebuilt"], summary["reused"]
-    results.append((label, seconds, rebuilt["system"], reused["system"]))
-    print(f"{label:<44} {seconds:6.2f} s (inventory {inventory:5.2f} s, overlays "
-          f"{seconds - inventory:5.2f} s)  rebuilt {rebuilt['system']:>5} nodes "
-          f"{rebuilt['shared']} shared  reused {reused['system']:>5} nodes "
-          f"{reused['shared']} shared", flush=True)
-    return summary
+    print(f"{label:<34} {seconds:6.2f} s  (in-process {summary['seconds']:5.2f} s, inventory "
+          f"{summary['inventory_seconds']:4.2f} s)  rebuilt shared/system/runtime "
+          f"{rebuilt['shared']}/{rebuilt['system']}/{rebuilt['runtime']}, reused "
+          f"{reused['shared']}/{reused['system']}/{reused['runtime']}", flush=True)
+    if rebuilt != expect:
+        sys.exit(f"{label}: expected rebuilt {expect}, got {rebuilt}")
+    return seconds
 
 
-def scenario(state: Path, count: int, system: list[str], name: str, results: list) -> None:
-    shutil.rmtree(state / "overlay-builds", ignore_errors=True)
-    write_inventory(state, count, system)
-    config = load_config(state)
-    timed(f"{name}: full build", config, results)
-    timed(f"{name}: nothing changed", config, results)
-    change_one_address(config, f"n{count // 2:05d}")
-    timed(f"{name}: one node's address changed", config, results)
-
-
-def change_one_address(config, name: str) -> None:
-    """What `provisiond node set NAME --ipaddr ...` does (not timed: the write, not the build)."""
-    with InventoryStore(config).edit() as inventory:
-        inventory.nodes[name].netdevs["eth0"].ipaddr = "10.255.255.254"
-
-
-def print_sizes(state: Path, count: int) -> None:
-    builds = state / "overlay-builds"
-    own = sum(p.stat().st_size for p in builds.glob("*/system.*"))
-    shared = sum(p.stat().st_size for p in builds.glob("_shared/*"))
-    print(f"on disk: node parts {own / 1e6:.1f} MB for {count} nodes, shared parts "
-          f"{shared / 1e6:.2f} MB", flush=True)
+def keygen_seconds(sample: int) -> dict[str, float]:
+    """Seconds per node for ssh-keygen of each type (the peer: what the build used to run)."""
+    keygen = shutil.which("ssh-keygen", path="/usr/bin")
+    if not keygen or sample <= 0:
+        return {}
+    result = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for key_type, extra in (("rsa", ["-b", "3072"]), ("ed25519", []), ("ecdsa", [])):
+            started = time.perf_counter()
+            for i in range(sample):
+                subprocess.run([keygen, "-q", "-t", key_type, *extra, "-N", "", "-f",
+                                f"{tmp}/{key_type}{i}"], check=True, timeout=120)
+            result[key_type] = (time.perf_counter() - started) / sample
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10000)
     parser.add_argument("--keep", help="state dir to use and keep (default: a temp dir)")
-    parser.add_argument("--without-hosts", action="store_true",
-                        help="also run the default lists without hosts")
-    parser.add_argument("--c-yaml", action="store_true",
-                        help="parse the inventory with libyaml (what store.py could do)")
+    parser.add_argument("--keygen-sample", type=int, default=20,
+                        help="nodes to time ssh-keygen for (0: skip)")
     args = parser.parse_args()
-    if args.c_yaml:
-        yaml.safe_load = lambda text: yaml.load(text, Loader=yaml.CSafeLoader)
     state = Path(args.keep or tempfile.mkdtemp(prefix="bench-overlays-"))
-    write_default_config(state)
-    results: list = []
+    if args.keep and state.exists() and any(state.iterdir()):
+        sys.exit(f"{state} is not empty")
+    count = args.nodes
+    print(f"{count} nodes, profile default, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at start", flush=True)
     try:
-        scenario(state, args.nodes, DEFAULT, "default overlays", results)
-        print_sizes(state, args.nodes)
-        if args.without_hosts:
-            without = [n for n in DEFAULT if n != "hosts"]
-            scenario(state, args.nodes, without, "without hosts", results)
+        make_nodes(state, count)
+        start, _ = provisiond(state, "--version")
+        print(f"{'provisiond --version':<34} {start:6.2f} s", flush=True)
+        all_nodes = {"shared": 1, "system": count, "runtime": count}
+        build(state, "from empty (keys included)", all_nodes)
+        build(state, "nothing changed", {"shared": 0, "system": 0, "runtime": 0})
+        middle = f"n{count // 2:05d}"
+        provisiond(state, "node", "set", middle, "--ipaddr", "10.200.0.1")
+        build(state, f"{middle}'s address changed", {"shared": 1, "system": 1, "runtime": 0})
+        provisiond(state, "node", "set", middle, "--comment", "moved to rack 5")
+        build(state, f"{middle}'s comment changed", {"shared": 0, "system": 0, "runtime": 0})
+        per_node = keygen_seconds(args.keygen_sample)
+        for key_type, seconds in per_node.items():
+            print(f"ssh-keygen -t {key_type:<8} {seconds * 1000:8.1f} ms a key, "
+                  f"{seconds * count:7.1f} s for {count} nodes (from {args.keygen_sample})")
+        print(f"load average at the end {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(state, ignore_errors=True)

@@ -122,6 +122,7 @@ def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> b
     file is written in place after the build is renamed in: a torn key only means a rebuild.
     """
     config = builder.config
+    builder.make_secrets(node, kind)
     key = builder.node_key(node, kind)
     path = output_path(config, builder, node, kind)
     if not force and _is_current(str(path), kind, key):

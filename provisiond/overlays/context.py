@@ -7,6 +7,7 @@ unchanged, so a request-time `ensure_overlay` does not merge 10,000 nodes again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ BUILD_TIMES = frozenset({"built_at", "build_seconds", "layer_build_seconds"})
 # The fields node_context adds, and the record fields each is made from.
 DERIVED_FIELDS = {"name": (), "ipaddr": ("netdevs",), "macs": ("netdevs",),
                   "primary_netdev": ("netdevs",)}
+RECORD_FIELDS = frozenset(Record.model_fields)
 
 
 def digest_of(data) -> str:
@@ -90,6 +92,7 @@ class Snapshot:
         return self._node_digests[name, include]
 
 
+@functools.cache
 def record_fields(fields: frozenset[str] | None) -> frozenset[str] | None:
     """The record fields the template fields of `node` are made from; None (the whole
     record) when `fields` is None or names something that is neither."""
@@ -99,7 +102,7 @@ def record_fields(fields: frozenset[str] | None) -> frozenset[str] | None:
     for name in fields:
         if name in DERIVED_FIELDS:
             result.update(DERIVED_FIELDS[name])
-        elif name in Record.model_fields:
+        elif name in RECORD_FIELDS:
             result.add(name)
         else:
             return None

@@ -35,61 +35,70 @@ def host_key_dir(config: Config, node: str) -> Path:
     return config.state_dir / "secrets" / "ssh-host-keys" / node
 
 
-def _key_paths(folder: str, key_type: str) -> tuple[str, str]:
-    """(private, public) file names (strings: checked for every node of a build)."""
-    return f"{folder}/ssh_host_{key_type}_key", f"{folder}/ssh_host_{key_type}_key.pub"
+def _key_names(key_type: str) -> tuple[str, str]:
+    """(private, public) file names."""
+    return f"ssh_host_{key_type}_key", f"ssh_host_{key_type}_key.pub"
 
 
 def host_key_signature(config: Config, node: str) -> tuple | None:
-    """What identifies the node's keys on disk (type, inode, mtime, size of each file), or
-    None when a wanted type is missing or a file is empty (a write cut short). Cheap: stats
-    only, so a build can tell whether keys changed without reading them."""
-    folder = str(host_key_dir(config, node))
-    signature = []
-    for key_type in KEY_TYPES:
-        stats = [_stat(path) for path in _key_paths(folder, key_type)]
-        if all(stats):
-            signature.append((key_type, *stats))
-        elif key_type in config.build.ssh_host_key_types:
-            return None
-    return tuple(signature)
-
-
-def _stat(path: str) -> tuple | None:
+    """What identifies the node's key files, or None when it has none yet: their
+    directory's inode and mtime, which change whenever a key file is made, renamed in or
+    deleted (every write here is a rename). One stat, so a build of 10,000 nodes can tell
+    whether keys changed without reading them (listing and stat-ing each file cost ~0.3 s);
+    a key file edited in place is not seen: replace it by renaming a new file over it."""
     try:
-        st = os.stat(path)
+        st = os.stat(f"{config.state_dir}/secrets/ssh-host-keys/{node}")
     except FileNotFoundError:
         return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size) if st.st_size else None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _stat(path: Path) -> bool:
+    """Whether the file exists and is not empty (a write cut short by a crash)."""
+    try:
+        return os.stat(path).st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _has_key(folder: Path, key_type: str) -> bool:
+    return all(_stat(folder / name) for name in _key_names(key_type))
 
 
 def has_host_keys(config: Config, node: str) -> bool:
-    return host_key_signature(config, node) is not None
+    """Whether the node has every wanted type of key, whole."""
+    folder = host_key_dir(config, node)
+    return all(_has_key(folder, t) for t in config.build.ssh_host_key_types)
+
+
+def make_host_keys(config: Config, node: str, durable: bool = True) -> None:
+    """Make the node's wanted types of key that are missing (or empty). With
+    `durable=False` the new files are not fsynced: the caller syncs once after making many
+    (see sync_new_keys)."""
+    if has_host_keys(config, node):
+        return
+    folder = host_key_dir(config, node)
+    _make_private_dir(folder)
+    with locked(folder / ".lock"):  # another builder may be making the same node's keys
+        for key_type in config.build.ssh_host_key_types:
+            if not _has_key(folder, key_type):
+                _write_key(folder, node, key_type, durable)
+
+
+def read_host_keys(config: Config, node: str) -> dict[str, dict[str, str]]:
+    """{type: {"private": ..., "public": ...}} for every whole key the node has."""
+    folder = host_key_dir(config, node)
+    return {t: {"private": (folder / private).read_text(),
+                "public": (folder / public).read_text()}
+            for t in KEY_TYPES if _has_key(folder, t)
+            for private, public in [_key_names(t)]}
 
 
 def ensure_host_keys(config: Config, node: str, durable: bool = True
                      ) -> dict[str, dict[str, str]]:
-    """{type: {"private": ..., "public": ...}} for every key the node has, making the
-    wanted types that are missing first. With `durable=False` the new files are not
-    fsynced: the caller syncs once after making many (see sync_new_keys)."""
-    folder = host_key_dir(config, node)
-    if not has_host_keys(config, node):
-        _make_private_dir(folder)
-        with locked(folder / ".lock"):  # another builder may be making the same node's keys
-            for key_type in config.build.ssh_host_key_types:
-                if not all(_stat(p) for p in _key_paths(str(folder), key_type)):
-                    _write_key(folder, node, key_type, durable)
-    return read_host_keys(folder)
-
-
-def read_host_keys(folder: Path) -> dict[str, dict[str, str]]:
-    keys = {}
-    for key_type in KEY_TYPES:
-        private, public = _key_paths(str(folder), key_type)
-        if _stat(private) and _stat(public):
-            keys[key_type] = {"private": Path(private).read_text(),
-                              "public": Path(public).read_text()}
-    return keys
+    """The node's keys (read_host_keys), making missing wanted types first."""
+    make_host_keys(config, node, durable)
+    return read_host_keys(config, node)
 
 
 def _make_private_dir(folder: Path) -> None:
@@ -107,9 +116,9 @@ def _write_key(folder: Path, node: str, key_type: str, durable: bool) -> None:
                                 serialization.NoEncryption())
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH)
-    private_path, public_path = _key_paths(str(folder), key_type)
-    write_atomic(Path(private_path), private, mode=0o600, durable=durable)
-    write_atomic(Path(public_path), public + f" root@{node}\n".encode(), mode=0o600,
+    private_name, public_name = _key_names(key_type)
+    write_atomic(folder / private_name, private, mode=0o600, durable=durable)
+    write_atomic(folder / public_name, public + f" root@{node}\n".encode(), mode=0o600,
                  durable=durable)
 
 

@@ -15,11 +15,11 @@ from provisiond import archive
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.overlays.context import ImageCache, Snapshot, digest_of
-from provisiond.overlays.hostkeys import ensure_host_keys, host_key_signature
+from provisiond.overlays.hostkeys import ensure_host_keys, host_key_signature, make_host_keys
 from provisiond.overlays.source import Overlay, load_overlay
 from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
 
-FORMAT = "provisiond-overlay-2"
+FORMAT = "provisiond-overlay-3"
 KINDS = ("shared", "system", "runtime")
 RUNTIME_COMPRESSION = "gzip"  # the node unpacks it with busybox, which has no zstd applet
 SHARED_LIMIT = 64
@@ -58,7 +58,7 @@ class Builder:
         self._secrets: dict[str, dict] = {}
         self._signatures: dict[str, tuple | None] = {}
         self._overlays: dict[str, Overlay] = {}
-        self._shared_keys: dict[tuple, str] = {}
+        self._plans: dict[tuple, tuple] = {}
 
     def compression(self, kind: str) -> str:
         return RUNTIME_COMPRESSION if kind == "runtime" else self.config.build.compression
@@ -86,65 +86,77 @@ class Builder:
         """The hash of everything the node's `kind` build reads."""
         if kind not in KINDS:
             raise InvalidInput(f"overlay kind must be shared, system or runtime, not {kind!r}")
+        common, fields, secret = self._plan(node, kind)
         if kind == "shared":
-            return self._shared_key(node)
-        keys = [self.overlay_key(o, node, kind) for o in self.overlays(node, kind)]
-        return digest_of([FORMAT, kind, self.compression(kind), keys])
+            return common
+        parts = [common, self.snapshot.node_digest(node, fields)]
+        if secret:
+            parts.append(self.secrets_key(node))
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
-    def _shared_key(self, node: str) -> str:
-        """The shared build's key, computed once per (overlay list, image)."""
+    def _plan(self, node: str, kind: str) -> tuple[str, frozenset | None, bool]:
+        """What the node's `kind` key is made of, worked out once per (overlay list, image):
+        the digest of everything such nodes share, the node fields the overlays read (None:
+        all of them), and whether they read secrets."""
         record = self.snapshot.nodes[node].record
-        signature = (tuple(record.system_overlays or ()), record.image)
-        if signature not in self._shared_keys:
-            keys = [self.overlay_key(o, node, "system") for o in self.overlays(node, "shared")]
-            self._shared_keys[signature] = digest_of(
-                [FORMAT, "shared", self.compression("shared"), keys])
-        return self._shared_keys[signature]
+        names = record.runtime_overlays if kind == "runtime" else record.system_overlays
+        signature = (kind, tuple(names or ()), record.image)
+        if signature not in self._plans:
+            overlays = self.overlays(node, kind)
+            common = [FORMAT, kind, self.compression(kind),
+                      [self.common_key(o, node) for o in overlays]]
+            self._plans[signature] = (
+                digest_of(common), _union(o.node_fields for o in overlays if "node" in o.uses),
+                kind == "runtime" and any("secrets" in o.uses for o in overlays))
+        return self._plans[signature]
 
-    def overlay_key(self, overlay: Overlay, node: str, kind: str) -> str:
-        parts = [overlay.name, kind, overlay.digest]
+    def common_key(self, overlay: Overlay, node: str) -> str:
+        """The hash of what the overlay reads that is not the node's own (its tree, and the
+        nodes list, the server settings and the image where its templates use them)."""
+        parts = [overlay.name, overlay.digest]
         uses = overlay.uses
-        if "node" in uses:
-            parts.append(self.snapshot.node_digest(node, overlay.node_fields))
         if "nodes" in uses:
             parts.append(self.snapshot.all_nodes_digest)
         if "server" in uses:
             parts.append(self.snapshot.server_digest)
         if "image" in uses:
             parts.append(self.images.get(self.snapshot.nodes[node].record.image)[1])
-        if "secrets" in uses and kind == "runtime":
-            parts.append(self.secrets_key(node))
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def uses_secrets(self, node: str, kind: str) -> bool:
+        return self._plan(node, kind)[2]
 
     def secrets_exist(self, node: str, kind: str) -> bool:
         """False when keying this build would first have to generate secrets."""
-        if kind != "runtime":
-            return True
-        uses = any("secrets" in o.uses for o in self.overlays(node, kind))
-        return not uses or self._key_signature(node) is not None
+        return not self.uses_secrets(node, kind) or self._key_signature(node) is not None
 
     def _key_signature(self, node: str) -> tuple | None:
         if self._signatures.get(node) is None:
             self._signatures[node] = host_key_signature(self.config, node)
         return self._signatures[node]
 
+    def make_secrets(self, node: str, kind: str) -> None:
+        """Make the secrets the node's `kind` build reads that are missing (before it is
+        keyed: the key then names the secrets it is built from)."""
+        if self.uses_secrets(node, kind):
+            make_host_keys(self.config, node, durable=self.durable_secrets)
+            self._signatures.pop(node, None)
+
     def secrets_key(self, node: str) -> str:
-        """What identifies the node's secrets, from file stats (reading 10,000 nodes' keys
-        to hash them cost more than the rest of an unchanged build); makes missing keys."""
+        """What identifies the node's secrets: the wanted key types and the key files'
+        signature (from a stat: reading and hashing 10,000 nodes' keys cost more than the
+        rest of an unchanged build)."""
         if self._key_signature(node) is None:
-            self._load_secrets(node)
-        return digest_of(self._key_signature(node))
+            self.make_secrets(node, "runtime")
+        return repr((self.config.build.ssh_host_key_types, self._key_signature(node)))
 
     def secrets(self, node: str) -> tuple[dict, str]:
         """(the node's secrets, their key for the build cache)."""
-        return self._load_secrets(node), self.secrets_key(node)
-
-    def _load_secrets(self, node: str) -> dict:
         if node not in self._secrets:
             keys = ensure_host_keys(self.config, node, durable=self.durable_secrets)
             self._signatures.pop(node, None)
             self._secrets[node] = {"ssh_host_keys": keys}
-        return self._secrets[node]
+        return self._secrets[node], self.secrets_key(node)
 
     def context(self, overlay: Overlay, node: str, kind: str) -> dict:
         context = {
@@ -173,7 +185,7 @@ class Builder:
         """One overlay's compressed archive; node-independent ones are packed once."""
         if overlay.node_specific:
             return self._packed(overlay, node)
-        key = f"{self.compression('system')}:{self.overlay_key(overlay, node, 'system')}"
+        key = f"{self.compression('system')}:{self.common_key(overlay, node)}"
         if key not in _SHARED:
             if len(_SHARED) >= SHARED_LIMIT:
                 del _SHARED[next(iter(_SHARED))]
@@ -186,3 +198,14 @@ class Builder:
 
     def render(self, overlay: Overlay, node: str, kind: str) -> list[archive.Entry]:
         return render_overlay(overlay, self.context(overlay, node, kind), node)
+
+
+
+def _union(field_sets) -> frozenset | None:
+    """The union of the overlays' node field sets; None if one may read all of the node."""
+    result: frozenset = frozenset()
+    for fields in field_sets:
+        if fields is None:
+            return None
+        result |= fields
+    return result
