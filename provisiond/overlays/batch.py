@@ -7,6 +7,8 @@ builds are few (one per distinct overlay list and image): the parent builds each
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import time
@@ -43,8 +45,30 @@ def build_overlays(config: Config, names: list[str] | None = None,
     counts are of distinct shared builds, the others of nodes.
     Raises OverlayBuildFailed (carrying the summary) when any node failed."""
     started = time.monotonic()
-    snapshot = take_snapshot(config, reuse=False)
+    with _collector_paused():
+        snapshot = take_snapshot(config, reuse=False)
     read = time.monotonic() - started
+    try:
+        return _build(config, snapshot, names, progress, kinds, started, read)
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Reading 10,000 nodes makes about a million long-lived objects: the cyclic collector's
+    passes over them while they are made find nothing to free and cost ~0.2 s (a third of
+    an unchanged build's own time). Off meanwhile; then they are frozen out of later passes
+    (which also keeps the forked workers from copying their pages)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()
+
+
+def _build(config, snapshot, names, progress, kinds, started: float, read: float) -> dict:
     full = names is None
     names = _check_names(snapshot.nodes, names)
     builder = Builder(config, snapshot, durable_secrets=False)

@@ -130,3 +130,19 @@ def test_bad_key_type_setting_is_one_line(state_dir, types, words):
     with pytest.raises(InvalidConfig, match=words) as caught:
         load_config(state_dir)
     assert "\n" not in str(caught.value)
+
+
+def test_dropping_an_old_key_or_asking_for_rsa_rebuilds_the_runtime_part(state_dir):
+    write_inventory(state_dir, count=2)
+    set_key_types(state_dir, "[ed25519, rsa]")
+    build_overlays(load_config(state_dir))
+    set_key_types(state_dir, "[ed25519, ecdsa]")
+    config = load_config(state_dir)
+    assert build_overlays(config)["rebuilt"]["runtime"] == 2  # ecdsa added
+    assert build_overlays(config)["rebuilt"]["runtime"] == 0
+    for name in ("ssh_host_rsa_key", "ssh_host_rsa_key.pub"):
+        (host_key_dir(config, "n1") / name).unlink()
+    assert build_overlays(config)["rebuilt"] == {"shared": 0, "system": 0, "runtime": 1}
+    files = files_of(ensure_overlay(config, "n1", "runtime"))
+    assert "etc/ssh/ssh_host_rsa_key" not in files and "etc/ssh/ssh_host_ecdsa_key" in files
+    assert "etc/ssh/ssh_host_rsa_key" in files_of(ensure_overlay(config, "n2", "runtime"))
