@@ -130,5 +130,8 @@ def sync_new_keys() -> None:
 
 
 def forget_host_keys(config: Config, node: str) -> None:
-    """Delete a node's keys (a new set is made on its next runtime build)."""
-    shutil.rmtree(host_key_dir(config, node), ignore_errors=True)
+    """Delete a node's keys (a new set is made on its next runtime build), and the lock
+    file that earlier builds kept beside its key directory."""
+    folder = host_key_dir(config, node)
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder.parent / f".{node}.lock").unlink(missing_ok=True)

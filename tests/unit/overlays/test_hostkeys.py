@@ -105,8 +105,10 @@ def test_a_key_file_cut_short_is_made_again(config):
 def test_runtime_build_follows_a_replaced_key(config, state_dir):
     write_inventory(state_dir, count=1)
     before = files_of(ensure_overlay(config, "n1", "runtime"))["etc/ssh/ssh_host_ed25519_key"]
+    old_lock = host_key_dir(config, "n1").parent / ".n1.lock"  # made by earlier versions
+    old_lock.touch()
     forget_host_keys(config, "n1")
-    assert not host_key_dir(config, "n1").exists()
+    assert not host_key_dir(config, "n1").exists() and not old_lock.exists()
     after = files_of(ensure_overlay(config, "n1", "runtime"))["etc/ssh/ssh_host_ed25519_key"]
     assert after != before and after.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
 
