@@ -17,9 +17,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
-from provisiond.inventory.model import node_sort_key
 from provisiond.overlays.build import build_node, is_built, output_path, remove_unused_shared
-from provisiond.overlays.context import take_snapshot
+from provisiond.overlays.context import Snapshot, take_snapshot
 from provisiond.overlays.hostkeys import sync_new_keys
 from provisiond.overlays.render import KINDS, Builder
 
@@ -70,7 +69,7 @@ def _collector_paused():
 
 def _build(config, snapshot, names, progress, kinds, started: float, read: float) -> dict:
     full = names is None
-    names = _check_names(snapshot.nodes, names)
+    names = _check_names(snapshot, names)
     builder = Builder(config, snapshot, durable_secrets=False)
     kinds = _with_shared(kinds)
     node_kinds = tuple(k for k in kinds if k != "shared")
@@ -90,10 +89,10 @@ def _build(config, snapshot, names, progress, kinds, started: float, read: float
     return summary
 
 
-def _check_names(nodes: dict, names: list[str] | None) -> list[str]:
+def _check_names(snapshot: Snapshot, names: list[str] | None) -> list[str]:
     if names is None:
-        return sorted(nodes, key=node_sort_key)
-    missing = [n for n in names if n not in nodes]
+        return snapshot.names
+    missing = [n for n in names if n not in snapshot.nodes]
     if missing:
         raise NodeNotFound(f"no node named {missing[0]!r}")
     return list(names)

@@ -48,10 +48,10 @@ def node_context(node: Node) -> dict:
     return data
 
 
-def nodes_context(nodes: dict[str, Node]) -> list[dict]:
-    """Every node's name and addresses, in natural order (for /etc/hosts)."""
+def nodes_context(nodes: dict[str, Node], names: list[str]) -> list[dict]:
+    """Every node's name and addresses, in the order of `names` (for /etc/hosts)."""
     result = []
-    for name in sorted(nodes, key=node_sort_key):
+    for name in names:
         primary = nodes[name].primary_netdev
         result.append({"name": name, "ipaddr": primary[1].ipaddr if primary else None,
                        "ipaddr6": primary[1].ipaddr6 if primary else None})
@@ -64,14 +64,17 @@ class Snapshot:
 
     nodes: dict[str, Node]
     server: dict
+    names: list[str] = field(default_factory=list)
+    """Every node's name, in natural order."""
     all_nodes: list[dict] = field(default_factory=list)
     all_nodes_digest: str = ""
     server_digest: str = ""
     _node_data: dict[str, dict] = field(default_factory=dict)
-    _node_digests: dict[tuple, str] = field(default_factory=dict)
+    _node_inputs: dict[tuple, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.all_nodes = nodes_context(self.nodes)
+        self.names = sorted(self.nodes, key=node_sort_key)
+        self.all_nodes = nodes_context(self.nodes, self.names)
         self.all_nodes_digest = digest_of(self.all_nodes)
         self.server_digest = digest_of(self.server)
 
@@ -81,15 +84,14 @@ class Snapshot:
             self._node_data[name] = node_context(self.nodes[name])
         return self._node_data[name]
 
-    def node_digest(self, name: str, fields: frozenset[str] | None = None) -> str:
-        """A hash of the node's name and the record fields behind the template `fields`
-        (None: the whole record), from pydantic's JSON (no dict round trip), made once."""
+    def node_inputs(self, name: str, fields: frozenset[str] | None = None) -> str:
+        """The node's name and the record fields behind the template `fields` (None: the
+        whole record) as pydantic's JSON (no dict round trip; the build key hashes it)."""
         include = record_fields(fields)
-        if (name, include) not in self._node_digests:
-            record = self.nodes[name].record.model_dump_json(include=include).encode()
-            self._node_digests[name, include] = hashlib.sha256(
-                name.encode() + b"\0" + record).hexdigest()
-        return self._node_digests[name, include]
+        if (name, include) not in self._node_inputs:
+            record = self.nodes[name].record.model_dump_json(include=include)
+            self._node_inputs[name, include] = f"{name}\0{record}"
+        return self._node_inputs[name, include]
 
 
 @functools.cache

@@ -89,7 +89,7 @@ class Builder:
         common, fields, secret = self._plan(node, kind)
         if kind == "shared":
             return common
-        parts = [common, self.snapshot.node_digest(node, fields)]
+        parts = [common, self.snapshot.node_inputs(node, fields)]
         if secret:
             parts.append(self.secrets_key(node))
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
