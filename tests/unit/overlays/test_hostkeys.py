@@ -3,7 +3,9 @@ for OpenSSH, kept 0600, and an older node's RSA key kept and still offered."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +125,28 @@ def test_a_batch_build_syncs_new_keys_once(config, state_dir, monkeypatch):
     assert summary["rebuilt"]["runtime"] == 3 and calls == [1]
     blob = archive.decompress(ensure_overlay(config, "n2", "runtime").read_bytes())
     assert (host_key_dir(config, "n2") / "ssh_host_ecdsa_key").read_bytes() in blob
+    assert sorted(p.name for p in host_key_dir(config, "n1").parent.iterdir()) == \
+        ["n1", "n2", "n3"]  # no temp directory left behind
+
+
+def test_a_builder_that_loses_the_race_for_a_new_node_keeps_the_winners_keys(config,
+                                                                             monkeypatch):
+    """New keys go to a temp directory renamed into place; if another builder's directory
+    got there first, its keys stay and only the missing types are added."""
+    folder = host_key_dir(config, "n1")
+    real_rename = os.rename
+
+    def other_builder_first(source, target):
+        os.mkdir(target)
+        (Path(target) / "ssh_host_ed25519_key").write_text("WINNER\n")
+        (Path(target) / "ssh_host_ed25519_key.pub").write_text("ssh-ed25519 WINNER\n")
+        real_rename(source, target)
+
+    monkeypatch.setattr("provisiond.overlays.hostkeys.os.rename", other_builder_first)
+    keys = ensure_host_keys(config, "n1")
+    assert keys["ed25519"]["private"] == "WINNER\n"
+    assert keys["ecdsa"]["public"].startswith("ecdsa-sha2-nistp256 ")
+    assert [p.name for p in folder.parent.iterdir()] == ["n1"]
 
 
 @pytest.mark.parametrize("types, words", [("[dsa]", "ssh_host_key_types.0"),
