@@ -44,10 +44,10 @@ def build_overlays(config: Config, names: list[str] | None = None,
     counts are of distinct shared builds, the others of nodes.
     Raises OverlayBuildFailed (carrying the summary) when any node failed."""
     started = time.monotonic()
-    with _collector_paused():
-        snapshot = take_snapshot(config, reuse=False)
-    read = time.monotonic() - started
     try:
+        with _collector_paused():
+            snapshot = take_snapshot(config, reuse=False)
+        read = time.monotonic() - started
         return _build(config, snapshot, names, progress, kinds, started, read)
     finally:
         gc.unfreeze()
