@@ -72,7 +72,8 @@ def _replace(path: Path, data: bytes, mode: int, key: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     tagged = True
     try:
-        os.fchmod(fd, mode)
+        if mode != 0o600:  # mkstemp made it 0600 (one metadata write fewer per build)
+            os.fchmod(fd, mode)
         try:
             os.setxattr(fd, KEY_XATTR, key.encode())
         except OSError:
