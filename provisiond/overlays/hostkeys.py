@@ -19,6 +19,7 @@ from pathlib import Path
 
 from provisiond.atomic import fsync_dir, locked, write_atomic
 from provisiond.config import Config
+from provisiond.errors import BuildFailed
 
 KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 """Every type a node may have, in the order they are offered."""
@@ -71,6 +72,13 @@ def make_host_keys(config: Config, node: str, durable: bool = True) -> None:
     (see sync_new_keys)."""
     if has_host_keys(config, node):
         return
+    try:
+        _make_missing_keys(config, node, durable)
+    except OSError as exc:  # a full disk fails this node's build, not the whole batch
+        raise BuildFailed(f"ssh host keys for {node}: {exc.strerror or exc}") from None
+
+
+def _make_missing_keys(config: Config, node: str, durable: bool) -> None:
     folder = host_key_dir(config, node)
     _make_private_parent(folder.parent)
     if not folder.exists() and _make_key_dir(folder, node, config, durable):

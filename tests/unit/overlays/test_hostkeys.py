@@ -3,6 +3,7 @@ for OpenSSH, kept 0600, and an older node's RSA key kept and still offered."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from provisiond import archive
 from provisiond.config import load_config
 from provisiond.errors import InvalidConfig
-from provisiond.overlays import build_overlays, ensure_overlay
+from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import (ensure_host_keys, forget_host_keys, has_host_keys,
                                           host_key_dir, host_key_signature)
 from tests.unit.overlays.test_build import files_of, write_inventory
@@ -172,3 +173,23 @@ def test_dropping_an_old_key_or_asking_for_rsa_rebuilds_the_runtime_part(state_d
     files = files_of(ensure_overlay(config, "n1", "runtime"))
     assert "etc/ssh/ssh_host_rsa_key" not in files and "etc/ssh/ssh_host_ecdsa_key" in files
     assert "etc/ssh/ssh_host_rsa_key" in files_of(ensure_overlay(config, "n2", "runtime"))
+
+
+def test_a_key_that_cannot_be_written_fails_that_node_only(config, state_dir, monkeypatch):
+    write_inventory(state_dir, count=3)
+    from provisiond.overlays import hostkeys
+    real_write = hostkeys._write_new
+
+    def full_disk_for_n2(path, data, durable):
+        if "/.n2." in path:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real_write(path, data, durable)
+
+    monkeypatch.setattr(hostkeys, "_write_new", full_disk_for_n2)
+    with pytest.raises(OverlayBuildFailed) as caught:
+        build_overlays(config)
+    assert str(caught.value) == "ssh host keys for n2: No space left on device"
+    summary = caught.value.summary
+    assert summary["failed"].keys() == {"n2"} and summary["rebuilt"]["runtime"] == 2
+    assert not host_key_dir(config, "n2").exists()
+    assert [p.name for p in host_key_dir(config, "n1").parent.iterdir()] == ["n1", "n3"]
