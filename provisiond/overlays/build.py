@@ -18,7 +18,7 @@ from pathlib import Path
 
 from provisiond import archive
 from provisiond.config import Config
-from provisiond.errors import NodeNotFound, ProvisiondError
+from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
 
@@ -128,6 +128,14 @@ def build_node(builder: Builder, node: str, kind: str, force: bool = False) -> b
     path = output_path(config, builder, node, kind)
     if not force and _is_current(str(path), kind, key):
         return False
+    try:
+        return _write_build(builder, node, kind, path, key, force)
+    except OSError as exc:  # a full disk fails this node's build, not the whole batch
+        raise BuildFailed(f"overlay build of {node} ({kind}): {exc.strerror or exc}") from None
+
+
+def _write_build(builder: Builder, node: str, kind: str, path: Path, key: str,
+                 force: bool) -> bool:
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
     with _locked_dir(path.parent):  # a concurrent builder of the same key writes the same

@@ -273,3 +273,20 @@ def test_nomad_client_quotes_inventory_strings_for_hcl(state_dir):
     escaped = '"say \\"hi\\" \\\\ $${node.unique.id}"'
     assert f"datacenter = {escaped}" in text
     assert f'"k\\"ey" = {escaped}' in text
+
+
+def test_a_build_that_cannot_be_written_fails_that_node_only(cfg, monkeypatch):
+    from provisiond.overlays import build
+    real_replace = build._replace
+
+    def full_disk_for_n2(path, data, mode, key):
+        if path.parent.name == "n2" and path.name.startswith("runtime"):
+            raise OSError(28, "No space left on device", str(path))
+        real_replace(path, data, mode, key)
+
+    monkeypatch.setattr(build, "_replace", full_disk_for_n2)
+    with pytest.raises(OverlayBuildFailed) as caught:
+        build_overlays(cfg)
+    assert str(caught.value) == "overlay build of n2 (runtime): No space left on device"
+    assert caught.value.summary["failed"].keys() == {"n2"}
+    assert caught.value.summary["rebuilt"] == {"shared": 1, "system": 3, "runtime": 2}
