@@ -30,6 +30,8 @@ def rebuilt(config) -> dict:
     return build_overlays(config)["rebuilt"]
 
 
+OPERATOR_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIP/7YM7T0bVdRi2b4TqQn4bGqm9hJQyWWUoME0nBYI7C "
+                "operator@desk")
 BMC = {"driver": "redfish", "address": "10.9.0.2", "username": "admin"}
 
 
@@ -49,7 +51,7 @@ def test_a_field_a_template_reads_rebuilds_that_node_only(state_dir):
     write_inventory(state_dir)
     config = load_config(state_dir)
     build_overlays(config)
-    edit_node(state_dir, "n2", ssh_authorized_keys=["ssh-ed25519 AAAAC3Nza operator@desk"])
+    edit_node(state_dir, "n2", ssh_authorized_keys=[OPERATOR_KEY])
     assert rebuilt(config) == {"shared": 0, "system": 0, "runtime": 1}
     keys = files_of(ensure_overlay(config, "n2", "runtime"))["root/.ssh/authorized_keys"]
     assert b"operator@desk" in keys
@@ -78,8 +80,8 @@ def test_templates_that_use_the_whole_node_depend_on_all_of_it(state_dir, templa
 
 def test_a_filter_on_a_sub_record_depends_on_that_field_only(state_dir):
     write_inventory(state_dir, system=[*SYSTEM, "site"])
-    site_overlay(state_dir, "site", "{% for k, v in (node.tags or {}) | dictsort %}{{ k }}={{ v }}\n"
-                                    "{% endfor %}")
+    site_overlay(state_dir, "site",
+                 "{% for k, v in (node.tags or {}) | dictsort %}{{ k }}={{ v }}\n{% endfor %}")
     config = load_config(state_dir)
     build_overlays(config)
     edit_node(state_dir, "n2", comment="not read")
