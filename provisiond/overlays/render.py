@@ -3,9 +3,9 @@
 Each overlay's key hashes its source tree and only the variables its templates use, and of
 `node` only the fields they name (source.py; a template using `node` whole reads all of it):
 an overlay that reads `nodes` (hosts) changes when any node's name or address changes, one
-that reads `node.netdevs` when that node's netdevs change. A node's system overlays are split in two builds: "shared" (those
-that read neither `node` nor secrets, the same for every node with the same list and image)
-and "system" (the node-specific rest).
+that reads `node.netdevs` when that node's netdevs change. A node's system overlays are
+split in two builds: "shared" (those that read neither `node` nor secrets, the same for
+every node with the same list and image) and "system" (the node-specific rest).
 """
 
 from __future__ import annotations
