@@ -27,12 +27,13 @@ class _Loader(_Base):
                 key = self.construct_object(key_node, deep=True)
                 line = key_node.start_mark.line + 1
                 try:
-                    first = seen.setdefault(key, line)
+                    first = seen.get(key)
                 except TypeError:
                     continue  # an unhashable key: the base constructor reports it
-                if first != line:
+                if first is not None:  # on another line, or the same one (flow style)
                     raise DuplicateKey(f"line {line}: duplicate key {key!r} "
                                        f"(first given at line {first})")
+                seen[key] = line
         return super().construct_mapping(node, deep)
 
 
