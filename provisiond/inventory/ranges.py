@@ -32,8 +32,11 @@ def fold(names: list[str]) -> str:
 
 def consecutive(first, count: int, what: str) -> list:
     """`count` values from `first` up: a MAC, or an IPv4 or IPv6 address (`what` names the
-    field). A value that is none of these (a BMC host name, a typo) is repeated: the schema
-    or the uniqueness check then names the problem."""
+    field). A value that is none of these (a BMC host name, a typo, a number YAML read, an
+    address with a scope id, which ipaddress would drop) is repeated: the schema or the
+    uniqueness check then names the problem."""
+    if not isinstance(first, str) or "%" in first:
+        return [first] * count
     try:
         if what.endswith("mac"):
             value = int(normalise_mac(first).replace(":", ""), 16)

@@ -147,6 +147,13 @@ def test_a_range_counts_up_ipv6_mac_and_bmc_addresses(cluster):
     assert [n["bmc"]["address"] for n in nodes] == ["10.30.0.1", "10.30.0.2", "10.30.0.3"]
 
 
+def test_a_range_does_not_drop_a_scope_id(cluster, config):
+    before = config.inventory_path.read_bytes()
+    result = cluster("node", "add", "m[1-2]", "--ipaddr6", "fd00::1%x")
+    assert result.code == 2 and "a scope id (%...) is not allowed" in result.err
+    assert config.inventory_path.read_bytes() == before
+
+
 def test_commas_split_only_profiles_and_overlays(cluster):
     keyed = 'from="10.0.0.1,10.0.0.2" ' + KEY
     result = cluster("node", "set", "n001", "--kernel-arg", "console=ttyS1,115200",

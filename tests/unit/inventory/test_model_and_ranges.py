@@ -36,6 +36,14 @@ def test_consecutive_addresses_and_macs():
     assert consecutive("bmc.lab", 2, "bmc.address") == ["bmc.lab", "bmc.lab"]  # not counted
 
 
+@pytest.mark.parametrize("first", ["fe80::1%eth0", "fd00::1%x", 167772161, 5])
+def test_consecutive_leaves_what_the_schema_refuses_alone(first):
+    """A scope id (dropped by ipaddress) or a number YAML read (ip_address(167772161) is
+    10.0.0.1) must reach the schema as given, to be refused there with its own message."""
+    assert consecutive(first, 2, "netdevs.eth0.ipaddr6") == [first, first]
+    assert consecutive(first, 2, "bmc.address") == [first, first]
+
+
 def test_spread_addresses_counts_up_every_address_field():
     data = {"image": "tiny", "bmc": {"address": "10.1.0.9", "port": 623},
             "netdevs": {"eth0": {"mac": "52:54:00:00:00:fe", "ipaddr": "10.0.0.11",
