@@ -11,7 +11,7 @@ from provisiond.errors import InvalidInput, InvalidInventory
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.ranges import expand, spread_addresses
-from provisiond.inventory.store import validate_inventory_data
+from provisiond.inventory.store import validate_inventory_data, yaml_read_as
 from provisiond.lifecycle import edit_inventory
 
 ACTIONS = (("create", "+"), ("update", "~"), ("delete", "-"))
@@ -77,16 +77,28 @@ def _expand_nodes(nodes: dict, origin: str) -> dict:
     expanded: dict = {}
     named_by: dict[str, str] = {}
     for key, record in nodes.items():
-        names = expand(str(key))
+        names = expand(_node_key(key, origin))
         for name in names:
-            other = named_by.setdefault(name, str(key))
-            if other != str(key):
+            other = named_by.setdefault(name, key)
+            if other != key:
                 raise InvalidInventory(f"{origin}: nodes: {name} is named by both "
-                                       f"{other!r} and {str(key)!r}")
+                                       f"{other!r} and {key!r}")
         records = spread_addresses(record, len(names)) if isinstance(record, dict) else (
             [record] * len(names))
         expanded.update(zip(names, records))
     return expanded
+
+
+def _node_key(key, origin: str) -> str:
+    """A node key as written: YAML reads an unquoted 010 as 8 and 1_000 as 1000, which
+    would name another node than the one written."""
+    kind = yaml_read_as(key)
+    if kind is not None:
+        raise InvalidInventory(f"{origin}: nodes: key {key!r} is not a string (YAML read it "
+                               f"as {kind}: put it in quotes)")
+    if not isinstance(key, str):
+        raise InvalidInventory(f"{origin}: nodes: key {key!r} is not a node name or range")
+    return key
 
 
 def _read(path: str) -> bytes:

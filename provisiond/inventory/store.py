@@ -147,10 +147,20 @@ def _yaml_hint(err: dict) -> str:
     """Unquoted YAML 1.1 reads `yes`/`no`/`on` as booleans and 52:54:00:00:00:01 as a
     base-60 number: say so where a string was expected."""
     value = err.get("input")
-    if err["type"] != "string_type" or not isinstance(value, (bool, int, float)):
+    kind = yaml_read_as(value)
+    if err["type"] != "string_type" or kind is None:
         return ""
-    kind = "a boolean" if isinstance(value, bool) else "a number"
     return f" (YAML read the value as {kind}, {value!r}: put it in quotes)"
+
+
+def yaml_read_as(value) -> str | None:
+    """What YAML made of an unquoted scalar meant as a string: a boolean, a number (010 is
+    8, 1_000 is 1000, 12:30 is 750) or null; None for a string or a collection."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number" if isinstance(value, (int, float)) else None
 
 
 class _Dumper(yaml.SafeDumper):
