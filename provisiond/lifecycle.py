@@ -73,6 +73,13 @@ def _overlay_problem(config: Config, name: str) -> str | None:
         return str(exc)
 
 
+def check_forgettable(config: Config) -> None:
+    """Before records are deleted: the secrets file they may own must be readable (else
+    the records would go, their BMC passwords stay, and a new node of the same name would
+    inherit one). Raises InvalidInput naming the file."""
+    SecretStore(config).read()
+
+
 def forget_nodes(config: Config, names: list[str]) -> None:
     """Remove everything the named (deleted) nodes owned, so that a new node of the same
     name inherits nothing: secrets, ssh host keys, overlay builds, status."""

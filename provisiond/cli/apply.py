@@ -12,7 +12,7 @@ from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.ranges import expand, spread_addresses
 from provisiond.inventory.store import validate_inventory_data, yaml_read_as
-from provisiond.lifecycle import edit_inventory
+from provisiond.lifecycle import check_forgettable, edit_inventory
 
 ACTIONS = (("create", "+"), ("update", "~"), ("delete", "-"))
 
@@ -41,8 +41,10 @@ def run(args, ctx) -> None:
     current = InventoryStore(ctx.config).read()
     plan = make_plan(current, desired, args.prune)
     _print_plan(ctx, args, plan)
-    if plan["delete"] and not args.dry_run:
-        confirm(f"delete {len(plan['delete'])} record(s)", args.yes)
+    if plan["delete"]:
+        check_forgettable(ctx.config)
+        if not args.dry_run:
+            confirm(f"delete {len(plan['delete'])} record(s)", args.yes)
     with edit_inventory(ctx.config, current.revision, write=not args.dry_run) as inventory:
         carry_out(inventory, desired, plan)
     if args.dry_run:

@@ -10,7 +10,7 @@ import yaml
 from provisiond.cli.record_options import add_record_flags, apply_edits, record_edits
 from provisiond.errors import AlreadyExists, InUse, InvalidInput, NodeNotFound, ProfileNotFound
 from provisiond.inventory import InventoryStore
-from provisiond.lifecycle import edit_inventory, forget_nodes
+from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
 from provisiond.inventory.merge import merge_node, merge_nodes
 from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
 from provisiond.inventory.ranges import expand, fold
@@ -180,6 +180,7 @@ def delete_records(args, ctx, kind: Kind) -> None:
         if users:
             raise InUse(f"profile {names[0]} is used by node {fold(users)}")
     confirm(f"delete {kind.noun} {fold(names)} ({len(names)})", args.yes)
+    check_forgettable(ctx.config)
     with edit_inventory(ctx.config, inventory.revision) as inventory:
         for name in names:
             del kind.records(inventory)[name]

@@ -31,7 +31,9 @@ class SecretStore:
             data = yaml.safe_load(self.path.read_text()) or {}
         except FileNotFoundError:
             return {}
-        except yaml.YAMLError:
+        except OSError as exc:
+            raise InvalidInput(f"{self.path}: cannot read: {exc.strerror}") from None
+        except (yaml.YAMLError, UnicodeDecodeError):
             raise InvalidInput(f"{self.path}: not valid YAML") from None
         return data if isinstance(data, dict) else {}
 

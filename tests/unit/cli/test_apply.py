@@ -238,3 +238,25 @@ def test_pruned_and_deleted_nodes_leave_nothing_behind(cli, config, tmp_path):
         assert not host_key_dir(config, name).exists()
         assert not node_dir(config, name).exists()
         assert read_status(config, name) is None
+
+
+@pytest.mark.parametrize("breakage", ["bad yaml", "a directory"])
+def test_deleting_with_unreadable_secrets_deletes_nothing(cli, config, tmp_path, breakage):
+    """The secrets must be removable before the records go: otherwise the node is deleted,
+    its BMC password stays, and a new node of that name inherits it."""
+    cli("apply", "-f", str(FIXTURE))
+    assert cli("profile", "add", "spare").code == 0
+    if breakage == "bad yaml":
+        config.secrets_path.write_text("nodes: {n001: {bmc_password: pw}\n")
+    else:
+        config.secrets_path.mkdir()
+    before = config.inventory_path.read_bytes()
+    kept = write(tmp_path, FIXTURE.read_text().split("  n002:")[0])
+    for args in (["node", "delete", "n001", "--yes"], ["profile", "delete", "spare", "--yes"],
+                 ["apply", "-f", kept, "--prune", "--yes"],
+                 ["apply", "-f", kept, "--prune", "--dry-run"]):
+        result = cli(*args)
+        assert result.code == 2, (args, result.err)
+        assert f"{config.secrets_path}: " in result.err and "Traceback" not in result.err
+        assert len(result.err.strip().splitlines()) == 1
+        assert config.inventory_path.read_bytes() == before
