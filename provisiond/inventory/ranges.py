@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import re
 
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
@@ -14,8 +15,17 @@ from provisiond.inventory.values import normalise_mac
 ADDRESS_FIELDS = ("mac", "ipaddr", "ipaddr6")  # of each netdev; and bmc.address
 
 
+MAX_RANGE_NODES = 100_000  # 10x the largest cluster the design targets
+_GROUP_RE = re.compile(r"\[([^\]]*)\]")
+_ITEM_RE = re.compile(r"\s*(\d+)(?:-(\d+)(?:/(\d+))?)?\s*")
+_TOP_COMMA_RE = re.compile(r",(?![^\[]*\])")  # a comma outside brackets
+
+
 def expand(pattern: str) -> list[str]:
-    """All names a range names, in natural order; a bad pattern is InvalidInput."""
+    """All names a range names, in natural order; a bad pattern, or one naming more than
+    MAX_RANGE_NODES, is InvalidInput."""
+    if _most_names(pattern) > MAX_RANGE_NODES:
+        raise InvalidInput(f"node range {pattern!r} names more than {MAX_RANGE_NODES} nodes")
     try:
         names = list(NodeSet(pattern))
     except (NodeSetException, ValueError) as exc:
@@ -23,6 +33,27 @@ def expand(pattern: str) -> list[str]:
     if not names:
         raise InvalidInput(f"node range {pattern!r} names no node")
     return sorted(names, key=node_sort_key)
+
+
+def _most_names(pattern: str) -> int:
+    """How many names `pattern` names at most, counted from its bracket groups without
+    expanding them: NodeSet builds every number first (seconds for millions, an assertion
+    at 1e9). Set operators (!, &, ^) only remove names, so a sum bounds them too."""
+    total = 0
+    for part in _TOP_COMMA_RE.split(pattern):
+        count = 1
+        for group in _GROUP_RE.findall(part):
+            count *= sum(_item_size(item) for item in group.split(","))
+        total += count
+    return total
+
+
+def _item_size(item: str) -> int:
+    match = _ITEM_RE.fullmatch(item)
+    if not match:
+        return 1  # not a number range: NodeSet reports it
+    low, high, step = int(match[1]), int(match[2] or match[1]), int(match[3] or 1)
+    return max(0, (high - low) // max(step, 1) + 1)
 
 
 def fold(names: list[str]) -> str:

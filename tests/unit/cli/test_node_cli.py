@@ -79,6 +79,8 @@ def test_delete_needs_yes(cluster, config):
     (["node", "add", "n009", "--ipaddr", "10.10.0.999"], "netdevs.eth0.ipaddr: invalid IPv4"),
     (["node", "add", "n009", "--profile", "nope"], "node n009: profiles: unknown profile"),
     (["node", "set", "n100", "--image", "tiny"], "no such node: n100"),
+    (["node", "add", "x[1-99999999999]"], "names more than"),
+    (["node", "list", "x[1-99999999999]"], "names more than"),
     (["node", "set", "n001", "--tag", "rack"], "--tag: expected KEY=VALUE"),
     (["node", "set", "n001", "--mtu", "100"], "node n001: netdevs.eth0.mtu: mtu 100"),
     (["node", "set", "n001", "--unset", "comment"], "comment: field is not set"),

@@ -1,11 +1,14 @@
 """Schema checks and node ranges."""
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
 from provisiond.errors import InvalidInput, InvalidInventory
 from provisiond.inventory.model import Inventory, Record
-from provisiond.inventory.ranges import consecutive, expand, fold, spread_addresses
+from provisiond.inventory.ranges import (MAX_RANGE_NODES, consecutive, expand, fold,
+                                         spread_addresses)
 from provisiond.inventory.validate import validate_inventory
 
 
@@ -19,6 +22,21 @@ def test_expand_and_fold_ranges():
 def test_bad_range_is_invalid_input():
     with pytest.raises(InvalidInput, match="invalid node range"):
         expand("n[3-")
+
+
+@pytest.mark.parametrize("pattern", ["x[1-99999999999]", "x[1-5000000]", "a[1-60000],b[1-60000]",
+                                     "r[1-1000]n[1-1000]", "x[0-99999999999/2]"])
+def test_a_range_too_large_is_invalid_input_before_it_is_expanded(pattern):
+    """NodeSet asserts on 1e9 names (a traceback) and takes minutes on millions."""
+    with pytest.raises(InvalidInput, match=f"node range {re.escape(repr(pattern))} names "
+                       f"more than {MAX_RANGE_NODES} nodes"):
+        expand(pattern)
+
+
+def test_a_large_but_bounded_range_expands():
+    assert len(expand("a[1-1000],b[1-1000]")) == 2000
+    assert len(expand(f"n[1-{MAX_RANGE_NODES}]")) == MAX_RANGE_NODES
+    assert expand("n[1-9/4]") == ["n1", "n5", "n9"]
 
 
 def test_consecutive_addresses_and_macs():
