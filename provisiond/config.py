@@ -24,7 +24,9 @@ from provisiond.states import Compression
 DEFAULT_STATE_DIR = "/var/lib/provisiond"
 CONFIG_NAME = "provisiond.yaml"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# A DNS label, lowercase: a domain's labels here, and node, profile and image names
+# (provisiond.inventory.values). Use fullmatch: `$` also matches before a final newline.
+LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 INTERFACE_RE = re.compile(r"^[^\s/:]{1,15}$")  # IFNAMSIZ - 1 bytes, no '/', ':', blanks
 
 
@@ -75,7 +77,7 @@ def domain_name(value: str) -> str:
     if not name or len(name) > 253:
         raise ValueError(f"{value!r}: a domain has 1-253 characters")
     for label in name.split("."):
-        if not LABEL_RE.match(label):
+        if not LABEL_RE.fullmatch(label):
             raise ValueError(f"{value!r}: label {label!r} is not 1-63 letters, digits or '-' "
                              "(not starting or ending with '-')")
     return name

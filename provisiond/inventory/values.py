@@ -12,7 +12,8 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+from provisiond.config import LABEL_RE
+
 MAC_RE = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
 OVERLAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -44,7 +45,7 @@ def check_text(value: str) -> str:
 
 def check_name(value: str, what: str = "name") -> str:
     """A node, profile or image name must be a valid lowercase DNS label."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+    if not isinstance(value, str) or not LABEL_RE.fullmatch(value):
         raise ValueError(
             f"invalid {what} {value!r}: use lowercase letters, digits and '-' (a DNS label)"
         )
@@ -54,7 +55,7 @@ def check_name(value: str, what: str = "name") -> str:
 def check_image_name(value: str) -> str:
     """The one rule for an image name, in recipes, builds and the inventory: a DNS label (it
     names a folder, a URL path part and a field nodes are matched by)."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+    if not isinstance(value, str) or not LABEL_RE.fullmatch(value):
         raise ValueError(f"not an image name: {value!r}: use lowercase letters, digits and "
                          "'-' (a DNS label)")
     return value

@@ -57,6 +57,7 @@ def test_server_url_brackets_ipv6(tmp_path):
     (f"server: {{domain: {'x' * 70}.org}}\n", "server.domain: .* label 'xxx"),
     ("server: {domain: -a.org}\n", "server.domain"),
     ("server: {domain: 'a_b'}\n", "server.domain"),
+    ('server: {domain: "cluster\\n"}\n', "server.domain: .* label 'cluster"),  # $ matched before \n
     ("http: {workers: 0}\n", "http.workers: 0 is outside 1-64"),
     ("http: {connections: 0}\n", "http.connections: 0 is outside"),
     ("http: {bind: 'not an address'}\n", "http.bind: not an IP address"),
