@@ -173,7 +173,7 @@ def _assign(data: dict, path: list[str], value) -> None:
 
 def _remove(data: dict, path: list[str], what: str) -> None:
     for key in path[:-1]:
-        data = data.get(key) or {}
-    if path[-1] not in data:
+        data = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or path[-1] not in data:  # image.x, profiles.gpu
         raise InvalidInput(f"{what}: --unset {'.'.join(path)}: field is not set")
     del data[path[-1]]

@@ -84,6 +84,8 @@ def test_delete_needs_yes(cluster, config):
     (["node", "set", "n001", "--tag", "rack"], "--tag: expected KEY=VALUE"),
     (["node", "set", "n001", "--mtu", "100"], "node n001: netdevs.eth0.mtu: mtu 100"),
     (["node", "set", "n001", "--unset", "comment"], "comment: field is not set"),
+    (["node", "set", "n001", "--unset", "image.i"], "--unset image.i: field is not set"),
+    (["node", "set", "n001", "--unset", "profiles.compute"], "profiles.compute: field is not"),
     (["profile", "delete", "compute", "--yes"], "profile compute is used by node n[001-004]"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(cluster, config, args, message):
