@@ -100,34 +100,34 @@ def add_record_flags(parser: argparse.ArgumentParser, for_node: bool, editing: b
 
 def record_edits(args: argparse.Namespace, count: int) -> list[dict]:
     """Per target record (count of them), the fields the flags set, as nested data; a
-    range's addresses count up (spread_addresses)."""
-    edits: dict[str, object] = {}
+    range's addresses count up (spread_addresses). Paths are tuples: a netdev, tag or
+    variable name may hold a dot (eth0.100, rack.row)."""
+    edits: dict[tuple[str, ...], object] = {}
     for dest, field in SCALAR_FLAGS.items():
         if getattr(args, dest, None) is not None:
-            edits[field] = getattr(args, dest)
+            edits[_path(field)] = getattr(args, dest)
     for dest, field in LIST_FLAGS.items():
         if getattr(args, dest, None):
-            edits[field] = _list(getattr(args, dest), dest in COMMA_LISTS)
+            edits[_path(field)] = _list(getattr(args, dest), dest in COMMA_LISTS)
     for dest, field in MAP_FLAGS.items():
         for item in getattr(args, dest, None) or []:
             key, value = _split_pair(item, dest.replace("_", "-"))
-            edits[f"{field}.{key}"] = value
+            edits[(*_path(field), key)] = value
     if getattr(args, "profile", None):
-        edits["profiles"] = _list(args.profile, True)
+        edits[("profiles",)] = _list(args.profile, True)
     for key in (*BMC_FLAGS, "verify_tls", "boot_once"):
         if getattr(args, f"bmc_{key}", None) is not None:
-            edits[f"bmc.{key}"] = getattr(args, f"bmc_{key}")
+            edits[("bmc", key)] = getattr(args, f"bmc_{key}")
     if args.bmc_password_file:
-        edits["bmc.password_file"] = str(Path(args.bmc_password_file).expanduser().resolve())
-    dev = f"netdevs.{args.netdev}"
+        edits[("bmc", "password_file")] = str(Path(args.bmc_password_file).expanduser().resolve())
     for key in NETDEV_FLAGS:
         if getattr(args, key, None) is not None:
-            edits[f"{dev}.{key}"] = getattr(args, key)
+            edits[("netdevs", args.netdev, key)] = getattr(args, key)
     if args.primary:
-        edits[f"{dev}.primary"] = True
+        edits[("netdevs", args.netdev, "primary")] = True
     nested: dict = {}
     for path, value in edits.items():
-        _assign(nested, path.split("."), value)
+        _assign(nested, path, value)
     return spread_addresses(nested, count)
 
 
@@ -136,7 +136,7 @@ def apply_edits(record: Record, edits: dict, unset: list[str], what: str) -> Rec
     key by key; a list or a value replaces), validated."""
     data = record.to_data()
     for path in unset or []:
-        _remove(data, path.split("."), what)
+        _remove(data, path, what)
     _merge(data, edits)
     try:
         return Record.model_validate(data)
@@ -165,15 +165,29 @@ def _split_pair(item: str, flag: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _assign(data: dict, path: list[str], value) -> None:
+def _path(field: str) -> tuple[str, ...]:
+    """A field path of this module's tables ("nomad.meta"): their names hold no dot."""
+    return tuple(field.split("."))
+
+
+def _assign(data: dict, path: tuple[str, ...], value) -> None:
     for key in path[:-1]:
         data = data.setdefault(key, {})
     data[path[-1]] = value
 
 
-def _remove(data: dict, path: list[str], what: str) -> None:
-    for key in path[:-1]:
-        data = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(data, dict) or path[-1] not in data:  # image.x, profiles.gpu
-        raise InvalidInput(f"{what}: --unset {'.'.join(path)}: field is not set")
-    del data[path[-1]]
+def _remove(data: dict, field: str, what: str) -> None:
+    """Delete the dotted `field`; at each level the longest run of parts naming a key is
+    taken, so netdevs.eth0.100 is the netdev eth0.100 and tags.rack.row the tag rack.row."""
+    parts = field.split(".")
+    while isinstance(data, dict):
+        key = next((".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                    if ".".join(parts[:n]) in data), None)
+        if key is None:
+            break
+        parts = parts[key.count(".") + 1:]
+        if not parts:
+            del data[key]
+            return
+        data = data[key]
+    raise InvalidInput(f"{what}: --unset {field}: field is not set")

@@ -158,6 +158,22 @@ def test_a_range_does_not_drop_a_scope_id(cluster, config):
     assert config.inventory_path.read_bytes() == before
 
 
+def test_names_holding_a_dot_can_be_set_and_unset(cluster):
+    """A VLAN netdev (eth0.100), a tag or a variable named with a dot: the schema allows
+    them; the flags once split them into nested fields."""
+    result = cluster("node", "set", "n001", "--netdev", "eth0.100", "--mac",
+                     "52:54:00:aa:00:01", "--tag", "rack.row=r1", "--ansible-var", "a.b=c")
+    assert result.code == 0, result.err
+    node = json.loads(cluster("node", "show", "n001", "--json").out)
+    assert node["netdevs"]["eth0.100"] == {"mac": "52:54:00:aa:00:01"}
+    assert node["tags"]["rack.row"] == "r1" and node["ansible"]["extra_vars"] == {"a.b": "c"}
+    for field in ("netdevs.eth0.100", "tags.rack.row", "ansible.extra_vars.a.b"):
+        assert cluster("node", "set", "n001", "--unset", field).code == 0, field
+    node = json.loads(cluster("node", "show", "n001", "--json").out)
+    assert "eth0.100" not in node["netdevs"] and "rack.row" not in node.get("tags", {})
+    assert node["ansible"].get("extra_vars", {}) == {}
+
+
 def test_commas_split_only_profiles_and_overlays(cluster):
     keyed = 'from="10.0.0.1,10.0.0.2" ' + KEY
     result = cluster("node", "set", "n001", "--kernel-arg", "console=ttyS1,115200",
