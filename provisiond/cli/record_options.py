@@ -176,18 +176,25 @@ def _assign(data: dict, path: tuple[str, ...], value) -> None:
     data[path[-1]] = value
 
 
-def _remove(data: dict, field: str, what: str) -> None:
-    """Delete the dotted `field`; at each level the longest run of parts naming a key is
-    taken, so netdevs.eth0.100 is the netdev eth0.100 and tags.rack.row the tag rack.row."""
+def find_field(data: dict, field: str) -> tuple[dict, str] | None:
+    """The mapping holding the dotted `field` and its key there, or None. At each level the
+    longest run of parts naming a key is taken: netdevs.eth0.100.mac is the mac of netdev
+    eth0.100, tags.rack.row the tag rack.row."""
     parts = field.split(".")
     while isinstance(data, dict):
         key = next((".".join(parts[:n]) for n in range(len(parts), 0, -1)
                     if ".".join(parts[:n]) in data), None)
         if key is None:
-            break
+            return None
         parts = parts[key.count(".") + 1:]
         if not parts:
-            del data[key]
-            return
+            return data, key
         data = data[key]
-    raise InvalidInput(f"{what}: --unset {field}: field is not set")
+    return None
+
+
+def _remove(data: dict, field: str, what: str) -> None:
+    found = find_field(data, field)
+    if found is None:  # image.x, profiles.gpu: not a field either
+        raise InvalidInput(f"{what}: --unset {field}: field is not set")
+    del found[0][found[1]]

@@ -7,7 +7,8 @@ import sys
 
 import yaml
 
-from provisiond.cli.record_options import add_record_flags, apply_edits, record_edits
+from provisiond.cli.record_options import (add_record_flags, apply_edits, find_field,
+                                          record_edits)
 from provisiond.errors import AlreadyExists, InUse, InvalidInput, NodeNotFound, ProfileNotFound
 from provisiond.inventory import InventoryStore
 from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
@@ -167,9 +168,9 @@ def show_record(args, ctx, kind: Kind) -> None:
 
 
 def _value_at(data: dict, path: str):
-    for key in path.split("."):
-        data = data.get(key) if isinstance(data, dict) else None
-    return ",".join(map(str, data)) if isinstance(data, list) else data
+    found = find_field(data, path)
+    value = found[0][found[1]] if found else None
+    return ",".join(map(str, value)) if isinstance(value, list) else value
 
 
 def delete_records(args, ctx, kind: Kind) -> None:

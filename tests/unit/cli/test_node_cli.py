@@ -167,6 +167,8 @@ def test_names_holding_a_dot_can_be_set_and_unset(cluster):
     node = json.loads(cluster("node", "show", "n001", "--json").out)
     assert node["netdevs"]["eth0.100"] == {"mac": "52:54:00:aa:00:01"}
     assert node["tags"]["rack.row"] == "r1" and node["ansible"]["extra_vars"] == {"a.b": "c"}
+    table = cluster("node", "show", "n001", "--all").out
+    assert "52:54:00:aa:00:01" in table and " r1 " in table
     for field in ("netdevs.eth0.100", "tags.rack.row", "ansible.extra_vars.a.b"):
         assert cluster("node", "set", "n001", "--unset", field).code == 0, field
     node = json.loads(cluster("node", "show", "n001", "--json").out)
