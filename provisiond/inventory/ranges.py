@@ -1,4 +1,8 @@
-"""Node ranges (`n[001-128]`, `n[1-4],gpu[1-2]`) through ClusterShell's NodeSet."""
+"""Node ranges (`n[001-128]`, `n[1-4],gpu[1-2]`) through ClusterShell's NodeSet.
+
+Never with node groups: ClusterShell resolves `@group` through groups.conf, whose shipped
+`local` source is a shell command with the group name pasted in (a range in an apply file
+ran commands). Every NodeSet here is made with RESOLVER_NOGROUP, and `@` is refused."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import copy
 import ipaddress
 import re
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from provisiond.errors import InvalidInput
 from provisiond.inventory.model import node_sort_key
@@ -24,10 +28,13 @@ _TOP_COMMA_RE = re.compile(r",(?![^\[]*\])")  # a comma outside brackets
 def expand(pattern: str) -> list[str]:
     """All names a range names, in natural order; a bad pattern, or one naming more than
     MAX_RANGE_NODES, is InvalidInput."""
+    if "@" in pattern:
+        raise InvalidInput(f"invalid node range {pattern!r}: node groups (@name) are not "
+                           "supported")
     if _most_names(pattern) > MAX_RANGE_NODES:
         raise InvalidInput(f"node range {pattern!r} names more than {MAX_RANGE_NODES} nodes")
     try:
-        names = list(NodeSet(pattern))
+        names = list(NodeSet(pattern, resolver=RESOLVER_NOGROUP))
     except (NodeSetException, ValueError) as exc:
         raise InvalidInput(f"invalid node range {pattern!r}: {exc}") from None
     if not names:
@@ -58,7 +65,7 @@ def _item_size(item: str) -> int:
 
 def fold(names: list[str]) -> str:
     """The shortest range naming exactly `names`."""
-    return str(NodeSet.fromlist(names)) if names else ""
+    return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP)) if names else ""
 
 
 def consecutive(first, count: int, what: str) -> list:

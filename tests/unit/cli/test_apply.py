@@ -183,6 +183,7 @@ def test_range_keys_count_up_every_address(cli, tmp_path):
     ("nodes:\n  010: {}\n", "nodes: key 8 is not a string (YAML read it as a number: "
      "put it in quotes)"),
     ("nodes:\n  1_000: {}\n", "nodes: key 1000 is not a string"),
+    ("nodes:\n  '@x': {}\n", "'@x': node groups (@name) are not supported"),
     ("nodes:\n  ~: {}\n", "nodes: key None is not a string (YAML read it as null"),
     ("nodes:\n  n1:\n    tags: {gpu: yes}\n",
      "node n1: tags.gpu: Input should be a valid string (YAML read the value as a boolean, "

@@ -33,6 +33,22 @@ def test_a_range_too_large_is_invalid_input_before_it_is_expanded(pattern):
         expand(pattern)
 
 
+@pytest.mark.parametrize("template", ["@x/p' /dev/null; touch {mark}; echo '",
+                                      "n[1-2],@x/p' /dev/null; touch {mark}; echo '",
+                                      "n1!@x/p' /dev/null; touch {mark}; echo '"])
+def test_a_range_never_runs_a_node_group_command(tmp_path, template):
+    """ClusterShell resolves @group through groups.conf, whose shipped `local` source is a
+    shell command with the group name pasted in: a range from an apply file ran commands."""
+    mark = tmp_path / "ran"
+    try:
+        expand(template.format(mark=mark))
+        message = ""
+    except InvalidInput as exc:
+        message = str(exc)
+    assert not mark.exists()
+    assert "node groups (@name) are not supported" in message
+
+
 def test_a_large_but_bounded_range_expands():
     assert len(expand("a[1-1000],b[1-1000]")) == 2000
     assert len(expand(f"n[1-{MAX_RANGE_NODES}]")) == MAX_RANGE_NODES
