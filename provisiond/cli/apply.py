@@ -139,20 +139,21 @@ def make_plan(current: Inventory, desired: Inventory, prune: bool) -> dict[str, 
 
 
 def field_changes(before: dict, after: dict) -> list[dict]:
-    """Every dotted field set in either record whose value differs, in field order."""
+    """Every field set in either record whose value differs, in field order: `field` dotted
+    for people, `path` a list for scripts (a netdev or tag name may hold a dot)."""
     old, new = _flatten(before), _flatten(after)
-    fields = list(old) + [f for f in new if f not in old]
-    return [{"field": f, "before": old.get(f), "after": new.get(f)}
-            for f in fields if old.get(f) != new.get(f)]
+    paths = list(old) + [p for p in new if p not in old]
+    return [{"field": ".".join(p), "path": list(p), "before": old.get(p), "after": new.get(p)}
+            for p in paths if old.get(p) != new.get(p)]
 
 
-def _flatten(data: dict, prefix: str = "") -> dict:
+def _flatten(data: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
     flat: dict = {}
     for key, value in data.items():
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(_flatten(value, (*prefix, key)))
         else:
-            flat[f"{prefix}{key}"] = value
+            flat[(*prefix, key)] = value
     return flat
 
 

@@ -108,6 +108,17 @@ def test_the_plan_shows_every_field_that_changes(cli, tmp_path):
     assert len(changes) == 5
 
 
+def test_the_json_plan_gives_each_field_as_a_path(cli, tmp_path):
+    """A netdev or tag name may hold a dot (eth0.100, rack.row): the dotted field is for
+    people, the path list for scripts."""
+    path = write(tmp_path, "nodes:\n  v1:\n    netdevs: {eth0.100: {mac: '52:54:00:00:0a:01'}}\n"
+                           "    tags: {rack.row: r1}\n")
+    plan = json.loads(cli("apply", "-f", path, "--json", "--dry-run").out)
+    changes = plan["create"][0]["changes"]
+    assert [c["path"] for c in changes] == [["netdevs", "eth0.100", "mac"], ["tags", "rack.row"]]
+    assert [c["field"] for c in changes] == ["netdevs.eth0.100.mac", "tags.rack.row"]
+
+
 @pytest.mark.parametrize("text, message", [
     ("nodes:\n  n003: {profiles: [nope]}\n", "node n003: profiles: unknown profile 'nope'"),
     ("nodes:\n  n003:\n    netdevs: {eth0: {mac: '52:54:00:00:00:01'}}\n",
