@@ -4,6 +4,7 @@ garbage collection of blobs that no manifest references."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,17 +18,30 @@ from provisiond.images.recipe import check_image_name
 MANIFEST = "manifest.json"
 
 
+# What image names were before they became DNS labels (debian_12): a build under such a
+# name can still be shown and deleted, never made.
+_OLD_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
 def check_name(name: str) -> str:
     return check_image_name(name)
 
 
+def _built_name(config: Config, name: str) -> str:
+    """`name` if it is an image name or names an existing build under the older rule."""
+    if (isinstance(name, str) and _OLD_NAME_RE.fullmatch(name)
+            and (config.images_dir / name / MANIFEST).is_file()):
+        return name
+    return check_name(name)
+
+
 def manifest_path(config: Config, name: str) -> Path:
-    return config.images_dir / check_name(name) / MANIFEST
+    return config.images_dir / _built_name(config, name) / MANIFEST
 
 
 def lock_path(config: Config, name: str) -> Path:
     """The flock that serializes builds, imports and deletes of one image."""
-    return config.images_dir / ".locks" / f"{check_name(name)}.lock"
+    return config.images_dir / ".locks" / f"{_built_name(config, name)}.lock"
 
 
 def gc_lock(config: Config) -> Path:
