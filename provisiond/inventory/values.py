@@ -126,7 +126,7 @@ def check_ipv6_host(value: str) -> str:
 
 
 def check_host(value: str) -> str:
-    """A BMC address: an IP address (IPv6 compressed) or a DNS host name."""
+    """A BMC address: an IP address (IPv6 compressed) or a DNS host name (lowercase)."""
     if "%" in value:
         raise ValueError(f"invalid address {value!r}: a scope id (%...) is not allowed")
     try:
@@ -135,7 +135,7 @@ def check_host(value: str) -> str:
         pass
     if len(value) > 253 or not HOSTNAME_RE.fullmatch(value):
         raise ValueError(f"invalid address {value!r}: not an IP address or a host name")
-    return value
+    return value.lower()  # DNS ignores case: BMC1.lab and bmc1.lab are one BMC
 
 
 def check_kernel_arg(value: str) -> str:

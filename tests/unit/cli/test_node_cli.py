@@ -210,8 +210,11 @@ def test_commas_split_only_profiles_and_overlays(cluster):
     (["node", "set", "n003", "--ssh-key", "not a key"], "not an OpenSSH public key"),
     (["node", "set", "n[002-003]", "--bmc-address", "bmc.lab"],
      "node n003: bmc.address: bmc.lab is already used by node n002"),
+    (["node", "set", "n003", "--bmc-address", "BMC1.Lab"],  # DNS names ignore case
+     "node n003: bmc.address: bmc1.lab is already used by node n001"),
 ])
 def test_values_are_checked_when_stored(cluster, config, args, message):
+    assert cluster("node", "set", "n001", "--bmc-address", "bmc1.lab").code == 0
     before = config.inventory_path.read_bytes()
     result = cluster(*args)
     assert result.code != 0
