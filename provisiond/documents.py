@@ -48,11 +48,35 @@ def decode_text(raw: str | bytes, origin: str, error: type[InvalidInput] = Inval
                     f"{exc.start})") from None
 
 
+MAX_DEPTH = 100  # our documents nest 5 levels; libyaml's composer segfaults near 50,000
+
+
+def check_depth(text: str, origin: str, error: type[InvalidInput] = InvalidInput) -> None:
+    """Refuse nesting deeper than MAX_DEPTH before anything is built from it: libyaml's
+    composer recurses in C (a segfault, not an exception) and deepcopy or pydantic in
+    Python (RecursionError). The parser's events come from a loop, not a recursion. A text
+    with few brackets and shallow lines cannot nest deeply, so it skips that pass."""
+    lines = text.splitlines()
+    leading = max((len(line) - len(line.lstrip(" -?")) for line in lines), default=0)
+    if text.count("[") + text.count("{") + leading + 2 <= MAX_DEPTH:
+        return
+    depth = 0
+    for event in yaml.parse(text, Loader=_Base):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1
+                raise error(f"{origin}: nested deeper than {MAX_DEPTH} levels (line {line})")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def load_yaml_mapping(text: str | bytes, origin: str, error: type[InvalidInput] = InvalidInput,
                       expected: str = "a mapping") -> dict:
     """The mapping `text` holds (empty text is {}); `error` names `origin` otherwise."""
     text = decode_text(text, origin, error)
     try:
+        check_depth(text, origin, error)
         data = yaml.load(text, Loader=_Loader)
     except DuplicateKey as exc:
         raise error(f"{origin}: {exc}") from None

@@ -1,8 +1,11 @@
 """provisiond.documents: the YAML reader every document goes through."""
 
+import subprocess
+import sys
+
 import pytest
 
-from provisiond.documents import load_yaml_mapping
+from provisiond.documents import MAX_DEPTH, load_yaml_mapping
 from provisiond.errors import InvalidInput
 
 
@@ -19,3 +22,28 @@ def test_a_duplicate_key_is_an_error_on_one_line_or_two(text):
 def test_merge_keys_may_still_be_overridden():
     data = load_yaml_mapping("base: &b {x: 1, y: 2}\nnode: {<<: *b, x: 3}\n", "f.yaml")
     assert data["node"] == {"x": 3, "y": 2}
+
+
+@pytest.mark.parametrize("text", [
+    "nodes: " + "[" * 50000 + "]" * 50000,            # libyaml's composer: a segfault
+    "nodes:\n  ? " + "[" * 50000 + "]" * 50000 + "\n  : {}",
+    "nodes: " + "{a: " * 20000 + "1" + "}" * 20000,    # deepcopy, pydantic: RecursionError
+    "a:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 300)) + " " * 300 + "x: 1\n",
+])
+def test_nesting_deeper_than_any_document_needs_is_one_line(text):
+    """Run in a child: the failure before the fix was a segfault of the whole process."""
+    script = ("import sys; from provisiond.documents import load_yaml_mapping\n"
+              "from provisiond.errors import InvalidInput\n"
+              "try:\n    load_yaml_mapping(sys.stdin.read(), 'f.yaml')\n"
+              "except InvalidInput as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script], input=text, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-300:]
+    assert done.stdout.strip().startswith(
+        f"f.yaml: nested deeper than {MAX_DEPTH} levels"), done.stdout
+
+
+def test_ordinary_nesting_loads():
+    deepest = MAX_DEPTH - 1  # and the document's own mapping
+    text = "a: " + "[" * deepest + "]" * deepest + "\nb: {c: {d: [1, {e: 2}]}}\n"
+    assert load_yaml_mapping(text, "f.yaml")["b"] == {"c": {"d": [1, {"e": 2}]}}
