@@ -126,14 +126,17 @@ def check_ipv6_host(value: str) -> str:
 
 
 def check_host(value: str) -> str:
-    """A BMC address: an IP address (IPv6 compressed) or a DNS host name (lowercase)."""
+    """A BMC address: an IP address (IPv6 compressed) or a DNS host name (lowercase), whose
+    last label is not all digits (RFC 3696 section 2: what is, the resolver reads as an
+    address of its own, 010.0.0.1 as 8.0.0.1)."""
     if "%" in value:
         raise ValueError(f"invalid address {value!r}: a scope id (%...) is not allowed")
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
         pass
-    if len(value) > 253 or not HOSTNAME_RE.fullmatch(value):
+    if (len(value) > 253 or not HOSTNAME_RE.fullmatch(value)
+            or value.rpartition(".")[2].isdigit()):  # 010.0.0.1: octal to the resolver
         raise ValueError(f"invalid address {value!r}: not an IP address or a host name")
     return value.lower()  # DNS ignores case: BMC1.lab and bmc1.lab are one BMC
 

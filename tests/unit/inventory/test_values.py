@@ -102,6 +102,10 @@ def test_a_kernel_arg_is_one_word():
     ({"timeout": 100000}, "outside"), ({"cipher_suite": 99}, "cipher suite 99"),
     ({"cipher_suite": 0}, "cipher suite 0"), ({"address": "bmc 1"}, "invalid address"),
     ({"address": "fe80::1%eth0"}, "scope id"),
+    # not IP addresses, and not host names either: the resolver reads 010.0.0.1 as octal
+    # (8.0.0.1) and 12345 as 0.0.48.57
+    ({"address": "010.0.0.1"}, "invalid address"), ({"address": "10.0.0.256"}, "invalid"),
+    ({"address": "1.2.3"}, "invalid address"), ({"address": "12345"}, "invalid address"),
 ])
 def test_bad_bmc_settings_are_refused(bmc, text):
     with pytest.raises(ValidationError, match=text):
