@@ -22,7 +22,7 @@ ADDRESS_FIELDS = ("mac", "ipaddr", "ipaddr6")  # of each netdev; and bmc.address
 MAX_RANGE_NODES = 100_000  # 10x the largest cluster the design targets
 _GROUP_RE = re.compile(r"\[([^\]]*)\]")
 _ITEM_RE = re.compile(r"\s*(\d+)(?:-(\d+)(?:/(\d+))?)?\s*")
-_TOP_COMMA_RE = re.compile(r",(?![^\[]*\])")  # a comma outside brackets
+_OPERATOR_RE = re.compile(r"([,!&^])(?![^\[]*\])")  # NodeSet's set operators, outside brackets
 
 
 def expand(pattern: str) -> list[str]:
@@ -45,9 +45,12 @@ def expand(pattern: str) -> list[str]:
 def _most_names(pattern: str) -> int:
     """How many names `pattern` names at most, counted from its bracket groups without
     expanding them: NodeSet builds every number first (seconds for millions, an assertion
-    at 1e9). Set operators (!, &, ^) only remove names, so a sum bounds them too."""
+    at 1e9). A part after `!` (minus) or `&` (intersection) adds no name."""
+    pieces = _OPERATOR_RE.split(pattern)
     total = 0
-    for part in _TOP_COMMA_RE.split(pattern):
+    for operator, part in zip([","] + pieces[1::2], pieces[::2]):
+        if operator in "!&":
+            continue
         count = 1
         for group in _GROUP_RE.findall(part):
             count *= sum(_item_size(item) for item in group.split(","))

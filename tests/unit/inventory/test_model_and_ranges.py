@@ -53,6 +53,7 @@ def test_a_large_but_bounded_range_expands():
     assert len(expand("a[1-1000],b[1-1000]")) == 2000
     assert len(expand(f"n[1-{MAX_RANGE_NODES}]")) == MAX_RANGE_NODES
     assert expand("n[1-9/4]") == ["n1", "n5", "n9"]
+    assert len(expand(f"n[1-{MAX_RANGE_NODES}]!n[1-10]")) == MAX_RANGE_NODES - 10
 
 
 def test_consecutive_addresses_and_macs():
