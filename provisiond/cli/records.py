@@ -203,6 +203,10 @@ def confirm(action: str, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         raise InvalidInput(f"refusing to {action} without --yes (stdin is not a terminal)")
-    answer = input(f"{action}? [y/N] ").strip().lower()
+    try:
+        answer = input(f"{action}? [y/N] ").strip().lower()
+    except EOFError:  # Ctrl-D: a no
+        print(file=sys.stderr)
+        answer = ""
     if answer not in ("y", "yes"):
         raise InvalidInput(f"did not {action}: not confirmed")

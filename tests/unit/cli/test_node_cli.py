@@ -307,3 +307,16 @@ def test_delete_asks_at_a_terminal(cluster, monkeypatch):
     monkeypatch.setattr("builtins.input", lambda prompt: "y")
     assert cluster("node", "delete", "n001").code == 0
     assert "n001" not in cluster("node", "list").out
+
+
+def test_end_of_input_at_the_question_deletes_nothing(cluster, config, monkeypatch):
+    """Ctrl-D at `delete ...? [y/N]` is a no, not an EOFError traceback."""
+    def end_of_input(prompt):
+        raise EOFError
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", end_of_input)
+    before = config.inventory_path.read_bytes()
+    result = cluster("node", "delete", "n001")
+    assert result.code == 2 and "not confirmed" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert config.inventory_path.read_bytes() == before
