@@ -49,26 +49,49 @@ def decode_text(raw: str | bytes, origin: str, error: type[InvalidInput] = Inval
 
 
 MAX_DEPTH = 100  # our documents nest 5 levels; libyaml's composer segfaults near 50,000
+MAX_EXPANDED = 1_000_000  # values after aliases are expanded, when aliases multiply them
 
 
-def check_depth(text: str, origin: str, error: type[InvalidInput] = InvalidInput) -> None:
-    """Refuse nesting deeper than MAX_DEPTH before anything is built from it: libyaml's
-    composer recurses in C (a segfault, not an exception) and deepcopy or pydantic in
-    Python (RecursionError). The parser's events come from a loop, not a recursion. A text
-    with few brackets and shallow lines cannot nest deeply, so it skips that pass."""
+def check_shape(text: str, origin: str, error: type[InvalidInput] = InvalidInput) -> None:
+    """Refuse, before anything is built from it, nesting deeper than MAX_DEPTH and aliases
+    that multiply the document (a 460-byte "billion laughs" text wrote an 89 MB inventory
+    cache, one level more 890 MB): libyaml's composer recurses in C (a segfault, not an
+    exception), deepcopy, pydantic and json in Python. The parser's events come from a
+    loop, not a recursion. A text with no alias and few brackets and shallow lines can do
+    neither, so it skips that pass."""
     lines = text.splitlines()
     leading = max((len(line) - len(line.lstrip(" -?")) for line in lines), default=0)
-    if text.count("[") + text.count("{") + leading + 2 <= MAX_DEPTH:
+    aliases = "&" in text and "*" in text
+    if not aliases and text.count("[") + text.count("{") + leading + 2 <= MAX_DEPTH:
         return
-    depth = 0
+    sizes: dict[str, int] = {}   # anchor -> values it stands for, expanded
+    stack: list[list] = [[0, None]]   # per open collection: [values so far, its anchor]
+    events = 0
     for event in yaml.parse(text, Loader=_Base):
+        events += 1
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_DEPTH:
+            stack.append([1, event.anchor])
+            if len(stack) - 1 > MAX_DEPTH:
                 line = event.start_mark.line + 1
                 raise error(f"{origin}: nested deeper than {MAX_DEPTH} levels (line {line})")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
+            size, anchor = stack.pop()
+            _count(stack, sizes, anchor, size)
+        elif isinstance(event, yaml.ScalarEvent):
+            _count(stack, sizes, event.anchor, 1)
+        elif isinstance(event, yaml.AliasEvent):
+            _count(stack, sizes, None, sizes.get(event.anchor, 1))
+    expanded = sum(size for size, _ in stack)  # counts only: nothing was expanded yet
+    if expanded > max(MAX_EXPANDED, 4 * events):
+        raise error(f"{origin}: aliases (*name) expand it to {expanded:,} values; write the "
+                    "values out or use profiles")
+
+
+def _count(stack: list[list], sizes: dict[str, int], anchor: str | None, size: int) -> None:
+    """Add a finished value of `size` expanded values to the collection holding it."""
+    if anchor:
+        sizes[anchor] = size
+    stack[-1][0] += size
 
 
 def load_yaml_mapping(text: str | bytes, origin: str, error: type[InvalidInput] = InvalidInput,
@@ -76,7 +99,7 @@ def load_yaml_mapping(text: str | bytes, origin: str, error: type[InvalidInput] 
     """The mapping `text` holds (empty text is {}); `error` names `origin` otherwise."""
     text = decode_text(text, origin, error)
     try:
-        check_depth(text, origin, error)
+        check_shape(text, origin, error)
         data = yaml.load(text, Loader=_Loader)
     except DuplicateKey as exc:
         raise error(f"{origin}: {exc}") from None

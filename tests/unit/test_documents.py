@@ -47,3 +47,28 @@ def test_ordinary_nesting_loads():
     deepest = MAX_DEPTH - 1  # and the document's own mapping
     text = "a: " + "[" * deepest + "]" * deepest + "\nb: {c: {d: [1, {e: 2}]}}\n"
     assert load_yaml_mapping(text, "f.yaml")["b"] == {"c": {"d": [1, {"e": 2}]}}
+
+
+def _laughs(levels: int) -> str:
+    """A "billion laughs" text: each anchor lists the one before it ten times."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\nnodes: {{n1: {{comment: *a{levels - 1}}}}}\n"
+
+
+def test_aliases_that_multiply_the_document_are_one_line(tmp_path):
+    with pytest.raises(InvalidInput, match=r"aliases \(\*name\) expand it to [0-9,]+ values"):
+        load_yaml_mapping(_laughs(7), "bomb.yaml")
+
+
+def test_the_server_store_refuses_an_alias_bomb_before_caching_it(cli, state_dir):
+    (state_dir / "inventory.yaml").write_text("revision: 1\nprofiles: {}\n" + _laughs(7))
+    result = cli("node", "list")
+    assert result.code == 2 and "expand it to" in result.err, result
+    cache = state_dir / ".inventory.cache.json"
+    assert not cache.exists() or cache.stat().st_size < 10_000
+
+
+def test_ordinary_aliases_load():
+    text = "common: &c {netmask: 255.255.255.0}\nnodes: {n1: *c, n2: *c}\n"
+    assert load_yaml_mapping(text, "ok.yaml")["nodes"]["n2"] == {"netmask": "255.255.255.0"}
