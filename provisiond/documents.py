@@ -15,7 +15,7 @@ class DuplicateKey(yaml.YAMLError):
     """A mapping names the same key twice: YAML would keep the last one silently."""
 
 
-class _Loader(_Base):
+class YamlLoader(_Base):
     def construct_mapping(self, node, deep=False):
         """Refuse duplicate keys (a repeated node would silently replace the first one);
         `<<` merge keys may still be overridden, as YAML intends."""
@@ -100,7 +100,7 @@ def load_yaml_mapping(text: str | bytes, origin: str, error: type[InvalidInput] 
     text = decode_text(text, origin, error)
     try:
         check_shape(text, origin, error)
-        data = yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=YamlLoader)
     except DuplicateKey as exc:
         raise error(f"{origin}: {exc}") from None
     except yaml.YAMLError as exc:

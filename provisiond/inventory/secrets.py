@@ -12,6 +12,7 @@ import yaml
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
+from provisiond.documents import DuplicateKey, YamlLoader
 from provisiond.errors import InvalidInput
 from provisiond.inventory.merge import Node
 from provisiond.inventory.store import dump_yaml
@@ -27,15 +28,24 @@ class SecretStore:
         self.lock_path = config.state_dir / "secrets.lock"
 
     def read(self) -> dict:
+        """The secrets; an unreadable, invalid or non-mapping file is an error (never taken
+        for an empty one, which the next write would make true), shown without its text."""
         try:
-            data = yaml.safe_load(self.path.read_text()) or {}
+            text = self.path.read_text()
         except FileNotFoundError:
             return {}
-        except OSError as exc:
-            raise InvalidInput(f"{self.path}: cannot read: {exc.strerror}") from None
-        except (yaml.YAMLError, UnicodeDecodeError):
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"{self.path}: cannot read: "
+                               f"{getattr(exc, 'strerror', None) or 'not UTF-8'}") from None
+        try:
+            data = yaml.load(text, Loader=YamlLoader) or {}
+        except DuplicateKey as exc:  # names a key and lines, never a value
+            raise InvalidInput(f"{self.path}: {exc}") from None
+        except yaml.YAMLError:  # its message quotes the file: secrets
             raise InvalidInput(f"{self.path}: not valid YAML") from None
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            raise InvalidInput(f"{self.path}: expected a mapping of nodes and profiles")
+        return data
 
     def get(self, kind: str, name: str, key: str) -> str | None:
         return (self.read().get(kind) or {}).get(name, {}).get(key)
