@@ -13,9 +13,11 @@ the guide gives Slurm no use for it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import logging.handlers
 import os
+import sys
 
 from provisiond.cli.context import printable
 from provisiond.errors import BmcError, NotFound
@@ -55,11 +57,11 @@ def register(subparsers) -> None:
 
 
 def resume_handler(args, ctx) -> int:
-    return _run(args, ctx, pxe_boot(ctx.config))
+    return _run(args, ctx, pxe_boot)
 
 
 def suspend_handler(args, ctx) -> int:
-    return _run(args, ctx, operations.power(PowerAction.OFF))
+    return _run(args, ctx, lambda config: operations.power(PowerAction.OFF))
 
 
 def pxe_boot(config):
@@ -75,13 +77,17 @@ def pxe_boot(config):
     return operation
 
 
-def _run(args, ctx, operation) -> int:
+def _run(args, ctx, make_operation) -> int:
+    """Log each node's outcome; an error before any node is tried (no state dir, a bad
+    range) is logged too (Slurm reads no stderr) and raised for main() to print once."""
     log = _logger(args.log)
     try:
         nodes, unknown = operations.find_nodes(ctx.config, args.hostlist)
-        results = operations.run_nodes(ctx.config, nodes, operation, args.timeout)
+        results = operations.run_nodes(ctx.config, nodes, make_operation(ctx.config),
+                                       args.timeout)
     except Exception as exc:
-        log.error("slurm %s %s: %s", args.verb, args.hostlist, exc)
+        if not isinstance(log.handlers[0], _TerminalHandler):  # main() prints it there
+            log.error("slurm %s %s: %s", args.verb, args.hostlist, exc)
         raise
     for name in unknown:
         log.error("slurm %s %s: error: no such node", args.verb, name)
@@ -89,6 +95,7 @@ def _run(args, ctx, operation) -> int:
         level = logging.INFO if result.ok else logging.ERROR
         log.log(level, "slurm %s %s: %s: %s", args.verb, result.node,
                 "ok" if result.ok else "error", result.detail)
+    _check_written(log)
     return NotFound.exit_code if unknown else exit_code(results)
 
 
@@ -98,22 +105,47 @@ def _logger(path: str | None) -> logging.Logger:
     log.propagate = False
     for handler in list(log.handlers):
         log.removeHandler(handler)
-        handler.close()
+        with contextlib.suppress(OSError):  # a failed write was reported by that run
+            handler.close()
     if path:
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s provisiond: %(message)s"))
+        handler = _FileHandler(path)
+        handler.setFormatter(_PrintableFormatter("%(asctime)s provisiond: %(message)s"))
     elif os.path.exists(SYSLOG_SOCKET):
         handler = logging.handlers.SysLogHandler(address=SYSLOG_SOCKET)
-        handler.setFormatter(logging.Formatter("provisiond: %(message)s"))
+        handler.setFormatter(_PrintableFormatter("provisiond: %(message)s"))
     else:
-        handler = logging.StreamHandler()
+        handler = _TerminalHandler()
         handler.setFormatter(_PrintableFormatter("provisiond: %(message)s"))
     log.addHandler(handler)
     return log
 
 
 class _PrintableFormatter(logging.Formatter):
-    """Log lines for a terminal: BMC answers and names escaped (see `printable`)."""
+    """One log line per record, for a terminal or a log file: BMC answers and names
+    escaped (see `printable`), so none can forge a line or drive a terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
         return printable(super().format(record))
+
+
+class _TerminalHandler(logging.StreamHandler):
+    """Log lines to stderr, where main() prints an error itself."""
+
+
+class _FileHandler(logging.FileHandler):
+    """`--log FILE`: a write that fails (a full disk) is kept for `_check_written`, not
+    printed as a traceback per line by logging."""
+
+    write_error: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.write_error = self.write_error or sys.exc_info()[1]
+
+
+def _check_written(log: logging.Logger) -> None:
+    """Raise the first error met writing the log file: the outcomes were not recorded."""
+    for handler in log.handlers:
+        error = getattr(handler, "write_error", None)
+        if error is not None:
+            raise OSError(error.errno, f"cannot write the log: {error.strerror}",
+                          handler.baseFilename)

@@ -223,3 +223,40 @@ def test_plain_text_and_other_scripts_pass_unchanged():
 
     for text in ["n001", "café ünïcode", "节点 42", "a\\nb", "tags: rack=r1, gpu=a100"]:
         assert printable(text) == text
+
+
+# --- slurm: whatever fails is recorded once, where Slurm's admin reads it -----------------
+
+@pytest.mark.parametrize("verb", ["resume", "suspend"])
+def test_slurm_logs_a_missing_state_dir_to_its_log(tmp_path, capsys, verb):
+    log = tmp_path / "slurm.log"
+    code = main(["--state-dir", str(tmp_path / "typo"), "slurm", verb, "n1", "--log", str(log)])
+    assert code == ExitCode.NOT_FOUND
+    assert f"slurm {verb} n1: no provisiond state in" in log.read_text()
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("verb", ["resume", "suspend"])
+def test_slurm_on_a_terminal_prints_an_error_once(tmp_path, capsys, monkeypatch, verb):
+    from provisiond.cli import slurm
+
+    monkeypatch.setattr(slurm, "SYSLOG_SOCKET", str(tmp_path / "no-syslog"))
+    assert main(["--state-dir", str(tmp_path / "typo"), "slurm", verb, "n1"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("no provisiond state") == 1, err
+
+
+def test_slurm_with_a_log_that_cannot_be_written_says_so_in_one_line(cli, tmp_path):
+    assert cli("node", "add", "n[1-2]", "--bmc-driver", "fake", "--bmc-address", "bmc").code == 0
+    result = cli("slurm", "suspend", "n[1-2]", "--log", "/dev/full")
+    assert result.code == ExitCode.FAILED
+    assert result.err == ("provisiond: error: cannot write the log: No space left on device: "
+                          "/dev/full\n")
+
+
+def test_slurm_log_lines_cannot_be_forged_by_a_name(cli, tmp_path):
+    log = tmp_path / "slurm.log"
+    result = cli("slurm", "resume", "x1,n1\nFORGED n2: ok", "--log", str(log))
+    assert result.code == ExitCode.NOT_FOUND, result.err
+    lines = log.read_text().splitlines()
+    assert not any(line.startswith("FORGED") for line in lines), lines
