@@ -10,8 +10,10 @@ import sys
 import textwrap
 
 from provisiond import __version__
-from provisiond.cli.context import Context, printable
 from provisiond.errors import ExitCode, ProvisiondError, exit_code_table
+
+# Nothing heavier is imported here: a Ctrl-C while this module imports is a traceback, one
+# during main() is "interrupted" (the verbs' modules and the config load inside it).
 
 # Each module has register(subparsers) that adds its noun(s) and sets `func` on the leaf
 # parsers; func(args, ctx) returns an exit code (None means 0). Listed in `--help` order.
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     """The verb's exit code; errors become one line on stderr and their exit code."""
+    from provisiond.cli.context import Context
+
     try:
         return args.func(args, Context(args.state_dir)) or ExitCode.OK
     except ProvisiondError as exc:
@@ -86,6 +90,8 @@ def _os_error_text(exc: OSError) -> str:
 
 
 def _fail(message: str, code: int) -> int:
+    from provisiond.cli.context import printable
+
     print(f"provisiond: error: {printable(message)}", file=sys.stderr)
     return code
 
@@ -109,4 +115,11 @@ def _discard_stdout() -> None:
 
 
 def entry() -> None:
-    sys.exit(main())
+    """The console script: main(), and a Ctrl-C before its verb runs (while the parser is
+    built and the verbs' modules import) ends as one during the verb does."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("provisiond: interrupted", file=sys.stderr)
+        code = ExitCode.INTERRUPTED
+    sys.exit(code)

@@ -260,3 +260,28 @@ def test_slurm_log_lines_cannot_be_forged_by_a_name(cli, tmp_path):
     assert result.code == ExitCode.NOT_FOUND, result.err
     lines = log.read_text().splitlines()
     assert not any(line.startswith("FORGED") for line in lines), lines
+
+
+# --- Ctrl-C at any moment ------------------------------------------------------------------
+
+def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(monkeypatch, capsys):
+    import provisiond.cli as cli_package
+
+    def interrupted():
+        raise KeyboardInterrupt  # as while argparse is built and the noun modules import
+
+    monkeypatch.setattr(cli_package, "build_parser", interrupted)
+    with pytest.raises(SystemExit) as caught:
+        cli_package.entry()
+    assert caught.value.code == ExitCode.INTERRUPTED
+    assert capsys.readouterr().err == "provisiond: interrupted\n"
+
+
+def test_the_entry_point_imports_little_before_it_can_catch_ctrl_c():
+    """What `import provisiond.cli` runs is outside any handler: a Ctrl-C there is a
+    traceback, so the heavy imports (config, pydantic) wait until main() runs."""
+    probe = ("import sys, provisiond.cli; "
+             "print(sorted(m for m in ('provisiond.config', 'pydantic') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert result.stdout.strip() == "[]", result.stderr
