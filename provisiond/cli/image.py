@@ -8,6 +8,7 @@ import signal
 import sys
 
 from provisiond import images
+from provisiond.cli.context import printable
 from provisiond.errors import InUse
 from provisiond.inventory import load_nodes
 
@@ -173,7 +174,8 @@ class Progress:
 
     def __call__(self, event: dict) -> None:
         done = event["index"] - (event["status"] == "building")
-        head = f"[{event['index']}/{event['count']}] {event['kind']}: {event['description']}"
+        head = printable(f"[{event['index']}/{event['count']}] {event['kind']}: "
+                         f"{event['description']}")  # the recipe's text
         tail = event["status"]
         if "size" in event:
             tail += f" {_size(event['size'])} in {event['seconds']:.1f}s"

@@ -4,6 +4,7 @@ documented exit code, a closed pipe ends it quietly, untrusted text never drives
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import pkgutil
 import subprocess
@@ -285,3 +286,23 @@ def test_the_entry_point_imports_little_before_it_can_catch_ctrl_c():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream_type", [io.StringIO, _Terminal], ids=["pipe", "terminal"])
+def test_image_build_progress_escapes_what_the_recipe_says(stream_type):
+    from provisiond.cli.image import Progress
+
+    stream = stream_type()
+    with Progress(stream) as progress:
+        for status in ("building", "built"):
+            progress({"index": 1, "count": 1, "kind": "apt", "description": ESCAPES,
+                      "status": status, **({"size": 10, "seconds": 1.0}
+                                           if status == "built" else {})})
+    shown = stream.getvalue().replace("\r\x1b[K", "")  # the bar's own redraw, on a terminal
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "FAKE ROW" not in shown.splitlines()
