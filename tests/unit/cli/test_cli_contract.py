@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import os
 import pkgutil
 import subprocess
@@ -306,3 +307,36 @@ def test_image_build_progress_escapes_what_the_recipe_says(stream_type):
     shown = stream.getvalue().replace("\r\x1b[K", "")  # the bar's own redraw, on a terminal
     assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
     assert "FAKE ROW" not in shown.splitlines()
+
+
+def _no_raw_escapes(out: str) -> None:
+    assert all(line.isprintable() for line in out.splitlines()), out
+    assert "FAKE ROW" not in out.splitlines()
+
+
+def test_image_show_and_list_escape_a_hand_edited_manifest(cli, config):
+    """Each line `image show` prints carries manifest text (kernel, init, args, recipe)."""
+    manifest = {"name": "img1", "total_size": 1, "built_at": "2026-01-01T00:00:00Z",
+                "build_seconds": 1.0, "init": f"/sbin/init{ESCAPES}",
+                "kernel": {"version": f"6.1{ESCAPES}", "digest": f"sha256:{ESCAPES}",
+                           "size": 1},
+                "kernel_args": [f"quiet{ESCAPES}"], "recipe": {"path": f"r{ESCAPES}.yaml"},
+                "layers": [{"kind": "apt", "size": 1, "digest": "sha256:0",
+                            "description": ESCAPES}]}
+    path = config.images_dir / "img1" / "manifest.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(manifest))
+    for argv in (["image", "show", "img1"], ["image", "list"]):
+        result = cli(*argv)
+        assert result.code == 0, result.err
+        _no_raw_escapes(result.out)
+
+
+def test_overlay_show_and_list_escape_names_from_the_overlay_tree(cli, config):
+    name = "ov\x1b[2J\nFAKE ROW"
+    (config.state_dir / "overlays" / name / "etc").mkdir(parents=True)
+    (config.state_dir / "overlays" / name / "etc" / f"f{ESCAPES}").write_text("x\n")
+    for argv in (["overlay", "show", name], ["overlay", "list"]):
+        result = cli(*argv)
+        assert result.code == 0, result.err
+        _no_raw_escapes(result.out)
