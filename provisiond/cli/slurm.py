@@ -20,7 +20,7 @@ import os
 import sys
 
 from provisiond.cli.context import printable
-from provisiond.errors import BmcError, NotFound
+from provisiond.errors import BmcError, ExitCode, NotFound
 from provisiond.power import operations
 from provisiond.power.base import Driver
 from provisiond.power.report import exit_code
@@ -37,7 +37,9 @@ EPILOG = f"""Slurm runs a program with the hostlist as its only argument, so wra
 The program runs as SlurmUser, which must be able to read the state dir and secrets.
 Every node named is tried; each outcome is one log line. Exit status: 0 when every node
 was done, {NotFound.exit_code} when a name is no node (the known ones were still done), else \
-{BmcError.exit_code} when a BMC failed."""
+{BmcError.exit_code} when a BMC
+failed; {int(ExitCode.FAILED)} when --log FILE could not be written (the nodes were done,
+their outcomes not recorded)."""
 
 
 def register(subparsers) -> None:
