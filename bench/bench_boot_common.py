@@ -24,6 +24,8 @@ http {{ sendfile on; tcp_nopush on; access_log off; keepalive_timeout 65;
   server {{ listen 127.0.0.1:{port}; {locations} }} }}
 """
 
+from tests.tools import command  # noqa: E402  (programs from the venv or Debian, not PATH)
+
 
 def mac_of(i: int) -> str:
     return "52:54:00:%02x:%02x:%02x" % ((i >> 16) & 255, (i >> 8) & 255, i & 255)
@@ -89,8 +91,9 @@ def free_port(kind=socket.SOCK_DGRAM) -> int:
 
 def start(cmd: list[str], netns: str | None = None, env: dict | None = None,
           log: str = os.devnull) -> subprocess.Popen:
+    cmd = command(cmd)
     if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
+        cmd = command(["ip", "netns", "exec", netns, *cmd])
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from bench_boot_common import ip_of, mac_of, make_state, serve, start, stop
+from bench_boot_common import command, ip_of, mac_of, make_state, serve, start, stop
 
 COUNT, SECONDS = 10_000, 10
 RATE = 4000
@@ -20,7 +20,7 @@ SERVER, RELAY = "10.99.250.1", "10.99.250.2"
 
 
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True)
+    subprocess.run(command(["ip", *args]), check=True)
 
 
 def make_link() -> None:
@@ -37,13 +37,14 @@ def make_link() -> None:
 
 def drop_link() -> None:
     for ns in (SRV_NS, CLI_NS):
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(command(["ip", "netns", "del", ns]), capture_output=True)
 
 
 def perfdhcp(macs: str) -> tuple[float, str]:
-    out = subprocess.run(["ip", "netns", "exec", CLI_NS, "perfdhcp", "-4", "-l", RELAY,
-                          "-r", str(RATE), "-p", str(SECONDS), "-R", str(COUNT), "-M", macs,
-                          SERVER], capture_output=True, text=True, timeout=SECONDS + 60).stdout
+    perf = command(["perfdhcp", "-4", "-l", RELAY, "-r", str(RATE), "-p", str(SECONDS),
+                    "-R", str(COUNT), "-M", macs, SERVER])
+    out = subprocess.run(command(["ip", "netns", "exec", CLI_NS, *perf]), capture_output=True,
+                         text=True, timeout=SECONDS + 60).stdout
     print(out, file=sys.stderr)
     rate = re.search(r"Rate: ([\d.]+) 4-way exchanges/second", out)
     drops = re.findall(r"drops: (\d+)", out)

@@ -9,14 +9,15 @@ import re
 import subprocess
 import sys
 
-from bench_boot_common import free_port, ip_of, make_state, serve, start, stop, wait_for
+from bench_boot_common import (command, free_port, ip_of, make_state, serve, start, stop,
+                               wait_for)
 
 COUNT, SECONDS = 10_000, 10
 
 
 def dnsperf(port: int, queries: str) -> float:
-    out = subprocess.run(["dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", queries,
-                          "-l", str(SECONDS), "-c", "4", "-q", "200", "-t", "2"],
+    out = subprocess.run(command(["dnsperf", "-s", "127.0.0.1", "-p", str(port), "-d", queries,
+                                  "-l", str(SECONDS), "-c", "4", "-q", "200", "-t", "2"]),
                          capture_output=True, text=True, timeout=SECONDS + 30).stdout
     lost = re.search(r"Queries lost:\s+(\d+)", out)
     print(out[out.find("Statistics"):].strip(), file=sys.stderr)
@@ -25,8 +26,8 @@ def dnsperf(port: int, queries: str) -> float:
 
 
 def answers(port: int) -> bool:
-    result = subprocess.run(["dig", "+short", "+time=1", "+tries=1", "-p", str(port),
-                             "@127.0.0.1", "n1.cluster"], capture_output=True, text=True)
+    result = subprocess.run(command(["dig", "+short", "+time=1", "+tries=1", "-p", str(port),
+                                     "@127.0.0.1", "n1.cluster"]), capture_output=True, text=True)
     return result.stdout.strip() == ip_of(1)
 
 

@@ -15,8 +15,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from bench_boot_common import (REPO, add_blob, add_image, free_port, mac_of, make_state, serve,
-                               start, start_nginx, stop, wait_for)
+from bench_boot_common import (REPO, add_blob, add_image, command, free_port, mac_of,
+                               make_state, serve, start, start_nginx, stop, wait_for)
 
 SECONDS, NODES, ROUNDS = 10, 1000, 3
 LUA = """local n, i = {count}, 0
@@ -29,7 +29,8 @@ end
 
 
 def wrk(url: str, connections: int, script: Path | None = None, seconds: int = SECONDS) -> dict:
-    cmd = ["/usr/bin/wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "30s"]
+    cmd = command(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency",
+                   "--timeout", "30s"])
     out = subprocess.run([*cmd, *(["-s", str(script)] if script else []), url],
                          capture_output=True, text=True, timeout=SECONDS + 60).stdout
     print(out, file=sys.stderr)

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_boot_common import free_port, make_state, serve, start, stop, wait_for
+from bench_boot_common import command, free_port, make_state, serve, start, stop, wait_for
 
 RUNS = 20
 CLIENTS = 200
@@ -24,8 +24,8 @@ TFTPD = "/usr/sbin/in.tftpd"  # Debian's tftpd-hpa
 
 
 def curl(port: int, out: Path, source: str = "127.0.0.1") -> list[str]:
-    return ["curl", "-sS", "--interface", source, "--tftp-blksize", "1468", "-o", str(out),
-            f"tftp://127.0.0.1:{port}/one.bin"]
+    return command(["curl", "-sS", "--interface", source, "--tftp-blksize", "1468", "-o",
+                    str(out), f"tftp://127.0.0.1:{port}/one.bin"])
 
 
 def fetch(port: int, out: Path) -> float:

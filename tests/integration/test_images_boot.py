@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import selectors
-import shutil
 import subprocess
 import time
 
@@ -13,9 +12,10 @@ import pytest
 
 from provisiond.config import load_config, write_default_config
 from provisiond.images import blob_path, build_image
+from tests.tools import command, tool
 
 pytestmark = [pytest.mark.lab, pytest.mark.skipif(
-    not shutil.which("qemu-system-x86_64"), reason="qemu-system-x86 is not installed")]
+    not tool("qemu-system-x86_64"), reason="qemu-system-x86 is not installed")]
 MARKER = b"tiny: rcS done"
 
 
@@ -41,9 +41,10 @@ def test_tiny_boots_to_init_under_tcg(tmp_path, monkeypatch):
                                 for l in manifest["layers"]))
     args = " ".join([*manifest["kernel_args"], f"rdinit={manifest['init']}", "panic=-1"])
     proc = subprocess.Popen(
-        ["qemu-system-x86_64", "-accel", "tcg", "-m", "384", "-nographic", "-no-reboot",
-         "-nic", "none", "-kernel", str(blob_path(config, manifest["kernel"]["digest"])),
-         "-initrd", str(initrd), "-append", args],
+        command(["qemu-system-x86_64", "-accel", "tcg", "-m", "384", "-nographic",
+                 "-no-reboot", "-nic", "none",
+                 "-kernel", str(blob_path(config, manifest["kernel"]["digest"])),
+                 "-initrd", str(initrd), "-append", args]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         output = read_until(proc, MARKER, 120)

@@ -19,7 +19,9 @@ import pytest
 from provisiond.config import REPO_ROOT, load_config
 from provisiond.overlays import ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
+from tests.tools import tool
 
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # a node's PATH: Debian's dirs, no venv
 AGENT = REPO_ROOT / "overlays/agent/usr/local/sbin/provisiond-agent"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "overlays"
 
@@ -88,24 +90,24 @@ def _http_clients(tmp_path: Path) -> dict[str, dict]:
     bb_dir = tmp_path / "bb"
     bb_dir.mkdir()
     for applet in ("wget", "cpio"):
-        (bb_dir / applet).symlink_to("/bin/busybox")
+        (bb_dir / applet).symlink_to(tool("busybox"))
     return {"curl": {"PROVISIOND_AGENT_HTTP": "curl"},
             "gnu-wget": {"PROVISIOND_AGENT_HTTP": "wget"},
             "busybox-wget": {"PROVISIOND_AGENT_HTTP": "wget",
-                             "PATH": f"{bb_dir}:{os.environ['PATH']}"},
+                             "PATH": f"{bb_dir}:{SYSTEM_PATH}"},
             "curl-without-cpio": {"PROVISIOND_AGENT_HTTP": "curl", "PROVISIOND_AGENT_CPIO": "sh"},
             "busybox-sh-without-cpio": {"PROVISIOND_AGENT_HTTP": "wget",
                                         "PROVISIOND_AGENT_CPIO": "sh",
-                                        "PATH": f"{bb_dir}:{os.environ['PATH']}",
-                                        "SHELL_CMD": "/bin/busybox sh"}}
+                                        "PATH": f"{bb_dir}:{SYSTEM_PATH}",
+                                        "SHELL_CMD": f"{tool('busybox')} sh"}}
 
 
 def run_agent(tmp_path: Path, url: str, extra: dict, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PROVISIOND_URL=url, PROVISIOND_NODE="n001",
                PROVISIOND_AGENT_ROOT=str(tmp_path / "root"),
-               PROVISIOND_AGENT_STATE=str(tmp_path / "state-agent"))
+               PROVISIOND_AGENT_STATE=str(tmp_path / "state-agent"), PATH=SYSTEM_PATH)
     env.update(extra)
-    shell = env.pop("SHELL_CMD", "sh").split()
+    shell = env.pop("SHELL_CMD", tool("sh")).split()
     return subprocess.run([*shell, str(AGENT), *args], env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -115,7 +117,7 @@ def run_agent(tmp_path: Path, url: str, extra: dict, *args: str) -> subprocess.C
 def test_agent_boot_installs_runtime_overlay_and_reports(tmp_path, fixture_config, server,
                                                          client):
     extra = _http_clients(tmp_path)[client]
-    if "busybox" not in client and not shutil.which(extra["PROVISIOND_AGENT_HTTP"]):
+    if "busybox" not in client and not tool(extra["PROVISIOND_AGENT_HTTP"]):
         pytest.skip(f"{client} not installed")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     result = run_agent(tmp_path, url, extra, "boot")

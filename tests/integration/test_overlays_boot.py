@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import yaml
 
 from provisiond import archive
 from provisiond.overlays import build_overlays, ensure_overlay
+from tests.tools import command, tool
 
 BUSYBOX = Path("/bin/busybox")
 KERNEL_META = "linux-image-amd64"
@@ -99,9 +99,9 @@ def _write_inventory(state_dir: Path, compression: str) -> None:
 
 
 def boot(kernel: Path, initrd: Path, append: str, timeout: float = 240) -> str:
-    argv = ["qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-nographic", "-no-reboot",
-            "-nic", "none", "-kernel", str(kernel), "-initrd", str(initrd),
-            "-append", f"console=ttyS0 panic=-1 {append}"]
+    argv = command(["qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-nographic",
+                    "-no-reboot", "-nic", "none", "-kernel", str(kernel), "-initrd", str(initrd),
+                    "-append", f"console=ttyS0 panic=-1 {append}"])
     log = initrd.with_name("serial.log")
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -115,7 +115,7 @@ def boot(kernel: Path, initrd: Path, append: str, timeout: float = 240) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not shutil.which("qemu-system-x86_64") or not BUSYBOX.exists(),
+@pytest.mark.skipif(not tool("qemu-system-x86_64") or not BUSYBOX.exists(),
                     reason="needs qemu-system-x86 and busybox-static")
 @pytest.mark.parametrize("compression, append, init", [
     ("zstd", "quiet", "/sbin/init"),
@@ -144,7 +144,7 @@ def test_init_overlay_switches_root_into_the_image_init(tmp_path, config, compre
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not shutil.which("qemu-system-x86_64") or not BUSYBOX.exists(),
+@pytest.mark.skipif(not tool("qemu-system-x86_64") or not BUSYBOX.exists(),
                     reason="needs qemu-system-x86 and busybox-static")
 def test_empty_node_part_is_accepted_by_the_kernel(tmp_path, config):
     """A node with only node-independent overlays gets a trailer-only node part."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,10 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.boot.netns import in_netns
 from tests.integration.test_power_redfish import EMULATOR, PASSWORD, USER, start_emulator
+from tests.tools import command, tool
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("ip"), reason="needs root and iproute2")]
+    os.geteuid() != 0 or not tool("ip"), reason="needs root and iproute2")]
 
 LIVE, DEAD = 45, 5
 DEAD_NET = "10.250.77"
@@ -28,7 +29,7 @@ TIMEOUT = 10.0  # per BMC, generous on a loaded machine (timing: bench/bench_pow
 
 
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+    subprocess.run(command(["ip", *args]), check=True, capture_output=True)
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def namespace():
                f"02:00:00:00:00:{10 + i:02x}", "dev", "pd0", "nud", "permanent")
         yield name
     finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(command(["ip", "netns", "del", name]), capture_output=True)
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def fake_emulator(namespace, tmp_path, monkeypatch):
     systems = [{"uuid": str(uuid.uuid4()), "name": f"fake{i}", "power_state": "Off",
                 "nics": []} for i in range(1, LIVE + 1)]
     monkeypatch.setattr(sys.modules[start_emulator.__module__], "EMULATOR",
-                        ["ip", "netns", "exec", namespace, *EMULATOR])
+                        in_netns(namespace, EMULATOR))
     monkeypatch.setattr(sys.modules[start_emulator.__module__], "wait_for_emulator",
                         lambda proc, port, tls: wait_in_namespace(namespace, proc, port))
     proc, port, _ = start_emulator(tmp_path / "sushy-fake", {
@@ -73,7 +74,7 @@ def wait_in_namespace(namespace: str, proc: subprocess.Popen, port: int) -> None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert proc.poll() is None, "sushy-emulator exited"
-        if subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe],
+        if subprocess.run(in_netns(namespace, [sys.executable, "-c", probe]),
                           capture_output=True).returncode == 0:
             return
         time.sleep(0.3)
@@ -92,8 +93,8 @@ def write_inventory(state_dir: Path, port: int, uuids: list[str], secret: Path) 
 
 
 def run_in_namespace(namespace: str, state_dir: Path, *args: str) -> list:
-    child = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-m",
-                            "provisiond", "--state-dir", str(state_dir), *args, "--json"],
+    child = subprocess.run(in_netns(namespace, [sys.executable, "-m", "provisiond",
+                                                "--state-dir", str(state_dir), *args, "--json"]),
                            capture_output=True, text=True, timeout=300)
     assert child.stderr == "", child.stderr
     return json.loads(child.stdout)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -103,29 +102,32 @@ def ipmi_nodes(cli, ipmi_bmcs, tmp_path):
 @pytest.fixture
 def virtualbmc(tmp_path):
     """UDP port of a virtualbmc BMC for libvirt's test domain, under a private vbmcd."""
-    if not shutil.which("vbmcd"):
-        pytest.skip("virtualbmc is not installed")
+    from tests.tools import tool  # here: run as a script, this file has no `tests` package
+
+    vbmcd, vbmc_cli = tool("vbmcd"), tool("vbmc")
+    if not vbmcd or not vbmc_cli:
+        pytest.skip("virtualbmc is not installed (.ci/install-deps.sh)")
     config = tmp_path / "virtualbmc.conf"
     (tmp_path / "vbmc").mkdir()
     config.write_text(f"[default]\nconfig_dir = {tmp_path / 'vbmc'}\n"
                       f"pid_file = {tmp_path / 'vbmcd.pid'}\nserver_port = {free_tcp_port()}\n")
     env = dict(os.environ, VIRTUALBMC_CONFIG=str(config))
-    daemon = subprocess.Popen(["vbmcd", "--foreground"], env=env, start_new_session=True,
+    daemon = subprocess.Popen([vbmcd, "--foreground"], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port = free_udp_ports(1)[0]
-        vbmc(env, "add", "test", "--libvirt-uri", "test:///default", "--port", str(port),
+        vbmc(vbmc_cli, env, "add", "test", "--libvirt-uri", "test:///default", "--port", str(port),
              "--address", "127.0.0.1", "--username", USER, "--password", PASSWORD)
-        vbmc(env, "start", "test")
+        vbmc(vbmc_cli, env, "start", "test")
         yield port
     finally:
         os.killpg(daemon.pid, signal.SIGKILL)  # vbmcd and its per-BMC children
         daemon.wait(10)
 
 
-def vbmc(env: dict, *args: str) -> None:
+def vbmc(program: str, env: dict, *args: str) -> None:
     deadline = time.monotonic() + 20
-    while subprocess.run(["vbmc", *args], env=env, capture_output=True).returncode != 0:
+    while subprocess.run([program, *args], env=env, capture_output=True).returncode != 0:
         assert time.monotonic() < deadline, f"vbmc {' '.join(args)} kept failing"
         time.sleep(0.3)
 

@@ -44,10 +44,10 @@ def _missing() -> str | None:
     """Why the lab cannot run here, or None."""
     if os.geteuid() != 0:
         return "the VM lab needs root"
-    from pvlab.bmc import tool_path
+    from pvlab.process import find_tool
 
     for tool in ("libvirtd", "virtlogd", "qemu-system-x86_64", "sushy-emulator", "vbmcd"):
-        if not tool_path(tool):
+        if not find_tool(tool):
             return f"{tool} is not installed (vm-lab/install-deps.sh)"
     return None
 

@@ -8,9 +8,7 @@ import json
 import os
 import shutil
 import socket
-import sys
 import urllib.request
-from pathlib import Path
 
 from pvlab import process
 from pvlab.errors import LabError
@@ -41,12 +39,6 @@ debug = false
 """
 
 
-def tool_path(name: str) -> str | None:
-    """A console script of this Python's environment (a venv's bin need not be on PATH)."""
-    sibling = Path(sys.executable).parent / name
-    return str(sibling) if sibling.exists() else shutil.which(name)
-
-
 def free_port(start: int, kind: int = socket.SOCK_STREAM) -> int:
     """The first port from `start` that nothing on loopback holds (TCP or UDP)."""
     for port in range(start, start + 200):
@@ -67,7 +59,7 @@ def start_redfish(state: LabState, timeout: float = 60) -> None:
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(SUSHY_CONFIG.format(host=BMC_HOST, port=state.redfish_port,
                                               uri=state.libvirt_uri))
-        argv = [tool_path("sushy-emulator") or "sushy-emulator", "--config", str(config)]
+        argv = ["sushy-emulator", "--config", str(config)]
         state.pids["sushy"] = process.spawn(argv, state.dir / "logs" / "sushy.log")
         state.save()
     wanted = {node.uuid for node in state.nodes.values()}
@@ -99,7 +91,7 @@ def start_ipmi(state: LabState, timeout: float = 60) -> None:
         state.vbmcd_port = free_port(50891)
         (state.dir / "bmc" / "virtualbmc.conf").write_text(VBMC_CONFIG.format(
             dir=vdir, port=state.vbmcd_port, log=state.dir / "logs" / "vbmcd-internal.log"))
-        argv = [tool_path("vbmcd") or "vbmcd", "--foreground"]
+        argv = ["vbmcd", "--foreground"]
         state.pids["vbmcd"] = process.spawn(argv, state.dir / "logs" / "vbmcd.log",
                                             env=vbmc_env(state))
         state.save()
@@ -120,7 +112,7 @@ def _add_ipmi(state: LabState, node) -> None:
 
 
 def _vbmc(state: LabState, *args: str, check: bool = True):
-    argv = [tool_path("vbmc") or "vbmc", *args]
+    argv = ["vbmc", *args]
     return process.run(argv, check=check, env=vbmc_env(state), timeout=30)
 
 

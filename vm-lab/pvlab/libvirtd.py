@@ -26,8 +26,8 @@ LAUNCH = """set -e
 for pair in {mounts}; do
   mkdir -p "${{pair#*=}}"; mount --bind "{base}/${{pair%%=*}}" "${{pair#*=}}"
 done
-virtlogd -d -p "{base}/virtlogd.pid"
-libvirtd -d -p "{base}/libvirtd.pid"
+"{virtlogd}" -d -p "{base}/virtlogd.pid"
+"{libvirtd}" -d -p "{base}/libvirtd.pid"
 """
 
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -73,8 +73,10 @@ def start_libvirt(state: LabState, timeout: float = 90) -> None:
         fix_kvm_device()
         prepare_dirs(base)
         mounts = " ".join(f"{k}={v}" for k, v in PRIVATE_MOUNTS.items())
-        script = LAUNCH.format(mounts=mounts, base=base)
-        process.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        script = LAUNCH.format(mounts=mounts, base=base, virtlogd=process.tool("virtlogd"),
+                               libvirtd=process.tool("libvirtd"))
+        process.run(["unshare", "--mount", "--propagation", "private", process.tool("sh"), "-c",
+                     script],
                     netns=state.netns)
     state.pids["virtlogd"] = process.read_pid(base / "virtlogd.pid") or 0
     state.pids["libvirtd"] = process.read_pid(base / "libvirtd.pid") or 0

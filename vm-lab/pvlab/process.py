@@ -1,16 +1,36 @@
-"""Start and stop the lab's long-running processes, always by PID, never by name."""
+"""Start and stop the lab's long-running processes, always by PID, never by name. Programs
+are found in this interpreter's bin dir (the venv's console scripts: sushy-emulator, vbmcd,
+vbmc) or Debian's, never through whatever PATH the caller has."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from pvlab.errors import LabError
 
 _children: dict[int, subprocess.Popen] = {}  # daemons this process spawned, for exit codes
+VENV_BIN = Path(sys.executable).parent  # not resolved: .venv/bin/python is a symlink
+SEARCH_PATH = os.pathsep.join([str(VENV_BIN), "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+
+
+def find_tool(name: str) -> str | None:
+    """Absolute path of program `name` in the venv or an apt directory, or None."""
+    return shutil.which(name, path=SEARCH_PATH)
+
+
+def tool(name: str) -> str:
+    """Like find_tool, but a missing program is a LabError that says how to get it."""
+    path = find_tool(name)
+    if path is None:
+        raise LabError(f"{name} is not installed (looked in {SEARCH_PATH}); "
+                       "run .ci/install-deps.sh")
+    return path
 
 
 def run(argv: list[str], netns: str | None = None, check: bool = True,
@@ -25,7 +45,9 @@ def run(argv: list[str], netns: str | None = None, check: bool = True,
 
 
 def in_netns(argv: list[str], netns: str | None) -> list[str]:
-    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+    """`argv` with its program made absolute (`ip netns exec` would search PATH for it)."""
+    argv = [tool(argv[0]), *argv[1:]]
+    return [tool("ip"), "netns", "exec", netns, *argv] if netns else argv
 
 
 def spawn(argv: list[str], log: Path, netns: str | None = None, env: dict | None = None,

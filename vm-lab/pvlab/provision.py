@@ -135,7 +135,7 @@ def serve_answers(state: LabState) -> bool:
 def tcp_open(netns: str, host: str, port: int) -> bool:
     """True if a TCP connect to host:port from inside the namespace succeeds."""
     script = f"exec 3<>/dev/tcp/{host}/{port}"
-    argv = ["timeout", "3", "bash", "-c", script]
+    argv = ["timeout", "3", process.tool("bash"), "-c", script]
     return process.run(argv, netns=netns, check=False).returncode == 0
 
 

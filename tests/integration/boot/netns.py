@@ -6,9 +6,16 @@ import os
 import subprocess
 from dataclasses import dataclass
 
+from tests.tools import command
+
 
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+    subprocess.run(command(["ip", *args]), check=True, capture_output=True)
+
+
+def in_netns(netns: str, argv: list[str]) -> list[str]:
+    """`argv` run inside `netns`, both programs found by tests.tools (ip execs by PATH)."""
+    return command(["ip", "netns", "exec", netns, *command(argv)])
 
 
 @dataclass
@@ -20,15 +27,14 @@ class Link:
     server_addr: str
 
     def client(self, *cmd: str, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.client_ns, *cmd],
-                              capture_output=True, timeout=timeout, **kw)
+        return subprocess.run(in_netns(self.client_ns, list(cmd)), capture_output=True, timeout=timeout, **kw)
 
     def set_client_mac(self, mac: str) -> None:
         ip("-n", self.client_ns, "link", "set", self.client_if, "address", mac)
 
     def close(self) -> None:
         for ns in (self.client_ns, self.server_ns):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(command(["ip", "netns", "del", ns]), capture_output=True)
 
 
 def make_link(tag: str, server_addr: str = "10.99.0.1/16") -> Link:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from netns import in_netns
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -38,7 +40,7 @@ def start_serve(state_dir: Path, *args: str, netns: str | None = None,
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "provisiond", "serve", *args]
     if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
+        cmd = in_netns(netns, cmd)
     log = open(log_path or state_dir / "serve.log", "wb")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

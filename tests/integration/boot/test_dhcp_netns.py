@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from provisiond.boot.discovery import read_discovery
 from provisiond.config import load_config, write_default_config
 from provisiond.status import read_status
 from servers import start_serve, stop_serve, write_config
+from tests.tools import tool
 
 pytestmark = pytest.mark.netns
 SCRIPT = """#!/bin/sh
@@ -30,7 +30,7 @@ printf '{"ip":"%s","subnet":"%s","router":"%s","dns":"%s","domain":"%s","hostnam
 
 @pytest.fixture(scope="module")
 def dhcp_link(tmp_path_factory):
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("busybox"):
+    if os.geteuid() != 0 or not tool("ip") or not tool("busybox"):
         pytest.skip("needs root (network namespaces), iproute2 and busybox")
     tmp = tmp_path_factory.mktemp("dhcp")
     link = make_link("d")
@@ -106,7 +106,7 @@ def stop_dhclient(pidfile) -> None:
 
 def test_dhclient_gets_reservation(dhcp_link):
     link, _, _, tmp = dhcp_link
-    if not shutil.which("dhclient"):
+    if not tool("dhclient"):
         pytest.skip("isc-dhcp-client not installed")
     link.set_client_mac(mac_of(2))
     leases = tmp / "dhclient.leases"

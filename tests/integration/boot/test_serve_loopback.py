@@ -20,6 +20,7 @@ from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import NetDev, Record
 from provisiond.status import read_status
 from servers import REPO, free_port, session_alive, start_serve, stop_serve, wait_http, write_config
+from tests.tools import command
 
 IPXE_ROOT = "/usr/lib/ipxe"
 LO1 = "127.0.0.2"  # node lo1: a loopback address that is not the server's own
@@ -51,7 +52,7 @@ def served(tmp_path_factory):
 
 
 def run(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, timeout=timeout)
+    return subprocess.run(command(list(cmd)), capture_output=True, timeout=timeout)
 
 
 def test_curl_tftp_fetches_undionly_byte_identical(served, tmp_path):
@@ -280,10 +281,10 @@ def test_fifty_concurrent_downloads_of_a_100mb_layer(served, tmp_path):
     data = os.urandom(1 << 20) * 100
     digest = add_blob(config, data)[7:]
     del data
-    command = f"curl -sS --max-time 240 {base}/blobs/sha256/{digest} | sha256sum"
+    pipeline = f"curl -sS --max-time 240 {base}/blobs/sha256/{digest} | sha256sum"
 
     def fetch(_):
-        return subprocess.run(command, shell=True, capture_output=True, timeout=300).stdout
+        return subprocess.run(pipeline, shell=True, capture_output=True, timeout=300).stdout
 
     with ThreadPoolExecutor(50) as pool:
         sums = list(pool.map(fetch, range(50)))
