@@ -1,6 +1,8 @@
-"""A tiny Redfish BMC on 127.0.0.1 that serves the captured documents in
-tests/fixtures/redfish and keeps just enough state (power, boot override, task) to test the
-redfish driver's own logic: translation tables, redirects, busy retries, task following."""
+"""A stand-in Redfish BMC on 127.0.0.1 (a small HTTP server of the tests' own, not a real
+BMC) serving the documents in tests/fixtures/redfish: captured from sushy-tools, derived from
+them, or hand-written where sushy-tools has none (see that README). It keeps just enough
+state (power, boot override, task) to test the redfish driver's own logic: translation
+tables, redirects, busy retries, task polling."""
 
 from __future__ import annotations
 
@@ -11,45 +13,48 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "redfish"
-SYSTEM = "/redfish/v1/Systems/System.Embedded.1"
-MONITOR = "/redfish/v1/TaskService/TaskMonitors/JID_873593526120"
 USER, PASSWORD = "root", "calvin-secret"
 
 
-def load(name: str) -> dict:
+def load(name: str):
     return json.loads((FIXTURES / name).read_text())
 
 
+EXCHANGES = {e["name"]: e for e in load("captured/exchanges.json")["exchanges"]}
+SYSTEM = load("captured/system.json")["@odata.id"]
+SYSTEM_BY_NAME = EXCHANGES["system_by_name"]  # sushy-tools: a domain name answers 307
+UPDATE = EXCHANGES["simple_update"]  # sushy-tools: 204, the task's URL in Location
+TASK = UPDATE["location"]
+
+
 class FakeBmcState:
-    """What the tiny BMC holds; tests change it to stage quirks."""
+    """What the stand-in BMC holds; tests change it to stage quirks."""
 
     def __init__(self):
-        self.system = load("system.json")
+        self.system = load("captured/system.json")
         self.requests: list[tuple[str, str, dict | None]] = []
         self.busy_left = 0  # answer this many next requests with 503
         self.task_polls_running = 2
-        self.task_end = "task_completed.json"
+        self.task_end = "captured/task.json"
         self.extra_systems: list[str] = []
         self.without_firmware_inventory = False
         self.hanging = False
         self.release = threading.Event()
 
     def documents(self) -> dict[str, dict]:
-        docs = {
-            "/redfish/v1": load("service_root.json"),
-            "/redfish/v1/Systems": self._systems(),
-            SYSTEM: self.system,
-            "/redfish/v1/Managers/iDRAC.Embedded.1": load("manager.json"),
-            "/redfish/v1/UpdateService": load("update_service.json"),
-        }
-        if not self.without_firmware_inventory:
-            for name in ("firmware_inventory.json", "firmware_bios.json", "firmware_bmc.json"):
-                doc = load(name)
+        docs = {"/redfish/v1": load("captured/service_root.json"),
+                "/redfish/v1/Systems": self._systems(), SYSTEM: self.system}
+        for name in ("captured/manager.json", "captured/update_service.json"):
+            doc = load(name)
+            docs[doc["@odata.id"]] = doc
+        if not self.without_firmware_inventory:  # sushy-tools has none: hand-written
+            for name in ("firmware_inventory", "firmware_bios", "firmware_bmc"):
+                doc = load(f"handwritten/{name}.json")
                 docs[doc["@odata.id"]] = doc
         return docs
 
     def _systems(self) -> dict:
-        doc = load("systems.json")
+        doc = load("captured/systems.json")
         doc["Members"] += [{"@odata.id": path} for path in self.extra_systems]
         doc["Members@odata.count"] = len(doc["Members"])
         return doc
@@ -73,15 +78,15 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
-        path = self.path.split("?")[0].rstrip("/") or "/"
+        path = self.path.split("?")[0].rstrip("/") or "/"  # sushy-tools: /redfish/v1/
         self.state.requests.append((method, path, body))
         if self.state.hanging:
             self.state.release.wait(30)
         if path != "/redfish/v1" and not self._authorized():
             return self._send(401, {"error": {"message": "Unauthorized"}})
         if self.state.busy_left > 0 and path != "/redfish/v1":
-            self.state.busy_left -= 1
-            return self._send(503, load("error_busy.json"))
+            self.state.busy_left -= 1  # sushy-tools's error document, with status 503
+            return self._send(503, load("captured/error_bad_request.json"))
         self._route(method, path, body)
 
     def _authorized(self) -> bool:
@@ -90,20 +95,21 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, body) -> None:
         docs = self.state.documents()
-        if path == "/redfish/v1/Systems/n001-alias":
-            return self._send(307, None, {"Location": SYSTEM})
+        if path == SYSTEM_BY_NAME["path"]:
+            return self._send(SYSTEM_BY_NAME["status"], None,
+                              {"Location": SYSTEM_BY_NAME["location"]})
         if method == "GET" and path in docs:
             return self._send(200, docs[path])
-        if method == "GET" and path == MONITOR:
+        if method == "GET" and path == TASK:
             return self._task()
         if method == "PATCH" and path == SYSTEM:
             self.state.system["Boot"].update(body["Boot"])
             return self._send(200, self.state.system)
         if method == "POST" and path == SYSTEM + "/Actions/ComputerSystem.Reset":
             return self._reset(body["ResetType"])
-        if method == "POST" and path.endswith("UpdateService.SimpleUpdate"):
-            return self._send(202, None, {"Location": MONITOR})
-        self._send(404, {"error": {"message": f"no {method} {path}"}})
+        if method == "POST" and path == UPDATE["path"]:
+            return self._send(UPDATE["status"], None, {"Location": TASK})
+        self._send(404, load("captured/error_not_found.json"))
 
     def _reset(self, reset_type: str) -> None:
         off = reset_type in ("ForceOff", "GracefulShutdown")
@@ -111,9 +117,10 @@ class Handler(BaseHTTPRequestHandler):
         self._send(204, None)
 
     def _task(self) -> None:
+        """Running (202, as a Redfish task monitor answers) for some polls, then the end."""
         if self.state.task_polls_running > 0:
             self.state.task_polls_running -= 1
-            return self._send(202, load("task_running.json"))
+            return self._send(202, load("derived/task_running.json"))
         self._send(200, load(self.state.task_end))
 
     def _send(self, code: int, doc, headers: dict | None = None) -> None:
@@ -129,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def start_redfish_bmc():
-    """(server, state) of a tiny Redfish BMC on 127.0.0.1 serving in a thread."""
+    """(server, state) of the stand-in Redfish BMC on 127.0.0.1 serving in a thread."""
     state = FakeBmcState()
     handler = type("BoundHandler", (Handler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
