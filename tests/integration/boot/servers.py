@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from netns import in_netns
+from tests.integration.boot.netns import in_netns
 
 REPO = Path(__file__).resolve().parents[3]
 
