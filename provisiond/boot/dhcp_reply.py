@@ -84,7 +84,7 @@ def node_options(config: Config, entry: BootEntry) -> bytes:
 def checked_options(config: Config, entry: BootEntry) -> bytes:
     """node_options, after checking what a reply packs: the addresses and the MAC."""
     for address in (entry.ipaddr, entry.netmask, entry.gateway):
-        if address is not None:  # strict: inet_aton would take "10.1" for 10.0.0.1
+        if address:  # strict: inet_aton would take "10.1" for 10.0.0.1
             ipaddress.IPv4Address(address)
     if len(bytes.fromhex(entry.mac.replace(":", ""))) != 6:
         raise ValueError(f"MAC {entry.mac!r} is not 6 bytes")
@@ -110,7 +110,8 @@ class Answers:
         self.options: dict[str, bytes] = {}
         skipped = SkippedRecords("dhcp")
         for mac, entry in table.by_mac.items():
-            options = entry.ipaddr and skipped.build(
+            answered = entry.ipaddr or self.proxy  # proxy: the other server leases addresses
+            options = answered and skipped.build(
                 f"node {entry.node}", lambda: checked_options(config, entry))
             if options:
                 self.entries[mac], self.options[mac] = entry, options
