@@ -37,7 +37,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "vm-lab"))
 
-LAB_PLAN = "n1:bios,n2:bios,n3:uefi,n4:bios:debian12"
+LAB_PLAN = "n1:bios,n2:bios,n3:uefi,n4:bios:debian12,n5:bios"
 
 
 def _missing() -> str | None:

@@ -132,6 +132,11 @@ class Lab:
         """A TCP connect to host:port from inside the lab namespace."""
         return provision.tcp_open(self.netns, host, port)
 
+    def ssh(self, name: str, command: str) -> subprocess.CompletedProcess:
+        """Run `command` as root on a booted node over ssh (the lab's key, the node's host
+        key from provisiond's ssh overlay checked)."""
+        return provision.ssh(self.state, self.config, self._node(name), command)
+
     def boot(self, names: list[str] | None = None) -> None:
         """Power the nodes' domains on from scratch, with their boot status cleared."""
         if not netns.netns_exists(self.netns):

@@ -62,6 +62,11 @@ class LabState:
         return self.dir / "state"
 
     @property
+    def ssh_key(self) -> Path:
+        """The lab's admin key (private); its .pub is in server.ssh_authorized_keys."""
+        return self.dir / "ssh" / "id_ed25519"
+
+    @property
     def libvirt_socket(self) -> Path:
         return self.dir / "libvirt" / "run" / "libvirt-sock"
 

@@ -42,8 +42,35 @@ def init_state(state: LabState) -> Config:
         data.setdefault(section, {}).update(values)
     extra = os.environ.get("PVLAB_OVERLAY_DIRS", "")  # site overlays to try in the lab
     data["overlay_dirs"] = [path for path in extra.split(":") if path]
+    data["server"]["ssh_authorized_keys"] = [admin_key(state)]  # root's, by the ssh overlay
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return load_config(state.state_dir)
+
+
+def admin_key(state: LabState) -> str:
+    """The lab's ssh key pair (made once); returns the public key."""
+    key = state.ssh_key
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        process.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "pvlab-admin",
+                     "-f", str(key)])
+    return key.with_suffix(".pub").read_text().strip()
+
+
+def ssh(state: LabState, config: Config, node: LabNode, command: str,
+        timeout: float = 20) -> subprocess.CompletedProcess:
+    """`command` run as root on the node over ssh from inside the namespace, with the lab's
+    key, accepting only the host key provisiond's ssh overlay gave the node."""
+    from provisiond.overlays.hostkeys import host_key_dir
+
+    known = state.dir / "ssh" / f"known_hosts-{node.name}"
+    host_key = (host_key_dir(config, node.name) / "ssh_host_ed25519_key.pub").read_text()
+    known.write_text(f"{node.ipaddr} {' '.join(host_key.split()[:2])}\n")
+    argv = ["ssh", "-i", str(state.ssh_key), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}",
+            "-o", "HostKeyAlgorithms=ssh-ed25519", "-o", "ConnectTimeout=5",
+            f"root@{node.ipaddr}", command]
+    return process.run(argv, netns=state.netns, check=False, timeout=timeout)
 
 
 def node_record(node: LabNode, redfish_port: int) -> Record:
