@@ -4,7 +4,6 @@ dhclient): hand-written inventories the CLI would refuse, and settings out of ra
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,12 +15,13 @@ import pytest
 from bootdata import ip_of, mac_of
 from provisiond.config import write_default_config
 from servers import REPO, free_port, start_serve, stop_serve, wait_http, write_config
+from tests.tools import command, tool
 
 IPXE_ROOT = "/usr/lib/ipxe"
 
 
 def run(*cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, timeout=timeout, text=True)
+    return subprocess.run(command(list(cmd)), capture_output=True, timeout=timeout, text=True)
 
 
 def dig(port: int, *query: str) -> list[str]:
@@ -216,7 +216,7 @@ def test_dhclient_gets_its_lease_after_a_bad_record_is_loaded(tmp_path):
     from netns import make_link
     from test_dhcp_netns import stop_dhclient
 
-    if os.geteuid() != 0 or not shutil.which("dhclient"):
+    if os.geteuid() != 0 or not tool("dhclient"):
         pytest.skip("needs root (network namespaces) and isc-dhcp-client")
     link = make_link("x")
     state = tmp_path / "state"
