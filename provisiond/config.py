@@ -305,12 +305,14 @@ class Config(_Section):
 
 
 def resolve_state_dir(flag: str | None) -> Path:
-    """The state dir from the flag, else $PROVISIOND_STATE_DIR, else the default."""
-    return Path(flag or os.environ.get("PROVISIOND_STATE_DIR") or DEFAULT_STATE_DIR)
+    """The state dir from the flag, else $PROVISIOND_STATE_DIR, else the default; absolute,
+    so that no later cwd (Flask resolves relative files against its package) changes it."""
+    return Path(flag or os.environ.get("PROVISIOND_STATE_DIR") or DEFAULT_STATE_DIR).absolute()
 
 
 def load_config(state_dir: Path) -> Config:
     """Read `<state_dir>/provisiond.yaml`; a missing file means all defaults."""
+    state_dir = Path(state_dir).absolute()
     path = state_dir / CONFIG_NAME
     data: dict = {}
     if path.exists():

@@ -1,8 +1,10 @@
 """Settings: defaults, the commented template, clear errors for bad files."""
 
+from pathlib import Path
+
 import pytest
 
-from provisiond.config import CONFIG_TEMPLATE, load_config, write_default_config
+from provisiond.config import CONFIG_TEMPLATE, load_config, resolve_state_dir, write_default_config
 from provisiond.errors import InvalidConfig
 
 
@@ -139,3 +141,12 @@ def test_check_serving_needs_the_tftp_root_and_ipv4_for_dhcp(tmp_path):
         check_serving(config, {"tftp": True})
     with pytest.raises(InvalidConfig, match="server.address: DHCP .* IPv4"):
         check_serving(config, {"dhcp": True})
+
+
+def test_a_relative_state_dir_is_made_absolute(tmp_path, monkeypatch):
+    """`--state-dir state` then `serve`: Flask resolved the relative overlay paths against
+    its package directory and answered 500 for every runtime overlay."""
+    monkeypatch.chdir(tmp_path)
+    write_default_config(Path("state"))
+    assert load_config(Path("state")).state_dir == tmp_path / "state"
+    assert resolve_state_dir("state") == tmp_path / "state"
