@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from flask import Blueprint, Response, send_file
-from werkzeug.security import safe_join
 
 from provisiond.api.services import log_step, services
 from provisiond.boot.ipxe import chain_script, retry_script
+from provisiond.boot.tftp_request import refusal
 from provisiond.errors import InvalidInput, NotFound
 from provisiond.inventory.model import normalise_mac
 from provisiond.states import NodePhase
@@ -46,8 +47,27 @@ def node_ipxe(mac: str):
 @bp.get("/boot/files/<name>")
 def boot_file(name: str):
     """iPXE binaries (e.g. ipxe.efi for UEFI HTTP boot) from the TFTP root."""
-    root = services().config.tftp.root
-    path = safe_join(root, name)
-    if path is None or not os.path.isfile(path):
+    path = boot_file_path(services().config.tftp.root, name)
+    if path is None:
         raise NotFound(f"no boot file {name[:60]!r}")
     return send_file(path, mimetype="application/octet-stream", max_age=3600)
+
+
+def boot_file_path(root: str, name: str) -> str | None:
+    """The regular file `name` resolves to under `root`, or None. A symlink leading out of
+    the root is followed only if its target has the link's owner (Apache's
+    SymLinksIfOwnerMatch): Debian's /usr/lib/ipxe/ipxe.efi -> /boot/ipxe.efi is served, a
+    link someone made to a file of another user (root's) is not."""
+    if refusal(name) is not None:
+        return None
+    real_root = os.path.realpath(root)
+    link = os.path.join(real_root, name)
+    path = os.path.realpath(link)
+    try:
+        target = os.stat(path)
+        if os.path.commonpath([real_root, path]) != real_root \
+                and os.lstat(link).st_uid != target.st_uid:
+            return None
+    except (OSError, ValueError):
+        return None
+    return path if stat.S_ISREG(target.st_mode) else None

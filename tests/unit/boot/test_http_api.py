@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -186,6 +188,32 @@ def test_boot_files_serve_ipxe_binaries(client):
         response = client.get(f"/boot/files/{name}")
         assert response.status_code == 200
         assert response.data == open(f"/usr/lib/ipxe/{name}", "rb").read()
+
+
+def test_boot_files_follow_symlinks_out_of_the_root_only_to_their_owners_files(
+        config, tmp_path):
+    """Debian's ipxe.efi -> /boot/ipxe.efi is served; a link to another user's file (someone
+    able to write into tftp.root pointing at root's secrets) is not, nor `..` or a dir."""
+    root, boot, secret = tmp_path / "tftp", tmp_path / "boot.efi", tmp_path / "secret"
+    root.mkdir()
+    boot.write_bytes(b"boot")
+    secret.write_bytes(b"secret")
+    if os.geteuid() == 0:
+        os.chown(secret, 65534, 65534)  # not the link's owner
+    else:
+        secret = Path("/etc/passwd")  # root's
+    (root / "ipxe.efi").write_bytes(b"ipxe")
+    (root / "inside.efi").symlink_to("ipxe.efi")
+    (root / "debian.efi").symlink_to(boot)
+    (root / "evil.efi").symlink_to(secret)
+    (root / "dir.efi").mkdir()
+    config.tftp.root = str(root)
+    client = create_app(config).test_client()
+    for name, data in (("ipxe.efi", b"ipxe"), ("inside.efi", b"ipxe"), ("debian.efi", b"boot")):
+        assert client.get(f"/boot/files/{name}").data == data
+    for name in ("evil.efi", "dir.efi", "..", "%2e%2e", "a%00b", "nothere"):
+        response = client.get(f"/boot/files/{name}")
+        assert response.status_code == 404 and response.json["type"] == "NotFound", name
 
 
 def test_a_large_status_body_is_refused_unread(client, config):
