@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from werkzeug.http import http_date
+from werkzeug.http import http_date, parse_range_header
 from werkzeug.wsgi import wrap_file
 
 from provisiond.api import blobs, overlays
@@ -28,6 +28,7 @@ class WholeFiles:
         self.svc = svc
 
     def __call__(self, environ, start_response):
+        _drop_unusable_range(environ)
         found = None
         if environ.get("REQUEST_METHOD") == "GET" and not any(c in environ for c in CONDITIONS):
             found = self._find(environ)
@@ -56,3 +57,15 @@ class WholeFiles:
         except Exception:  # noqa: BLE001 - the view answers it again: its status, its log
             return None
         return None
+
+
+def _drop_unusable_range(environ: dict) -> None:
+    """RFC 9110 14.2: a Range in a unit other than bytes must be ignored, and one of several
+    ranges may be; both get the whole file (werkzeug answers them 416, which says that no
+    range overlaps the file)."""
+    value = environ.get("HTTP_RANGE")
+    if value is None:
+        return
+    parsed = parse_range_header(value)
+    if parsed is None or parsed.units != "bytes" or len(parsed.ranges) != 1:
+        del environ["HTTP_RANGE"]

@@ -58,3 +58,16 @@ def test_kernel_through_the_fast_path_is_the_kernel_phase(app, config):
                environ_base={"REMOTE_ADDR": ip_of(2)})
     app.extensions["provisiond"].phases.flush()
     assert read_status(config, "n2")["phase"] == "kernel"
+
+
+@pytest.mark.parametrize("header", ["items=0-1", "bytes=0-1,5-6", "bytes=-1,-1"])
+@pytest.mark.parametrize("what", ["blob", "system"])
+def test_a_range_in_another_unit_or_several_ranges_get_the_whole_file(app, config, what, header):
+    """RFC 9110 14.2: an unknown range unit must be ignored, and several ranges may be; 416
+    says none of them overlaps the file, which is not so."""
+    url = f"/blobs/sha256/{add_blob(config, b'z' * 100)[7:]}" if what == "blob" else \
+        "/overlays/n1/system"
+    whole = app.test_client().get(url)
+    response = app.test_client().get(url, headers={"Range": header})
+    assert response.status_code == 200 and response.data == whole.data
+    assert app.test_client().get(url, headers={"Range": "bytes=1000000-"}).status_code == 416
