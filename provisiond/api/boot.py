@@ -21,7 +21,7 @@ IPXE_TYPE = "text/plain; charset=utf-8"
 
 @bp.get("/boot/ipxe")
 def chain():
-    return Response(chain_script(services().config), mimetype=IPXE_TYPE)
+    return Response(chain_script(services().config), content_type=IPXE_TYPE)
 
 
 @bp.get("/boot/ipxe/<mac>")
@@ -36,9 +36,9 @@ def node_ipxe(mac: str):
     entry = table.by_mac.get(mac)
     if entry is None:
         text = retry_script(svc.config, f"unknown MAC {mac}: add it to a node's netdevs")
-        return Response(text, mimetype=IPXE_TYPE)
+        return Response(text, content_type=IPXE_TYPE)
     text = svc.scripts.script(table, entry)
-    response = Response(text, mimetype=IPXE_TYPE)
+    response = Response(text, content_type=IPXE_TYPE)
     svc.phases.record(entry.node, NodePhase.IPXE)
     log_step(entry.node, "ipxe-script", started)
     return response

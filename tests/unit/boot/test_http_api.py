@@ -183,6 +183,14 @@ def test_overlays_built_by_the_real_ensure_overlay(client, config):
     assert again.status_code == 304
 
 
+@pytest.mark.parametrize("url", ["/boot/ipxe", f"/boot/ipxe/{mac_of(1)}",
+                                 "/boot/ipxe/52:54:00:ff:ff:ff"])
+def test_ipxe_scripts_are_utf8_text_with_one_charset(client, url):
+    response = client.get(url)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+
+
 def test_boot_files_serve_ipxe_binaries(client):
     for name in ("ipxe.efi", "undionly.kpxe"):
         response = client.get(f"/boot/files/{name}")
