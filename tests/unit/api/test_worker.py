@@ -55,3 +55,11 @@ def test_a_silent_peer_ends_a_receive_as_a_reset(pair):
     ours.settimeout(0.2)
     with pytest.raises(ConnectionResetError):
         ours.recv(10)
+
+
+def test_a_peer_that_stops_reading_ends_a_sendall_as_a_reset(pair):
+    """Responses not sent with sendfile (ranges, scripts, errors) go through sendall."""
+    ours, _ = pair
+    ours.settimeout(0.2)
+    with pytest.raises(ConnectionResetError):
+        ours.sendall(b"x" * (16 << 20))
