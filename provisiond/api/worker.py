@@ -14,6 +14,7 @@ os.sendfile on the non-blocking descriptor and wait for writability in the event
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 from gevent import socket as gsocket
@@ -70,8 +71,47 @@ def _timed_out() -> ConnectionResetError:
     return ConnectionResetError(errno.ECONNRESET, f"client idle for {SOCKET_TIMEOUT:.0f} s")
 
 
+class _ErrorPage:
+    """Stands in for the client while gunicorn's `handle_error` logs a request it could
+    not parse (or a crash) and writes its HTML error page: keeps the page."""
+
+    def __init__(self):
+        self.data = b""
+
+    def gettimeout(self) -> float:
+        return 0.0
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+def json_error(page: bytes, exc: BaseException) -> bytes:
+    """gunicorn's error page as the API's errors are: `{"error": ..., "type": ...}`."""
+    status, _, reason = page.split(b"\r\n", 1)[0].decode("latin-1")[9:].partition(" ")
+    if status.startswith("5"):
+        message, kind = "internal error", "InternalError"  # as the app says it
+    else:
+        message = f"{reason}: {exc}"[:300]
+        kind = "".join(word[:1].upper() + word[1:] for word in reason.split())
+    body = json.dumps({"error": message, "type": kind}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode("latin-1") + body
+
+
 class BootWorker(GeventWorker):
-    """gunicorn's gevent worker with bounded socket waits and kernel sendfile."""
+    """gunicorn's gevent worker with bounded socket waits, kernel sendfile, and JSON error
+    answers to requests it cannot parse (as every error of the app)."""
+
+    def handle_error(self, req, client, addr, exc):
+        page = _ErrorPage()
+        super().handle_error(req, page, addr, exc)  # its status, its log lines
+        if not page.data:
+            return
+        try:
+            client.sendall(json_error(page.data, exc))
+        except OSError:
+            self.log.debug("Failed to send error message.")
 
     def handle(self, listener, client, addr):
         client.__class__ = SendfileSocket  # no new slots: the same object, other methods

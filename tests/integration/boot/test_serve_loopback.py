@@ -174,11 +174,16 @@ def test_junk_http_requests_get_4xx_json(served):
                  "/boot/files/..%2f..%2fetc%2fpasswd", "/api/v1/status/n1"]:
         result = run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{base}{path}")
         assert result.stdout.decode()[0] == "4", path
-    with socket.create_connection(("127.0.0.1", ports["http"]), timeout=5) as sock:
-        sock.sendall(b"\x16\x03\x01junk that is not HTTP\r\n\r\n")
-        answer = read_until_closed(sock)
-    assert answer.startswith(b"HTTP/1.1 400 "), answer  # an answer, not a dropped connection
-    assert b"Connection: close" in answer.split(b"\r\n\r\n")[0]
+    for junk, status in [(b"\x16\x03\x01junk that is not HTTP\r\n\r\n", 400),
+                         (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n", 414),
+                         (b"GET / HTTP/1.1\r\nX: " + b"b" * 9000 + b"\r\n\r\n", 431)]:
+        with socket.create_connection(("127.0.0.1", ports["http"]), timeout=5) as sock:
+            sock.sendall(junk)
+            answer = read_until_closed(sock)  # an answer, not a dropped connection
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d " % status), answer
+        assert b"Connection: close" in head and b"Content-Type: application/json" in head
+        assert set(json.loads(body)) == {"error", "type"}  # gunicorn's own errors too
     assert run("curl", "-sS", f"{base}/boot/ipxe").returncode == 0
 
 

@@ -1,5 +1,6 @@
 """The gunicorn worker's socket: kernel sendfile under gevent, and bounded waits."""
 
+import json
 import os
 
 import gevent
@@ -63,3 +64,14 @@ def test_a_peer_that_stops_reading_ends_a_sendall_as_a_reset(pair):
     ours.settimeout(0.2)
     with pytest.raises(ConnectionResetError):
         ours.sendall(b"x" * (16 << 20))
+
+
+def test_gunicorn_error_pages_become_the_api_json_errors():
+    page = b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\n\r\n<html>...</html>"
+    head, _, body = worker.json_error(page, ValueError("line too large")).partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 414 URI Too Long"
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert json.loads(body) == {"error": "URI Too Long: line too large", "type": "URITooLong"}
+    crash = worker.json_error(b"HTTP/1.1 500 Internal Server Error\r\n\r\n", KeyError("/etc"))
+    assert json.loads(crash.partition(b"\r\n\r\n")[2]) == {"error": "internal error",
+                                                           "type": "InternalError"}
