@@ -71,3 +71,28 @@ def test_a_range_in_another_unit_or_several_ranges_get_the_whole_file(app, confi
     response = app.test_client().get(url, headers={"Range": header})
     assert response.status_code == 200 and response.data == whole.data
     assert app.test_client().get(url, headers={"Range": "bytes=1000000-"}).status_code == 416
+
+
+@pytest.mark.parametrize("what", ["blob", "system"])
+def test_methods_and_every_condition_are_answered_as_http_requires(app, config, what):
+    """What the fast path must leave to the views: each would be a plain 200 there."""
+    url = f"/blobs/sha256/{add_blob(config, b'w' * 100)[7:]}" if what == "blob" else \
+        "/overlays/n1/system"
+    client = app.test_client()
+    whole = client.get(url)
+    etag, modified = whole.headers["ETag"], whole.headers["Last-Modified"]
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        response = client.open(url, method=method)
+        assert response.status_code == 405 and set(response.json) == {"error", "type"}
+        assert set(response.headers["Allow"].split(", ")) >= {"GET", "HEAD"}
+    head = client.head(url)
+    assert head.status_code == 200 and head.data == b""
+    assert head.headers["Content-Length"] == str(len(whole.data)) and head.headers["ETag"] == etag
+    assert client.get(url, headers={"If-Modified-Since": modified}).status_code == 304
+    assert client.get(url, headers={"If-Match": '"other"'}).status_code == 412
+    ranged = client.get(url, headers={"Range": "bytes=-10", "If-Range": etag})
+    assert ranged.status_code == 206 and ranged.data == whole.data[-10:]
+    assert ranged.headers["Content-Range"] == f"bytes {len(whole.data) - 10}-" \
+        f"{len(whole.data) - 1}/{len(whole.data)}"
+    stale = client.get(url, headers={"Range": "bytes=-10", "If-Range": '"other"'})
+    assert stale.status_code == 200 and stale.data == whole.data
