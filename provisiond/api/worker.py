@@ -25,6 +25,18 @@ SOCKET_TIMEOUT = 30.0  # one send or receive waiting longer than this ends the c
 MAX_CHUNK = 1 << 30
 
 
+def _reset_on_timeout(method):
+    """`method` of gevent's socket, a timed-out wait raised as a reset."""
+
+    def bounded(self, *args):
+        try:
+            return method(self, *args)
+        except TimeoutError:
+            raise _timed_out() from None
+
+    return bounded
+
+
 class SendfileSocket(gsocket.socket):
     """A gevent socket whose `sendfile` is the kernel's, waiting cooperatively; a wait
     that times out ends the connection as a reset (gunicorn logs those at debug level,
@@ -32,23 +44,9 @@ class SendfileSocket(gsocket.socket):
 
     __slots__ = ()
 
-    def recv(self, *args):
-        try:
-            return super().recv(*args)
-        except TimeoutError:
-            raise _timed_out() from None
-
-    def recv_into(self, *args):
-        try:
-            return super().recv_into(*args)
-        except TimeoutError:
-            raise _timed_out() from None
-
-    def sendall(self, *args):
-        try:
-            return super().sendall(*args)
-        except TimeoutError:
-            raise _timed_out() from None
+    recv = _reset_on_timeout(gsocket.socket.recv)
+    recv_into = _reset_on_timeout(gsocket.socket.recv_into)
+    sendall = _reset_on_timeout(gsocket.socket.sendall)
 
     def sendfile(self, file, offset: int = 0, count: int | None = None) -> int:
         out, src = self.fileno(), file.fileno()
