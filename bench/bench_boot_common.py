@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -118,6 +119,15 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def up(url: str) -> bool:
+    """The URL answers at all (any status but a connection error)."""
+    try:
+        urllib.request.urlopen(url, timeout=2).read(10)
+        return True
+    except OSError:
+        return False
 
 
 def wait_for(check, timeout: float = 60) -> None:

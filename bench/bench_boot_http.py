@@ -12,11 +12,10 @@ import re
 import statistics
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 from bench_boot_common import (REPO, add_blob, add_image, command, free_port, mac_of,
-                               make_state, serve, start, start_nginx, stop, wait_for)
+                               make_state, serve, start, start_nginx, stop, up, wait_for)
 
 SECONDS, NODES, ROUNDS = 10, 1000, 3
 LUA = """local n, i = {count}, 0
@@ -58,14 +57,6 @@ def gunicorn(app_spec: str, port: int, state: Path) -> subprocess.Popen:
     cmd[cmd.index("--bind") + 1] = f"127.0.0.1:{port}"
     env = {"PROVISIOND_STATE_DIR": str(state), "PYTHONPATH": f"{REPO}:{REPO / 'bench'}"}
     return start(cmd, env=env, log=str(state / f"gunicorn-{port}.log"))
-
-
-def up(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=2).read(10)
-        return True
-    except OSError:
-        return False
 
 
 def setup_state(port: int) -> tuple[Path, str]:

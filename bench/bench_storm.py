@@ -24,14 +24,13 @@ import os
 import socket
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import yaml
 
 from bench_boot_common import (REPO, add_blob, add_image, free_port, ip_of, mac_of, make_state,
-                               serve, start_nginx, stop, wait_for)
+                               serve, start_nginx, stop, up, wait_for)
 
 NET = "127.1"  # the nodes' reserved addresses: loopback, so each node has its own source
 KERNEL_MIB, LAYER_MIB, LAYER2_KIB = 6, 3, 64  # about the tiny image: kernel, busybox, scripts
@@ -245,14 +244,6 @@ def _role(cmd: list[bytes]) -> str:
 def show_rss(label: str, rss: dict[str, float]) -> None:
     parts = ", ".join(f"{name} {mib:.0f}" for name, mib in rss.items())
     print(f"provisiond RSS {label}: {sum(rss.values()):.0f} MiB ({parts})", flush=True)
-
-
-def up(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=2).read(10)
-        return True
-    except OSError:
-        return False
 
 
 def run_storm(name: str, port: int, leader: int, args) -> tuple[str, dict]:
