@@ -61,6 +61,14 @@ def parse_request(packet: bytes) -> tuple[str, str, dict[str, str]]:
     return name, mode, options
 
 
+def number(value: str) -> int | None:
+    """An option's value as a number, or None: ASCII digits only (str.isdigit also takes
+    '²', which int() refuses, and int() refuses more than 4300 digits), 20 at most."""
+    if value.isascii() and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return None
+
+
 def negotiate(asked: dict[str, str], size: int) -> dict[str, int]:
     """The options we take, with their values (RFC 2347: the others are ignored).
 
@@ -68,9 +76,9 @@ def negotiate(asked: dict[str, str], size: int) -> dict[str, int]:
     taken = {}
     for key, low, high in (("blksize", 8, MAX_BLKSIZE), ("windowsize", 1, MAX_WINDOW),
                            ("timeout", 1, 255)):
-        value = asked.get(key, "")
-        if value.isdigit() and int(value) >= low and (key != "timeout" or int(value) <= high):
-            taken[key] = min(int(value), high)
+        value = number(asked.get(key, ""))
+        if value is not None and value >= low and (key != "timeout" or value <= high):
+            taken[key] = min(value, high)
     if "tsize" in asked:
         taken["tsize"] = size
     return taken

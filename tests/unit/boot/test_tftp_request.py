@@ -63,3 +63,8 @@ def test_sessions_per_client_is_a_setting_of_at_least_one(tmp_path):
     (tmp_path / "provisiond.yaml").write_text("tftp: {sessions_per_client: 0}\n")
     with pytest.raises(InvalidConfig, match="sessions_per_client.*0 is outside 1-256"):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "\u0661\u0664\u0666\u0668", "-8", " 8"])
+def test_negotiate_drops_a_value_that_is_not_ascii_digits(value):
+    assert negotiate({"blksize": value, "windowsize": value, "timeout": value}, 5) == {}
