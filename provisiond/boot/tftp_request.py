@@ -4,6 +4,7 @@ named file read-only without leaving the root (no `..`, no symlink out, regular 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -15,6 +16,10 @@ NOT_DEFINED, NOT_FOUND, ACCESS_VIOLATION, ILLEGAL = 0, 1, 2, 4
 MAX_BLKSIZE = 65464  # RFC 2348
 MAX_WINDOW = 64  # RFC 7440 lets a client ask for 65535 blocks in flight; we allow this many
 HEADER = struct.Struct(">HH")  # opcode, block number or error code
+NO_FILE, DENIED = (NOT_FOUND, "file not found"), (ACCESS_VIOLATION, "permission denied")
+OPEN_REFUSALS = {errno.ENOENT: NO_FILE, errno.ENOTDIR: NO_FILE, errno.EISDIR: NO_FILE,
+                 errno.ENAMETOOLONG: NO_FILE, errno.ELOOP: NO_FILE, errno.EACCES: DENIED,
+                 errno.EPERM: DENIED}  # open() failures a client is told of; others drop it
 
 
 class Refused(InvalidInput):
@@ -92,13 +97,11 @@ def open_under(root: str, name: str) -> int:
         raise Refused(ACCESS_VIOLATION, "outside the root")
     try:  # O_NONBLOCK: a FIFO under the root must not block the loop
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise Refused(NOT_FOUND, "file not found") from None
-    except PermissionError:
-        raise Refused(ACCESS_VIOLATION, "permission denied") from None
-    except IsADirectoryError:
-        raise Refused(NOT_FOUND, "file not found") from None
+    except OSError as exc:
+        if exc.errno not in OPEN_REFUSALS:
+            raise  # out of descriptors or memory: the caller drops the request
+        raise Refused(*OPEN_REFUSALS[exc.errno]) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise Refused(NOT_FOUND, "file not found")
+        raise Refused(*NO_FILE)
     return fd

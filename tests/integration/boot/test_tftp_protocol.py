@@ -104,3 +104,12 @@ def test_an_option_value_that_is_not_a_number_is_ignored(client, value):
     packet = b"\0\1small.bin\0octet\0blksize\0" + value.encode() + b"\0"
     assert first.request(packet) == data(1, SMALL)
     first.ack(1)
+
+
+@pytest.mark.parametrize("name", ["small.bin/x", "a" * 300, "loop", "\u00e9t\u00e9/\u2603"])
+def test_a_name_that_cannot_be_opened_is_not_found(served, client, name):
+    """ENOTDIR, ENAMETOOLONG, ELOOP were dropped unanswered, the client left to retry."""
+    _, root = served
+    if not (root / "loop").is_symlink():
+        (root / "loop").symlink_to("loop")
+    assert client().request(rrq(name)) == b"\0\5\0\1file not found\0"

@@ -68,3 +68,13 @@ def test_sessions_per_client_is_a_setting_of_at_least_one(tmp_path):
 @pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "\u0661\u0664\u0666\u0668", "-8", " 8"])
 def test_negotiate_drops_a_value_that_is_not_ascii_digits(value):
     assert negotiate({"blksize": value, "windowsize": value, "timeout": value}, 5) == {}
+
+
+@pytest.mark.parametrize("name", ["file/x", "a" * 300, "loop"])
+def test_open_under_refuses_what_open_cannot_open(tmp_path, name):
+    """ENOTDIR, ENAMETOOLONG, ELOOP: file not found (an OSError would drop the request)."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(Refused) as refused:
+        open_under(str(tmp_path), name)
+    assert refused.value.code == NOT_FOUND
