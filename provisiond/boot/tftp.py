@@ -24,6 +24,7 @@ from provisiond.boot.tftp_request import (ACK, DATA, ERROR, HEADER, NOT_DEFINED,
                                           error_packet, negotiate, open_under, parse_request)
 from provisiond.boot.udp import open_udp
 from provisiond.config import Config
+from provisiond.errors import Conflict
 
 log = logging.getLogger("provisiond.boot")
 
@@ -33,6 +34,10 @@ TIMEOUT = 1.0  # seconds before a block is sent again, unless the client asks ot
 RETRIES = 5  # resends without an ACK before a transfer is dropped
 TICK = 0.1  # how often timeouts are checked
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.11 does not name it
+
+
+class FileChanged(Conflict):
+    """The file being sent was cut short: its transfer ends with an error."""
 
 
 def ask_destination(sock: socket.socket) -> None:
@@ -87,17 +92,26 @@ class Session:
         if self.acked < 0:
             self.sock.send(self.oack)
         else:
-            blksize, fd, send = self.blksize, self.fd, self.sock.send
+            send = self.sock.send
             end = min(self.acked + self.window, self.last)
             for block in range(self.acked + 1, end + 1):
                 try:
-                    send(HEADER.pack(DATA, block & 0xFFFF)
-                         + os.pread(fd, blksize, (block - 1) * blksize))
+                    send(HEADER.pack(DATA, block & 0xFFFF) + self.read(block))
                 except BlockingIOError:  # send buffer full: the rest go after an ACK or timeout
                     end = block - 1
                     break
             self.sent = max(end, self.sent)
         self.deadline = now + self.timeout
+
+    def read(self, block: int) -> bytes:
+        """Block `block` of the file at the size it had when the transfer began (the size
+        tsize announced); FileChanged if the file is shorter now."""
+        offset = (block - 1) * self.blksize
+        want = min(self.blksize, self.size - offset)
+        payload = os.pread(self.fd, want, offset)
+        if len(payload) < want:  # a short block would tell the client the file ends here
+            raise FileChanged("file changed during the transfer")
+        return payload
 
     def on_ack(self, number: int) -> bool:
         """Take an ACK (16-bit block number); True if it acknowledged something new.
@@ -293,9 +307,9 @@ class TransferLoop:
                     sock.bind(local)
             sock.connect(peer)
             self.epoll.register(sock, select.EPOLLIN)
-            session.send_window(time.monotonic())
         except OSError as exc:
-            self._finish(session, f"not started: {exc.strerror or exc}")
+            return self._finish(session, f"not started: {exc.strerror or exc}")
+        self._send(session, time.monotonic())
 
     def _receive(self, session: Session) -> None:
         """Take every packet waiting for one transfer; the client's error ends only it."""
@@ -306,7 +320,8 @@ class TransferLoop:
                 if opcode == ACK and session.on_ack(packet[2] << 8 | packet[3]):
                     if session.done:
                         return self._finish(session, None)
-                    session.send_window(time.monotonic())
+                    if not self._send(session, time.monotonic()):
+                        return
                 elif opcode == ERROR:
                     message = packet[4:].split(b"\0")[0].decode(errors="replace")[:80]
                     return self._finish(session, f"ended by the client: {message!r}")
@@ -322,10 +337,20 @@ class TransferLoop:
                 self._finish(session, f"abandoned: no answer to {session.tries} sends of "
                                       f"block {max(session.acked + 1, 0)}")
                 continue
-            try:
-                session.send_window(now)
-            except OSError as exc:
-                self._finish(session, f"client gone ({exc.strerror})")
+            self._send(session, now)
+
+    def _send(self, session: Session, now: float) -> bool:
+        """Send the transfer's window (again); False if that ended the transfer."""
+        try:
+            session.send_window(now)
+            return True
+        except FileChanged as exc:
+            with contextlib.suppress(OSError):
+                session.sock.send(error_packet(NOT_DEFINED, str(exc)))
+            self._finish(session, str(exc))
+        except OSError as exc:  # ICMP port unreachable: the client is gone
+            self._finish(session, f"client gone ({exc.strerror or exc})")
+        return False
 
     def _finish(self, session: Session, failure: str | None) -> None:
         del self.sessions[session.sock.fileno()]

@@ -113,3 +113,35 @@ def test_a_name_that_cannot_be_opened_is_not_found(served, client, name):
     if not (root / "loop").is_symlink():
         (root / "loop").symlink_to("loop")
     assert client().request(rrq(name)) == b"\0\5\0\1file not found\0"
+
+
+def test_a_file_cut_short_while_sent_ends_with_an_error(served, client):
+    """Not a short block the client would take for the end of a whole file."""
+    _, root = served
+    content = os.urandom(20)
+    (root / "shrink.bin").write_bytes(content)
+    first = client()
+    assert first.request(rrq("shrink.bin", blksize=8)) == b"\0\6blksize\x008\0"
+    first.ack(0)
+    assert first.receive() == data(1, content[:8])
+    os.truncate(root / "shrink.bin", 4)
+    first.ack(1)
+    assert first.receive() == b"\0\5\0\0file changed during the transfer\0"
+
+
+def test_a_file_grown_while_sent_is_sent_at_the_size_announced(served, client):
+    """tsize said 20 bytes: the third block of 8 is the last, 4 bytes, whatever was added."""
+    _, root = served
+    content = os.urandom(20)
+    (root / "grow.bin").write_bytes(content)
+    first = client()
+    assert first.request(rrq("grow.bin", blksize=8, tsize=0)) == b"\0\6blksize\x008\0tsize\x0020\0"
+    first.ack(0)
+    assert first.receive() == data(1, content[:8])
+    with open(root / "grow.bin", "ab") as grown:
+        grown.write(os.urandom(100))
+    first.ack(1)
+    assert first.receive() == data(2, content[8:16])
+    first.ack(2)
+    assert first.receive() == data(3, content[16:])
+    first.ack(3)
