@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import time
 
 import pytest
 
@@ -145,3 +146,96 @@ def test_a_file_grown_while_sent_is_sent_at_the_size_announced(served, client):
     first.ack(2)
     assert first.receive() == data(3, content[16:])
     first.ack(3)
+
+
+def test_a_duplicate_ack_sends_nothing_again(client, served):
+    """Sorcerer's Apprentice (RFC 1350 errata, RFC 1123 4.2.3.1): the duplicate ACK 1 must
+    not send block 2 again, so the packet after ACK 2 is block 3 (the timeout asked for,
+    255 s, keeps the server's own resend out of the way)."""
+    _, root = served
+    content = (root / "exact.bin").read_bytes()
+    first = client()
+    assert first.request(rrq("exact.bin", timeout=255)) == b"\0\6timeout\x00255\0"
+    first.ack(0)
+    assert first.receive() == data(1, content[:512])
+    first.ack(1)
+    assert first.receive() == data(2, content[512:])
+    first.ack(1)
+    first.ack(0)
+    first.ack(7)  # a block not sent yet: ignored too
+    first.ack(2)
+    assert first.receive() == data(3, b"")  # 1024 bytes: an empty block says it ended
+    first.ack(3)
+
+
+@pytest.mark.parametrize("name, options, first", [
+    ("empty.bin", {}, data(1, b"")),
+    ("empty.bin", {"tsize": 0}, b"\0\6tsize\x000\0"),
+    ("small.bin", {"blksize": 7, "windowsize": 0, "timeout": 0}, data(1, SMALL)),
+    ("small.bin", {"timeout": 256, "multicast": 1}, data(1, SMALL)),
+    ("small.bin", {"blksize": 65465, "tsize": 5, "timeout": 255},
+     b"\0\6blksize\x0065464\0timeout\x00255\0tsize\x00100\0"),
+])
+def test_option_values_out_of_range_are_ignored_or_lowered(client, name, options, first):
+    """RFC 2348: blksize 8-65464 (a larger one may be lowered); RFC 2349: timeout 1-255,
+    tsize answered with the size; RFC 7440: windowsize at least 1; unknown options
+    ignored; no option left, no OACK."""
+    asker = client()
+    assert asker.request(rrq(name, **options)) == first
+    if first[:2] == b"\0\3":
+        asker.ack(1)
+
+
+def test_a_window_resumes_after_the_last_block_acknowledged(client, served):
+    """RFC 7440: an ACK inside the window (block 3 lost, say) sends from the block after it."""
+    blocks = [SMALL[n:n + 8] for n in range(0, 100, 8)]
+    first = client()
+    assert first.request(rrq("small.bin", blksize=8, windowsize=4, timeout=255)) == (
+        b"\0\6blksize\x008\0windowsize\x004\0timeout\x00255\0")
+    first.ack(0)
+    assert [first.receive() for _ in range(4)] == [data(n, blocks[n - 1]) for n in (1, 2, 3, 4)]
+    first.ack(2)
+    assert [first.receive() for _ in range(4)] == [data(n, blocks[n - 1]) for n in (3, 4, 5, 6)]
+
+
+def test_packets_from_another_port_leave_the_transfer_alone(client, served):
+    """The transfer's socket is connected to its client: another port's ERROR or ACK does
+    not reach it (the kernel answers with ICMP port unreachable, tftpd-hpa with nothing)."""
+    first, stray = client(), client()
+    first.request(rrq("exact.bin", timeout=255))
+    stray.tid = first.tid
+    stray.send(b"\0\5\0\0go away\0")
+    stray.ack(0)
+    stray.tid = None
+    first.ack(0)
+    assert first.receive()[:4] == b"\0\3\0\1"
+
+
+def test_a_write_request_is_refused(client):
+    assert client().request(b"\0\2new.bin\0octet\0") == b"\0\5\0\2writes are refused\0"
+
+
+def test_an_error_from_the_client_ends_its_transfer_and_frees_its_slot(client, served):
+    """PER_CLIENT transfers from one address; one ends with the client's ERROR: a request
+    from that address is then served (the ERROR and the request reach different sockets,
+    so the request is retried, within a bound, until the slot is seen free)."""
+    port, _ = served
+    host = f"127.0.1.{next(ADDRESSES)}"
+    holders = [Client(port, host) for _ in range(PER_CLIENT)]
+    try:
+        for holder in holders:
+            assert holder.request(rrq("small.bin", timeout=255))[:2] == b"\0\6"
+        late = Client(port, host)
+        assert late.request(rrq("small.bin"))[:4] == b"\0\5\0\0"  # too many from it
+        holders[0].send(b"\0\5\0\0cancelled\0")
+        holders[0].tid = None
+        deadline = time.monotonic() + 10
+        while (answer := late.request(rrq("small.bin")))[:2] == b"\0\5":
+            assert time.monotonic() < deadline, answer
+        assert answer == data(1, SMALL)
+        late.ack(1)
+        late.tid = None
+        late.close()
+    finally:
+        for holder in holders:
+            holder.close()
