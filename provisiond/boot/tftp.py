@@ -33,11 +33,36 @@ PER_CLIENT = 8  # transfers at once from one address (tftp.sessions_per_client)
 TIMEOUT = 1.0  # seconds before a block is sent again, unless the client asks otherwise
 RETRIES = 5  # resends without an ACK before a transfer is dropped
 TICK = 0.1  # how often timeouts are checked
+LOG_LINES = 20  # a second, about refused and dropped requests: a flood of them logs no more
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.11 does not name it
 
 
 class FileChanged(Conflict):
     """The file being sent was cut short: its transfer ends with an error."""
+
+
+class LogLimit:
+    """At most `per_second` lines a second (shared by the loops); the next line let through
+    says how many were held back, so a flood of bad requests cannot fill the disk."""
+
+    def __init__(self, per_second: int = LOG_LINES, clock=time.monotonic):
+        self.per_second, self.clock = per_second, clock
+        self.second = self.lines = self.held = 0
+        self._lock = threading.Lock()
+
+    def log(self, level: int, message: str, *args) -> None:
+        with self._lock:
+            second = int(self.clock())
+            if second != self.second:
+                self.second, self.lines = second, 0
+            if self.lines >= self.per_second:
+                self.held += 1
+                return
+            self.lines += 1
+            held, self.held = self.held, 0
+        if held:
+            message, args = message + " (%d more not logged before it)", (*args, held)
+        log.log(level, message, *args)
 
 
 def ask_destination(sock: socket.socket) -> None:
@@ -153,6 +178,7 @@ class TftpServer:
         self.peers: set[tuple] = set()  # (address, port) of every running transfer
         self.by_client: Counter[str] = Counter()
         self.dropped = 0
+        self.log_limit = LogLimit()
         self.stopping: str | None = None  # "now" or "gracefully"
         self._lock = threading.Lock()
 
@@ -212,8 +238,8 @@ class TftpServer:
         with self._lock:
             self.dropped += 1
             dropped = self.dropped
-        if dropped & (dropped - 1) == 0:  # 1st, 2nd, 4th... drop
-            log.warning("tftp: request from %s dropped (%s); %d so far", host, why, dropped)
+        self.log_limit.log(logging.WARNING, "tftp: request from %s dropped (%s); %d so far",
+                           host, why, dropped)
 
     def finished(self, session: Session, failure: str | None) -> None:
         """Log a transfer that ended, once: done, or why it ended."""
@@ -248,7 +274,7 @@ class TransferLoop:
                         elif fd in sessions:
                             self._receive(sessions[fd])
                     except Exception as exc:  # one client's packet never stops the server
-                        log.warning("tftp: packet dropped: %r", exc)
+                        server.log_limit.log(logging.WARNING, "tftp: packet dropped: %r", exc)
                 now = time.monotonic()
                 if now - checked >= TICK:
                     checked = now
@@ -276,7 +302,8 @@ class TransferLoop:
                 self._start(peer, destination(ancdata), name, options)
         except Refused as exc:
             if exc.code != NOT_DEFINED:
-                log.info("tftp: %s:%s refused: %s: %r", peer[0], peer[1], exc, packet[2:82])
+                self.server.log_limit.log(logging.INFO, "tftp: %s:%s refused: %s: %r", peer[0],
+                                          peer[1], exc, packet[2:82])
             try:  # with the request's PKTINFO: from the address it was sent to
                 self.server.sock.sendmsg([error_packet(exc.code, str(exc))], ancdata, 0, peer)
             except OSError:

@@ -17,7 +17,7 @@ import pytest
 
 from provisiond.config import write_default_config
 from servers import free_port, start_serve, stop_serve, write_config
-from tftp_flood import rrq, wait_until_served
+from tftp_flood import Flood, rrq, wait_until_served
 
 PER_CLIENT = 2
 SMALL = os.urandom(100)
@@ -41,7 +41,7 @@ def served(tmp_path_factory):
     proc = start_serve(state, "--no-http", "--tftp")
     try:
         wait_until_served(port, "small.bin", SMALL, base / "probe")
-        yield port, root
+        yield port, root, state / "serve.log"
     finally:
         stop_serve(proc)
 
@@ -81,7 +81,7 @@ class Client:
 @pytest.fixture
 def client(served):
     """Makes Clients, each at a loopback address no other Client had."""
-    port, _ = served
+    port, _, _ = served
     clients = []
 
     def make() -> Client:
@@ -110,7 +110,7 @@ def test_an_option_value_that_is_not_a_number_is_ignored(client, value):
 @pytest.mark.parametrize("name", ["small.bin/x", "a" * 300, "loop", "\u00e9t\u00e9/\u2603"])
 def test_a_name_that_cannot_be_opened_is_not_found(served, client, name):
     """ENOTDIR, ENAMETOOLONG, ELOOP were dropped unanswered, the client left to retry."""
-    _, root = served
+    _, root, _ = served
     if not (root / "loop").is_symlink():
         (root / "loop").symlink_to("loop")
     assert client().request(rrq(name)) == b"\0\5\0\1file not found\0"
@@ -118,7 +118,7 @@ def test_a_name_that_cannot_be_opened_is_not_found(served, client, name):
 
 def test_a_file_cut_short_while_sent_ends_with_an_error(served, client):
     """Not a short block the client would take for the end of a whole file."""
-    _, root = served
+    _, root, _ = served
     content = os.urandom(20)
     (root / "shrink.bin").write_bytes(content)
     first = client()
@@ -132,7 +132,7 @@ def test_a_file_cut_short_while_sent_ends_with_an_error(served, client):
 
 def test_a_file_grown_while_sent_is_sent_at_the_size_announced(served, client):
     """tsize said 20 bytes: the third block of 8 is the last, 4 bytes, whatever was added."""
-    _, root = served
+    _, root, _ = served
     content = os.urandom(20)
     (root / "grow.bin").write_bytes(content)
     first = client()
@@ -152,7 +152,7 @@ def test_a_duplicate_ack_sends_nothing_again(client, served):
     """Sorcerer's Apprentice (RFC 1350 errata, RFC 1123 4.2.3.1): the duplicate ACK 1 must
     not send block 2 again, so the packet after ACK 2 is block 3 (the timeout asked for,
     255 s, keeps the server's own resend out of the way)."""
-    _, root = served
+    _, root, _ = served
     content = (root / "exact.bin").read_bytes()
     first = client()
     assert first.request(rrq("exact.bin", timeout=255)) == b"\0\6timeout\x00255\0"
@@ -219,7 +219,7 @@ def test_an_error_from_the_client_ends_its_transfer_and_frees_its_slot(client, s
     """PER_CLIENT transfers from one address; one ends with the client's ERROR: a request
     from that address is then served (the ERROR and the request reach different sockets,
     so the request is retried, within a bound, until the slot is seen free)."""
-    port, _ = served
+    port, _, _ = served
     host = f"127.0.1.{next(ADDRESSES)}"
     holders = [Client(port, host) for _ in range(PER_CLIENT)]
     try:
@@ -239,3 +239,25 @@ def test_an_error_from_the_client_ends_its_transfer_and_frees_its_slot(client, s
     finally:
         for holder in holders:
             holder.close()
+
+
+def test_a_flood_of_bad_requests_is_not_logged_line_for_line(served, client):
+    """1,000 requests for a missing file, in bursts of 100 from ports of their own (each burst
+    answered before the next, so none is lost in a socket buffer): a few lines a second are
+    logged, then one saying how many were held back (it comes with the next line logged,
+    hence the probes)."""
+    port, _, log_path = served
+    source = f"127.0.1.{next(ADDRESSES)}"
+    for _ in range(10):
+        flood = Flood(port, 100, source).send(rrq("flood-missing"))
+        flood.collect(lambda f: f.answered() == 100)
+        flood.close()
+        assert flood.refusals(b"file not found") == 100
+    probe = client()
+    deadline = time.monotonic() + 30
+    while b"not logged before it" not in log_path.read_bytes():
+        assert time.monotonic() < deadline, log_path.read_text()[-2000:]
+        probe.request(rrq("flood-probe"))
+        time.sleep(0.2)  # the next second's first refusal carries the count
+    logged = log_path.read_bytes().count(b"flood-")
+    assert 0 < logged < 200, f"{logged} lines for 1000 refused requests"
