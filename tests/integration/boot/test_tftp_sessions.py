@@ -85,13 +85,21 @@ def test_an_abandoned_transfer_is_logged_once(tftp):
     try:
         for flood in floods:
             flood.collect(lambda f: f.transfers() == PER_CLIENT)
-        sources = re.compile(rb"127\.0\.0\.[345]\b")
+        transfers = re.compile(rb" 127\.0\.0\.[345] tftp ")
         abandoned = 3 * PER_CLIENT
         deadline = time.monotonic() + 60  # 1 s timeout, a few resends, a 1 s log flush
         while log_path.read_bytes().count(b" abandoned") < abandoned:
             assert time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.2)
-        lines = [line for line in log_path.read_bytes().splitlines() if sources.search(line)]
+        for n in (3, 4, 5):  # its transfers all ended, it can ask again: logged after them
+            asker = Flood(port, 1, source=f"127.0.0.{n}").send(rrq("after-abandoned"))
+            asker.collect(lambda f: f.refusals(b"file not found") == 1)
+            asker.close()
+            assert asker.refusals(b"file not found") == 1, "its transfers never ended"
+        while log_path.read_bytes().count(b"after-abandoned") < 3:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        lines = [line for line in log_path.read_bytes().splitlines() if transfers.search(line)]
         assert len(lines) == abandoned and all(b" abandoned" in line for line in lines), lines
     finally:
         for flood in floods:
