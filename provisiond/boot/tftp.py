@@ -2,10 +2,12 @@
 
 Options: blksize (RFC 2348), tsize and timeout (RFC 2349), windowsize (RFC 7440). Refused:
 writes, absolute names, `..` parts, names that resolve (symlinks included) outside the root,
-anything but a regular file. Bounded: transfers at once, transfers per client address, and
-retransmissions to a silent client (then the transfer is dropped and logged once).
+anything but a regular file. Bounded: transfers at once, transfers per client address,
+retransmissions to a silent client (then the transfer is dropped and logged once), and log
+lines about refused or dropped requests (LOG_LINES a second).
 Blocks are read with os.pread, so the page cache does the caching and no file is held in
-memory; netascii is served as octet, as tftpy (used before) did.
+memory; a file is sent at the size it had when its transfer began, and one cut short
+meanwhile ends the transfer with an error. netascii is served as octet, as tftpy did.
 """
 
 from __future__ import annotations
