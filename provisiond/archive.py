@@ -11,6 +11,7 @@ import gzip
 import io
 import os
 import stat
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -26,6 +27,11 @@ ZSTD_LEVEL = 3
 GZIP_LEVEL = 6
 SUFFIXES = {"zstd": "zst", "gzip": "gz"}
 # Symlinks to usr/... in merged-/usr images: a directory entry would replace the link.
+# tarfile.extract(..., **TRUSTED): members extracted as they are (we choose them ourselves).
+# The filter argument arrived in 3.11.4; Debian 12's python3 is 3.11.2 and has none, and
+# there extract already behaves as "fully_trusted".
+TRUSTED = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+
 MERGED_USR_LINKS = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32"})
 
 

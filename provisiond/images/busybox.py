@@ -10,6 +10,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from provisiond.archive import TRUSTED
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images import kernel
@@ -80,7 +81,7 @@ def add_kernel(config: Config, layer: BusyboxLayer, root: Path) -> None:
     subset = deb.parent / f"{deb.name}.{selection}.tar"
     if subset.is_file():
         with tarfile.open(subset) as archive:
-            archive.extractall(root, filter="fully_trusted")
+            archive.extractall(root, **TRUSTED)
         return
     extract_deb(deb, root, lambda n: n.startswith(("boot/vmlinuz-", "lib/modules/")),
                 ("boot", "lib"))

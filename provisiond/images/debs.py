@@ -15,6 +15,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from provisiond.archive import TRUSTED
 from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
@@ -126,7 +127,7 @@ def extract_deb(deb: Path, dest: Path, keep: Callable[[str], bool] = lambda n: T
             for member in archive:
                 name = member.name.lstrip("./")
                 if name and (keep(name) or (member.isdir() and name.startswith(dirs_under))):
-                    archive.extract(member, dest, filter="fully_trusted")
+                    archive.extract(member, dest, **TRUSTED)
     finally:
         proc.stdout.close()
         err = proc.stderr.read().decode(errors="replace")

@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import zstandard
 
+from provisiond.archive import TRUSTED
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import file_sha256, stream_sha256
 from provisiond.images.layers import OPAQUE, LayerPlan, layer_key
@@ -138,7 +139,7 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
             else:
                 _clear(root / rel, member)
                 member.name = rel
-                layer.extract(member, root, filter="fully_trusted")
+                layer.extract(member, root, **TRUSTED)
 
 
 def _check_inside(root: Path, parent: str, member: tarfile.TarInfo) -> None:
