@@ -22,10 +22,14 @@ from jinja2 import meta, nodes
 
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, OverlayNotFound
-from provisiond.overlays.templates import ENVIRONMENT, compile_template, fields_read
+from provisiond.overlays.templates import (ENVIRONMENT, compile_template, fields_read,
+                                           reads_whole_context)
 
 META_FILE = "overlay.yaml"
 TEMPLATE_SUFFIX = ".j2"
+# What a template that reads variables without naming them is taken to read (secrets are
+# only given to the templates that name them).
+EVERY_VARIABLE = frozenset({"node", "nodes", "server", "image", "overlay"})
 
 
 @dataclass
@@ -137,7 +141,7 @@ def _read_overlay(name: str, root: Path) -> Overlay:
     files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
              if rel != META_FILE]
     trees = [_parse(f) for f in files if f.kind == "template"]
-    uses = frozenset().union(*(meta.find_undeclared_variables(t) for t in trees))
+    uses = frozenset().union(*(_variables(t) for t in trees))
     return Overlay(
         name=name, root=root, files=files, uses=uses, digest=_digest(files, modes),
         node_fields=_node_fields(trees),
@@ -182,10 +186,16 @@ def _parse(source: SourceFile) -> nodes.Template:
     return ENVIRONMENT.parse(source.data.decode())
 
 
+def _variables(tree: nodes.Template) -> frozenset[str]:
+    if reads_whole_context(tree):
+        return EVERY_VARIABLE
+    return frozenset(meta.find_undeclared_variables(tree))
+
+
 def _node_fields(trees: list[nodes.Template]) -> frozenset[str] | None:
     fields: set[str] = set()
     for tree in trees:
-        read = fields_read(tree, "node")
+        read = None if reads_whole_context(tree) else fields_read(tree, "node")
         if read is None:
             return None
         fields |= read

@@ -122,6 +122,35 @@ def fields_read(tree: ast.Template, variable: str) -> frozenset[str] | None:
     return frozenset(fields)
 
 
+def reads_whole_context(tree: ast.Template) -> bool:
+    """Whether the template may read variables without naming them: through `self` other
+    than `self.<block>` (`self._TemplateReference__context[name]` is a known idiom for a
+    variable looked up by name) or through a private attribute (`_x`, which `attr()` and
+    `[...]` reach as well). The caller then takes it to read every variable whole."""
+    for parent, child in _edges(tree):
+        if isinstance(child, ast.Name) and child.name == "self" and child.ctx == "load" \
+                and not _is_block_call(parent, child):
+            return True
+        if isinstance(child, ast.Getattr) and child.attr.startswith("_"):
+            return True
+        if isinstance(child, ast.Const) and isinstance(child.value, str) \
+                and child.value.startswith("_") and _is_lookup(parent):
+            return True
+    return False
+
+
+def _is_lookup(parent: ast.Node | None) -> bool:
+    """Whether a constant under `parent` is looked up: `x["_a"]` or `x | attr("_a")`."""
+    return isinstance(parent, ast.Getitem) or \
+        (isinstance(parent, ast.Filter) and parent.name == "attr")
+
+
+def _is_block_call(parent: ast.Node | None, name: ast.Name) -> bool:
+    """`self.<block>`: the only use of `self` that reads no variable it does not name."""
+    return isinstance(parent, ast.Getattr) and parent.node is name \
+        and not parent.attr.startswith("_")
+
+
 def _edges(node: ast.Node, parent: ast.Node | None = None):
     """(parent, child) for every node of the tree."""
     yield parent, node

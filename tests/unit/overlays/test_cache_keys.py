@@ -10,7 +10,7 @@ import yaml
 from provisiond.config import load_config
 from provisiond.overlays import build_overlays, ensure_overlay
 from provisiond.overlays.source import ENVIRONMENT
-from provisiond.overlays.templates import fields_read
+from provisiond.overlays.templates import fields_read, reads_whole_context
 from tests.unit.overlays.test_build import SYSTEM, files_of, write_inventory
 
 
@@ -118,3 +118,37 @@ def test_a_derived_field_follows_the_field_it_is_made_from(state_dir):
 def test_fields_read(source, fields):
     read = fields_read(ENVIRONMENT.parse(source), "node")
     assert read == (None if fields is None else frozenset(fields))
+
+
+@pytest.mark.parametrize("template", [
+    "{{ self._TemplateReference__context.node.comment }}\n",
+    "{{ self._TemplateReference__context['node']['comment'] }}\n",
+    "{% set k = '_TemplateReference__context' %}{{ self[k].node.comment }}\n",
+    "{{ (self | attr('_TemplateReference__context')).node.comment }}\n",
+])
+def test_a_template_reading_the_context_through_self_depends_on_the_node(state_dir, template):
+    """`self._TemplateReference__context[name]` (a known Jinja idiom for a variable looked up
+    by name) names no variable: such a template was taken for a node-independent one, built
+    once with the first node's data and shared by every node."""
+    write_inventory(state_dir, system=[*SYSTEM, "site"])
+    site_overlay(state_dir, "site", template)
+    config = load_config(state_dir)
+    edit_node(state_dir, "n1", comment="node one")
+    edit_node(state_dir, "n2", comment="node two")
+    build_overlays(config)
+    assert files_of(ensure_overlay(config, "n2", "system"))["etc/site"] == b"node two\n"
+    edit_node(state_dir, "n2", comment="moved to rack 5")
+    assert rebuilt(config)["system"] == 1
+    assert files_of(ensure_overlay(config, "n2", "system"))["etc/site"] == b"moved to rack 5\n"
+
+
+@pytest.mark.parametrize("source, whole", [
+    ("{{ self._TemplateReference__context }}", True),
+    ("{{ self }}", True),
+    ("{{ node.netdevs.__class__ }}", True),
+    ("{{ m | attr('_func') }}", True),
+    ("{% block b %}{{ node.name }}{% endblock %}{{ self.b() }}", False),
+    ("{{ node.name | replace('_', '-') }}", False),
+])
+def test_reads_whole_context(source, whole):
+    assert reads_whole_context(ENVIRONMENT.parse(source)) is whole
