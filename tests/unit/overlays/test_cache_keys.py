@@ -91,17 +91,28 @@ def test_a_filter_on_a_sub_record_depends_on_that_field_only(state_dir):
     assert files_of(ensure_overlay(config, "n2", "system"))["etc/site"] == b"rack=r5\n"
 
 
-def test_a_derived_field_follows_the_field_it_is_made_from(state_dir):
-    """`node.ipaddr` is the primary netdev's address: a netdev change must rebuild it."""
+@pytest.mark.parametrize("template, netdev, expected", [
+    ("{{ node.ipaddr }}\n", {"ipaddr": "10.0.0.201"}, b"10.0.0.201\n"),
+    ("{{ node.macs | join(' ') }}\n", {"mac": "52:54:00:00:00:99"}, b"52:54:00:00:00:99\n"),
+    ("{{ node.primary_netdev }}\n", None, b"eth1\n"),
+])
+def test_a_derived_field_follows_the_field_it_is_made_from(state_dir, template, netdev,
+                                                          expected):
+    """`node.ipaddr`, `node.macs`, `node.primary_netdev` are made from the netdevs: a netdev
+    change must rebuild them."""
     write_inventory(state_dir, system=["site"], runtime=())
-    site_overlay(state_dir, "site", "{{ node.ipaddr }}\n")
+    site_overlay(state_dir, "site", template)
     config = load_config(state_dir)
     build_overlays(config)
     data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
-    data["nodes"]["n1"]["netdevs"]["eth0"]["ipaddr"] = "10.0.0.201"
+    netdevs = data["nodes"]["n1"]["netdevs"]
+    if netdev is None:  # a second device, marked primary
+        netdevs["eth1"] = {"mac": "52:54:00:00:01:01", "primary": True}
+    else:
+        netdevs["eth0"].update(netdev)
     (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
     assert rebuilt(config)["system"] == 1
-    assert files_of(ensure_overlay(config, "n1", "system"))["etc/site"] == b"10.0.0.201\n"
+    assert files_of(ensure_overlay(config, "n1", "system"))["etc/site"] == expected
 
 
 @pytest.mark.parametrize("source, fields", [
