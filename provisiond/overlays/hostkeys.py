@@ -35,6 +35,11 @@ def _key_names(key_type: str) -> tuple[str, str]:
     return f"ssh_host_{key_type}_key", f"ssh_host_{key_type}_key.pub"
 
 
+def wanted_types(config: Config) -> tuple[str, ...]:
+    """The types of key to make, each once (the settings may list one twice)."""
+    return tuple(dict.fromkeys(config.build.ssh_host_key_types))
+
+
 def host_key_signature(config: Config, node: str) -> tuple | None:
     """What identifies the node's key files, or None when it has none yet: their
     directory's inode and mtime, which change whenever a key file is made, renamed in or
@@ -63,7 +68,7 @@ def _has_key(folder: Path, key_type: str) -> bool:
 def has_host_keys(config: Config, node: str) -> bool:
     """Whether the node has every wanted type of key, whole."""
     folder = host_key_dir(config, node)
-    return all(_has_key(folder, t) for t in config.build.ssh_host_key_types)
+    return all(_has_key(folder, t) for t in wanted_types(config))
 
 
 def make_host_keys(config: Config, node: str, durable: bool = True) -> None:
@@ -84,7 +89,7 @@ def _make_missing_keys(config: Config, node: str, durable: bool) -> None:
     if not folder.exists() and _make_key_dir(folder, node, config, durable):
         return
     with locked(folder / ".lock"):  # another builder may be making the same node's keys
-        for key_type in config.build.ssh_host_key_types:
+        for key_type in wanted_types(config):
             if not _has_key(folder, key_type):
                 for name, data in _new_key(node, key_type):  # private first
                     write_atomic(folder / name, data, mode=0o600, durable=durable)
@@ -96,7 +101,7 @@ def _make_key_dir(folder: Path, node: str, config: Config, durable: bool) -> boo
     False when another builder made the directory first."""
     tmp = tempfile.mkdtemp(prefix=f".{node}.", dir=folder.parent)  # mode 0700
     try:
-        for key_type in config.build.ssh_host_key_types:
+        for key_type in wanted_types(config):
             for name, data in _new_key(node, key_type):
                 _write_new(f"{tmp}/{name}", data, durable)
         if durable:

@@ -193,3 +193,16 @@ def test_a_key_that_cannot_be_written_fails_that_node_only(config, state_dir, mo
     assert summary["failed"].keys() == {"n2"} and summary["rebuilt"]["runtime"] == 2
     assert not host_key_dir(config, "n2").exists()
     assert [p.name for p in host_key_dir(config, "n1").parent.iterdir()] == ["n1", "n3"]
+
+
+def test_a_key_type_listed_twice_is_made_once(state_dir):
+    """Each listed type was written once per mention: the second write found the file
+    (O_EXCL) and every node's runtime build failed with "File exists"."""
+    write_inventory(state_dir)
+    set_key_types(state_dir, "[ed25519, ecdsa, ed25519]")
+    config = load_config(state_dir)
+    assert build_overlays(config)["rebuilt"]["runtime"] == 3
+    files = files_of(ensure_overlay(config, "n1", "runtime"))
+    assert sorted(f for f in files if f.startswith("etc/ssh/ssh_host_") and
+                  not f.endswith(".pub")) == ["etc/ssh/ssh_host_ecdsa_key",
+                                              "etc/ssh/ssh_host_ed25519_key"]
