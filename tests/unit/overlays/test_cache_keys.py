@@ -163,3 +163,18 @@ def test_a_template_reading_the_context_through_self_depends_on_the_node(state_d
 ])
 def test_reads_whole_context(source, whole):
     assert reads_whole_context(ENVIRONMENT.parse(source)) is whole
+
+
+def test_a_server_setting_change_rebuilds_what_reads_it(state_dir):
+    """The hosts (shared) and network (per node) overlays read `server.domain`; a server
+    running with the new settings must not hand out the old files."""
+    write_inventory(state_dir)
+    build_overlays(load_config(state_dir))
+    (state_dir / "provisiond.yaml").write_text("server:\n  domain: lab.example\n")
+    config = load_config(state_dir)
+    counts = rebuilt(config)
+    assert counts["shared"] == 1 and counts["system"] == 3  # (ssh reads server too: runtime)
+    hosts = files_of(ensure_overlay(config, "n2", "shared"))["etc/hosts"]
+    assert b"n2.lab.example n2" in hosts
+    network = files_of(ensure_overlay(config, "n2", "system"))
+    assert b"Domains=lab.example" in network["etc/systemd/network/10-provisiond-eth0.network"]
