@@ -97,11 +97,14 @@ class Snapshot:
 @functools.cache
 def record_fields(fields: frozenset[str] | None) -> frozenset[str] | None:
     """The record fields the template fields of `node` are made from; None (the whole
-    record) when `fields` is None or names something that is neither."""
+    record) when `fields` is None or names something that is neither, or a dict method
+    (which Jinja's `node.x` finds before a field of that name)."""
     if fields is None:
         return None
     result: set[str] = set()
     for name in fields:
+        if hasattr(dict, name):  # Jinja reads `node.values` as the dict's method: all of it
+            return None
         if name in DERIVED_FIELDS:
             result.update(DERIVED_FIELDS[name])
         elif name in RECORD_FIELDS:

@@ -178,3 +178,16 @@ def test_a_server_setting_change_rebuilds_what_reads_it(state_dir):
     assert b"n2.lab.example n2" in hosts
     network = files_of(ensure_overlay(config, "n2", "system"))
     assert b"Domains=lab.example" in network["etc/systemd/network/10-provisiond-eth0.network"]
+
+
+def test_a_field_named_like_a_dict_method_counts_as_the_whole_node(monkeypatch):
+    """Jinja's `node.values` is the dict's method (attributes come before items), so a
+    template naming it may read every field, even if a record field were called `values`."""
+    from provisiond.overlays import context
+    monkeypatch.setattr(context, "RECORD_FIELDS", context.RECORD_FIELDS | {"values", "tags"})
+    context.record_fields.cache_clear()
+    try:
+        assert context.record_fields(frozenset({"tags"})) == {"tags"}
+        assert context.record_fields(frozenset({"tags", "values"})) is None
+    finally:
+        context.record_fields.cache_clear()
