@@ -2,8 +2,9 @@
 point, as a child process) for N nodes (default 10,000) of the shipped `default` profile,
 from an empty state (runtime overlays and ssh host keys included), again with nothing
 changed, then (--rounds times) after one node's address changed and after its comment
-changed. Wall and CPU seconds of each command are printed: on a shared machine the CPU
-time says more about the command than the wall time.
+changed (checking the node's system and shared builds on disk carry the new address).
+Wall and CPU seconds of each command are printed: on a shared machine the CPU time says
+more about the command than the wall time.
 
     python bench/bench_overlays.py [--nodes 10000] [--keep DIR] [--keygen-sample 20]
                                    [--rounds 3]
@@ -74,6 +75,28 @@ def build(state: Path, label: str, expect: dict) -> float:
     return seconds
 
 
+def check_address(state: Path, node: str, address: str) -> None:
+    """The builds on disk carry the node's new address (in its network files and in the
+    one shared hosts file): the counts alone would not show a stale build."""
+    from provisiond import archive
+    from provisiond.config import load_config
+
+    builds = load_config(state).overlay_build_dir
+    wanted = {"system": (next((builds / node).glob("system.cpio.*")), f"Address={address}/"),
+              "shared": (_only(builds / "_shared"), f"{address}\t{node}.")}
+    for kind, (path, text) in wanted.items():
+        data = archive.unpack(archive.decompress(path.read_bytes()))
+        if not any(text in e.data.decode(errors="replace") for e in data if not e.is_dir):
+            sys.exit(f"{node}'s {kind} build {path} lacks {text!r}: stale")
+
+
+def _only(folder: Path) -> Path:
+    paths = list(folder.glob("*.cpio.*"))
+    if len(paths) != 1:
+        sys.exit(f"expected one shared build in {folder}, found {len(paths)}")
+    return paths[0]
+
+
 def keygen_seconds(sample: int) -> dict[str, float]:
     """Seconds per node for ssh-keygen of each type (the peer: what the build used to run)."""
     keygen = shutil.which("ssh-keygen", path="/usr/bin")
@@ -118,6 +141,7 @@ def main() -> int:
             provisiond(state, "node", "set", middle, "--ipaddr", f"10.200.0.{round_}")
             changed.append(build(state, f"{middle}'s address changed",
                                  {"shared": 1, "system": 1, "runtime": 0}))
+            check_address(state, middle, f"10.200.0.{round_}")
             provisiond(state, "node", "set", middle, "--comment", f"moved to rack {round_}")
             build(state, f"{middle}'s comment changed", {"shared": 0, "system": 0, "runtime": 0})
         print(f"one node's address changed: median {statistics.median(changed):.2f} s, best "
