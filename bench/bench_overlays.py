@@ -135,7 +135,7 @@ def main() -> int:
         all_nodes = {"shared": 1, "system": count, "runtime": count}
         build(state, "from empty (keys included)", all_nodes)
         build(state, "nothing changed", {"shared": 0, "system": 0, "runtime": 0})
-        middle = f"n{count // 2:05d}"
+        middle = f"n{max(1, count // 2):05d}"
         changed = []
         for round_ in range(1, args.rounds + 1):
             provisiond(state, "node", "set", middle, "--ipaddr", f"10.200.0.{round_}")
