@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from provisiond.config import write_default_config
 from tests.integration.boot.netns import in_netns
 
 REPO = Path(__file__).resolve().parents[3]
@@ -22,6 +23,19 @@ def free_port(kind=socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def loopback_services(state: Path) -> dict[str, int]:
+    """A new state dir whose serve answers HTTP, TFTP and DNS on free 127.0.0.1 ports
+    (server 127.0.0.1, domain cluster, one HTTP worker); returns {service: port}."""
+    write_default_config(state)
+    ports = {"http": free_port(), "tftp": free_port(socket.SOCK_DGRAM),
+             "dns": free_port(socket.SOCK_DGRAM)}
+    write_config(state, server={"address": "127.0.0.1", "domain": "cluster"},
+                 http={"bind": "127.0.0.1", "port": ports["http"], "workers": 1},
+                 tftp={"enabled": True, "bind": "127.0.0.1", "port": ports["tftp"]},
+                 dns={"enabled": True, "bind": "127.0.0.1", "port": ports["dns"]})
+    return ports
 
 
 def write_config(state_dir: Path, **sections) -> dict:

@@ -14,7 +14,8 @@ import pytest
 
 from bootdata import ip_of, mac_of
 from provisiond.config import write_default_config
-from servers import REPO, free_port, start_serve, stop_serve, wait_http, write_config
+from servers import (REPO, free_port, loopback_services, start_serve, stop_serve, wait_http,
+                     write_config)
 from tests.tools import command, tool
 
 IPXE_ROOT = "/usr/lib/ipxe"
@@ -64,13 +65,7 @@ def wait_log(state: Path, text: str, count: int = 1, timeout: float = 20) -> str
 @pytest.fixture
 def loopback_state(tmp_path):
     state = tmp_path / "state"
-    write_default_config(state)
-    ports = {"http": free_port(), "tftp": free_port(socket.SOCK_DGRAM),
-             "dns": free_port(socket.SOCK_DGRAM)}
-    write_config(state, server={"address": "127.0.0.1", "domain": "cluster"},
-                 http={"bind": "127.0.0.1", "port": ports["http"], "workers": 1},
-                 tftp={"enabled": True, "bind": "127.0.0.1", "port": ports["tftp"]},
-                 dns={"enabled": True, "bind": "127.0.0.1", "port": ports["dns"]})
+    ports = loopback_services(state)
     return state, ports
 
 

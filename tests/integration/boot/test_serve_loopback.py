@@ -19,7 +19,8 @@ from provisiond.config import load_config, write_default_config
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import NetDev, Record
 from provisiond.status import read_status
-from servers import REPO, free_port, session_alive, start_serve, stop_serve, wait_http, write_config
+from servers import (REPO, free_port, loopback_services, session_alive, start_serve, stop_serve,
+                     wait_http, write_config)
 from tests.tools import command
 
 IPXE_ROOT = "/usr/lib/ipxe"
@@ -29,13 +30,7 @@ LO1 = "127.0.0.2"  # node lo1: a loopback address that is not the server's own
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     state = tmp_path_factory.mktemp("serve") / "state"
-    write_default_config(state)
-    ports = {"http": free_port(), "tftp": free_port(socket.SOCK_DGRAM),
-             "dns": free_port(socket.SOCK_DGRAM)}
-    write_config(state, server={"address": "127.0.0.1", "domain": "cluster"},
-                 http={"bind": "127.0.0.1", "port": ports["http"], "workers": 1},
-                 tftp={"enabled": True, "bind": "127.0.0.1", "port": ports["tftp"]},
-                 dns={"enabled": True, "bind": "127.0.0.1", "port": ports["dns"]})
+    ports = loopback_services(state)
     config = load_config(state)
     add_nodes(config, 20)
     with InventoryStore(config).edit() as inv:  # a node on loopback, beside the server's
