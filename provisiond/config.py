@@ -28,6 +28,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # (provisiond.inventory.values). Use fullmatch: `$` also matches before a final newline.
 LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 INTERFACE_RE = re.compile(r"^[^\s/:]{1,15}$")  # IFNAMSIZ - 1 bytes, no '/', ':', blanks
+# Control and format characters (C0, DEL, C1, soft hyphen, zero-width and bidi controls,
+# line/paragraph separators, BOM): a value holding one can end a line of a script, a kernel
+# command line or a template, or repaint a terminal. Settings and inventory share the rule.
+CONTROLS = (r"\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+            r"\u2060-\u206f\ufeff\ufff9-\ufffb")
+CONTROL_RE = re.compile(f"[{CONTROLS}]")
 
 
 def bounded(low: float, high: float):
@@ -84,8 +90,9 @@ def domain_name(value: str) -> str:
 
 
 def no_control_chars(value: str) -> str:
-    if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("an empty value or a control character (newline, tab...)")
+    if not value.strip() or CONTROL_RE.search(value):
+        raise ValueError("an empty value or a control or format character (newline, tab, "
+                         "bidi...)")
     return value
 
 

@@ -12,21 +12,15 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from provisiond.config import LABEL_RE
+from provisiond.config import CONTROL_RE, CONTROLS, LABEL_RE
 
 MAC_RE = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
 OVERLAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-# Control and format characters (C0, DEL, C1, soft hyphen, zero-width and bidi controls,
-# line/paragraph separators, BOM): a value holding one can end a line of a script, a kernel
-# command line or a template, or repaint a terminal.
-_CONTROLS = (r"\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e"
-             r"\u2060-\u206f\ufeff\ufff9-\ufffb")
-CONTROL_RE = re.compile(f"[{_CONTROLS}]")
 # Every string of a record is a Text: pydantic-core checks the pattern (in Rust, ~free for
 # 10,000 nodes); describe_validation_error turns a mismatch into check_text's message.
-Text = Annotated[str, StringConstraints(pattern=f"^[^{_CONTROLS}]*$")]
+Text = Annotated[str, StringConstraints(pattern=f"^[^{CONTROLS}]*$")]
 HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 IPMI_CIPHER_SUITES = (3, 17)  # what pyghmi offers: 3 = RAKP-HMAC-SHA1, 17 = SHA256
