@@ -104,20 +104,24 @@ def stop_dhclient(pidfile) -> None:
         time.sleep(0.05)
 
 
-def test_dhclient_gets_reservation(dhcp_link):
-    link, _, _, tmp = dhcp_link
-    if not tool("dhclient"):
-        pytest.skip("isc-dhcp-client not installed")
-    link.set_client_mac(mac_of(2))
-    leases = tmp / "dhclient.leases"
-    pidfile = tmp / "dhclient.pid"
+def dhclient_lease(link, folder) -> str:
+    """Run dhclient once on the link's client side; the lease file it wrote (it must bind)."""
+    leases, pidfile = folder / "dhclient.leases", folder / "dhclient.pid"
     try:
         result = link.client("dhclient", "-1", "-v", "-sf", "/bin/true", "-lf", str(leases),
                              "-pf", str(pidfile), link.client_if, timeout=40)
     finally:
         stop_dhclient(pidfile)
     assert result.returncode == 0, result.stderr
-    text = leases.read_text()
+    return leases.read_text()
+
+
+def test_dhclient_gets_reservation(dhcp_link):
+    link, _, _, tmp = dhcp_link
+    if not tool("dhclient"):
+        pytest.skip("isc-dhcp-client not installed")
+    link.set_client_mac(mac_of(2))
+    text = dhclient_lease(link, tmp)
     assert f"fixed-address {ip_of(2)};" in text and 'option host-name "n2";' in text
 
 

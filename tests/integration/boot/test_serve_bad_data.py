@@ -209,7 +209,7 @@ def test_dhclient_gets_its_lease_after_a_bad_record_is_loaded(tmp_path):
     """With DHCP and DNS on, a bad IPv6 record made the next reload end serve: DHCP went
     down with DNS. A real dhclient in a namespace still gets n02's reservation."""
     from netns import make_link
-    from test_dhcp_netns import stop_dhclient
+    from test_dhcp_netns import dhclient_lease
 
     if os.geteuid() != 0 or not tool("dhclient"):
         pytest.skip("needs root (network namespaces) and isc-dhcp-client")
@@ -226,14 +226,7 @@ def test_dhclient_gets_its_lease_after_a_bad_record_is_loaded(tmp_path):
         write_inventory(state, inventory(node(1), node(2), node(3, ipaddr6="::ffff:10.0.0.5")))
         wait_log(state, "n03")
         link.set_client_mac(mac_of(2))
-        leases, pidfile = tmp_path / "dhclient.leases", tmp_path / "dhclient.pid"
-        try:
-            result = link.client("dhclient", "-1", "-v", "-sf", "/bin/true", "-lf", str(leases),
-                                 "-pf", str(pidfile), link.client_if, timeout=40)
-        finally:
-            stop_dhclient(pidfile)
-        assert result.returncode == 0, result.stderr
-        assert f"fixed-address {ip_of(2)};" in leases.read_text()
+        assert f"fixed-address {ip_of(2)};" in dhclient_lease(link, tmp_path)
         assert proc.poll() is None
     finally:
         stop_serve(proc)

@@ -19,6 +19,17 @@ def start(config) -> DnsServer:
     return server
 
 
+def start_upstream(folder, sock) -> DnsServer:
+    """An upstream DNS server answering for domain `other` (n1, n2 in 10.77) on `sock`."""
+    folder.mkdir()
+    (folder / "provisiond.yaml").write_text("server:\n  domain: other\n")
+    config = load_config(folder)
+    add_nodes(config, 2, net="10.77")
+    upstream = DnsServer(config, build_table(config), sock=sock)
+    upstream.start()
+    return upstream
+
+
 @pytest.fixture
 def dns(config):
     add_nodes(config, 4)
@@ -50,12 +61,7 @@ def test_misses_in_the_zone(dns):
 
 
 def test_other_names_are_forwarded_upstream(state_dir, tmp_path, dns):
-    upstream_state = tmp_path / "up"
-    upstream_state.mkdir()
-    (upstream_state / "provisiond.yaml").write_text("server:\n  domain: other\n")
-    upstream_config = load_config(upstream_state)
-    add_nodes(upstream_config, 2, net="10.77")
-    upstream = start(upstream_config)
+    upstream = start_upstream(tmp_path / "up", open_udp("127.0.0.1", 0))
     host, port = upstream.sock.getsockname()
     (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '{host}:{port}'\n")
     config = load_config(state_dir)
@@ -72,14 +78,7 @@ def test_other_names_are_forwarded_upstream(state_dir, tmp_path, dns):
 
 def test_upstream_on_ipv6(state_dir, tmp_path, dns):
     """`[::1]:port` is an IPv6 upstream (it was taken for a host name on port 53)."""
-    upstream_state = tmp_path / "up"
-    upstream_state.mkdir()
-    (upstream_state / "provisiond.yaml").write_text("server:\n  domain: other\n")
-    upstream_config = load_config(upstream_state)
-    add_nodes(upstream_config, 2, net="10.77")
-    upstream = DnsServer(upstream_config, build_table(upstream_config),
-                         sock=open_udp("::1", 0))
-    upstream.start()
+    upstream = start_upstream(tmp_path / "up", open_udp("::1", 0))
     port = upstream.sock.getsockname()[1]
     (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '[::1]:{port}'\n")
     try:
@@ -138,14 +137,7 @@ def test_forwarding_resumes_once_a_dead_upstream_is_back(state_dir, tmp_path, dn
     try:
         with _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM) as client:
             client.sendto(DNSRecord.question("n2.other").pack(), server.sock.getsockname())
-        upstream_state = tmp_path / "up"
-        upstream_state.mkdir()
-        (upstream_state / "provisiond.yaml").write_text("server:\n  domain: other\n")
-        upstream_config = load_config(upstream_state)
-        add_nodes(upstream_config, 2, net="10.77")
-        upstream = DnsServer(upstream_config, build_table(upstream_config),
-                             sock=open_udp("127.0.0.1", port))
-        upstream.start()
+        upstream = start_upstream(tmp_path / "up", open_udp("127.0.0.1", port))
         answer, deadline = None, time.monotonic() + 10
         while answer is None and time.monotonic() < deadline:
             query = DNSRecord.question("n2.other")
