@@ -13,6 +13,7 @@ from pathlib import Path
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
+from provisiond.events import emit
 from provisiond.states import NodePhase
 
 
@@ -29,6 +30,7 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") 
         status["updated"] = now
         status["detail"] = detail[:500]
         write_atomic(path, json.dumps(status, sort_keys=True))
+    emit(config, "node.phase", node, {"phase": phase.value, "detail": status["detail"]})
     return status
 
 

@@ -1,0 +1,83 @@
+"""The event stream: what happened, for `GET /api/v1/events` (Server-Sent Events), the status
+page and `node status`.
+
+Every process appends to one bounded journal under `<state>/events/` (provisiond/journal.py):
+the CLI and the API after an inventory change, the phase writer for each boot phase, job
+runners, the auth check. Emitting never fails the caller: an event that cannot be written is
+logged and dropped, since a boot or an inventory change must not fail for the journal.
+
+Kinds: `inventory.changed` (revision, kind, names, fields), `node.phase` (phase, detail),
+`build.started|finished|failed`, `job.started|progress|finished`, `auth.denied` (reason, token
+name when known), `token.refused`, `secret.changed` (keys, never values).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from provisiond.config import Config
+from provisiond.journal import Journal
+
+log = logging.getLogger("provisiond.events")
+MAX_BYTES = 8 << 20  # about 30,000 phase events; then the oldest half goes
+KEEP_BYTES = 4 << 20
+
+
+class Event(BaseModel):
+    id: int
+    time: float
+    kind: str
+    subject: str | None = None
+    data: dict = {}
+
+
+def events_path(config: Config) -> Path:
+    return config.state_dir / "events" / "journal.jsonl"
+
+
+def journal(config: Config) -> Journal:
+    return Journal(events_path(config), MAX_BYTES, KEEP_BYTES)
+
+
+def emit(config: Config, kind: str, subject: str | None = None, data: dict | None = None
+         ) -> int | None:
+    """Append an event; its id, or None when it could not be written (logged)."""
+    record = {"time": round(time.time(), 6), "kind": kind, "subject": subject,
+              "data": data or {}}
+    try:
+        return journal(config).append(record)
+    except (OSError, ValueError) as exc:
+        log.warning("event %s for %s not recorded: %s", kind, subject, exc)
+        return None
+
+
+def read_since(config: Config, after_id: int, limit: int = 1000,
+               kinds: frozenset[str] | None = None) -> list[Event]:
+    """Events with id > after_id, oldest first; only `kinds` (exact, or a prefix ending in
+    '.', e.g. 'job.') when given."""
+    keep = None if not kinds else (lambda record: _kind_matches(record.get("kind"), kinds))
+    found = []
+    for record in journal(config).read_since(after_id, limit, keep):
+        try:
+            found.append(Event.model_validate(record))
+        except ValueError:
+            continue  # a hand-edited line
+    return found
+
+
+def latest_id(config: Config) -> int:
+    return journal(config).latest_id()
+
+
+def oldest_id(config: Config) -> int:
+    return journal(config).oldest_id()
+
+
+def _kind_matches(kind, kinds: frozenset[str]) -> bool:
+    if not isinstance(kind, str):
+        return False
+    return kind in kinds or any(k.endswith(".") and kind.startswith(k) for k in kinds)
