@@ -51,32 +51,50 @@ def exit_code_table() -> list[tuple[int, str]]:
 
 
 class ProvisiondError(Exception):
-    """Root of every error provisiond reports to a user."""
+    """Root of every error provisiond reports to a user. `code` is the API's stable slug for
+    it; `field` (optional) names the input field at fault, dotted (netdevs.eth0.mac)."""
 
     http_status = 500
     exit_code = ExitCode.FAILED
+    code = "internal"
+
+    def __init__(self, *args, field: str | None = None):
+        super().__init__(*args)
+        self.field = field
 
 
 class InvalidInput(ProvisiondError):
     """A request, a flag or a file holds a value that cannot be used."""
 
+    code = "invalid_input"
     http_status = 400
     exit_code = ExitCode.INVALID_INPUT
+
+
+class UnsupportedMediaType(InvalidInput):
+    """A request body is not of a type the endpoint reads (JSON)."""
+
+    code = "unsupported_media_type"
+    http_status = 415
 
 
 class InvalidInventory(InvalidInput):
     """A change would leave the inventory invalid; nothing was written."""
 
+    code = "invalid_inventory"
     http_status = 422
 
 
 class InvalidConfig(InvalidInput):
     """provisiond.yaml cannot be used."""
 
+    code = "invalid_config"
+
 
 class NotFound(ProvisiondError):
     """A named thing does not exist."""
 
+    code = "not_found"
     http_status = 404
     exit_code = ExitCode.NOT_FOUND
 
@@ -104,6 +122,7 @@ class OverlayNotFound(NotFound):
 class AlreadyExists(ProvisiondError):
     """A create would overwrite something that exists."""
 
+    code = "already_exists"
     http_status = 409
     exit_code = ExitCode.CONFLICT
 
@@ -111,6 +130,7 @@ class AlreadyExists(ProvisiondError):
 class Conflict(ProvisiondError):
     """The caller's view is stale or the thing is in use."""
 
+    code = "conflict"
     http_status = 409
     exit_code = ExitCode.CONFLICT
 
@@ -118,20 +138,26 @@ class Conflict(ProvisiondError):
 class StaleRevision(Conflict):
     """A write named an inventory revision that is no longer current."""
 
+    code = "stale_revision"
+
 
 class InUse(Conflict):
     """A thing cannot be removed while others use it."""
+
+    code = "in_use"
 
 
 class BuildFailed(ProvisiondError):
     """An image or overlay build failed; the previous build stays in place."""
 
+    code = "build_failed"
     exit_code = ExitCode.BUILD_FAILED
 
 
 class Forbidden(ProvisiondError):
     """The caller may not see or do this."""
 
+    code = "forbidden"
     http_status = 403
     exit_code = ExitCode.FORBIDDEN
 
@@ -139,6 +165,7 @@ class Forbidden(ProvisiondError):
 class BmcError(ProvisiondError):
     """A BMC refused or failed a request."""
 
+    code = "bmc_error"
     http_status = 502
     exit_code = ExitCode.BMC_FAILED
 
@@ -146,16 +173,35 @@ class BmcError(ProvisiondError):
 class BmcUnreachable(BmcError):
     """A BMC did not answer in time."""
 
+    code = "bmc_unreachable"
     http_status = 504
 
 
 class UnsupportedOperation(BmcError):
     """The driver or BMC cannot do what was asked."""
 
+    code = "unsupported_operation"
     http_status = 501
 
 
 class ServeFailed(ProvisiondError):
     """A boot service could not start (a port in use, a missing interface...)."""
 
+    code = "serve_failed"
     exit_code = ExitCode.SERVE_FAILED
+
+
+class Unauthenticated(ProvisiondError):
+    """No, an unknown, an expired or a revoked API token."""
+
+    code = "unauthenticated"
+    http_status = 401
+    exit_code = ExitCode.FORBIDDEN
+
+
+class PreconditionFailed(ProvisiondError):
+    """An If-Match named a version of the resource that is no longer current."""
+
+    code = "precondition_failed"
+    http_status = 412
+    exit_code = ExitCode.CONFLICT

@@ -1,7 +1,8 @@
 """The HTTP side of provisiond: a Flask app factory, one blueprint per area.
 
-Every ProvisiondError becomes `{"error": ..., "type": ...}` with its `http_status`; any other
-HTTP error keeps its code with the same JSON shape, so no request ever sees a traceback.
+Every error answer has one shape, `{"error": {"code": slug, "message": text, "field": dotted
+name or null}}`: a ProvisiondError with its `http_status` and `code`, any other HTTP error
+with its status and a slug of its name, so no request ever sees a traceback.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ MAX_BODY = 64 << 10  # the largest body any endpoint reads (a status report is ~
 
 
 def create_app(config: Config) -> Flask:
-    """The provisiond HTTP app for `config`: boot, blobs, overlays and status endpoints."""
-    from provisiond.api import blobs, boot, overlays, status
+    """The provisiond HTTP app for `config`: boot, blobs, overlays, status and /api/v1."""
+    from provisiond.api import blobs, boot, overlays, status, v1
     from provisiond.api.whole import WholeFiles
 
     app = Flask("provisiond", static_folder=None)
@@ -31,6 +32,7 @@ def create_app(config: Config) -> Flask:
     app.extensions["provisiond"] = BootServices(config)
     for module in (boot, blobs, overlays, status):
         app.register_blueprint(module.bp)
+    app.register_blueprint(v1.blueprint())
     app.wsgi_app = WholeFiles(app.wsgi_app, app.extensions["provisiond"])
     app.register_error_handler(ProvisiondError, _provisiond_error)
     app.register_error_handler(HTTPException, _http_error)
@@ -46,19 +48,40 @@ def create_app_from_env() -> Flask:
     return create_app(load_config(resolve_state_dir(None)))
 
 
-def error_body(message: str, kind: str, status: int):
-    return jsonify(error=message, type=kind), status
+# Slugs for HTTP errors werkzeug raises itself (routing, body size, parsing).
+STATUS_CODES = {400: "invalid_input", 401: "unauthenticated", 403: "forbidden",
+                404: "not_found", 405: "method_not_allowed", 409: "conflict",
+                412: "precondition_failed", 413: "too_large", 415: "unsupported_media_type",
+                500: "internal"}
+
+
+def error_document(code: str, message: str, field: str | None = None) -> dict:
+    """The one error shape of every answer of the app (and of gunicorn's own, worker.py)."""
+    return {"error": {"code": code, "message": message, "field": field}}
+
+
+def status_slug(status: int, reason: str) -> str:
+    """The `code` of an HTTP error: 413 too_large, else the reason as a slug."""
+    return STATUS_CODES.get(status) or "_".join(reason.lower().replace("-", " ").split())
+
+
+def error_body(message: str, code: str, status: int, field: str | None = None):
+    return jsonify(error_document(code, message, field)), status
 
 
 def _provisiond_error(exc: ProvisiondError):
-    return error_body(str(exc), type(exc).__name__, exc.http_status)
+    body, status = error_body(str(exc), exc.code, exc.http_status, exc.field)
+    if status == 401:
+        body.headers["WWW-Authenticate"] = 'Bearer realm="provisiond"'
+    return body, status
 
 
 def _http_error(exc: HTTPException):
     response = exc.get_response()
     if exc.code is not None and exc.code < 400:
         return response
-    body, status = error_body(exc.description or exc.name, type(exc).__name__, exc.code or 500)
+    status = exc.code or 500
+    body, status = error_body(exc.description or exc.name, status_slug(status, exc.name), status)
     for header in ("Allow", "Content-Range", "Retry-After"):
         if header in response.headers:
             body.headers[header] = response.headers[header]
@@ -67,4 +90,4 @@ def _http_error(exc: HTTPException):
 
 def _unexpected_error(exc: Exception):
     log.exception("unexpected error")
-    return error_body("internal error", "InternalError", 500)
+    return error_body("internal error", "internal", 500)

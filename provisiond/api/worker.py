@@ -21,6 +21,8 @@ from gevent import socket as gsocket
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
+from provisiond.api import error_document, status_slug
+
 SOCKET_TIMEOUT = 30.0  # one send or receive waiting longer than this ends the connection
 MAX_CHUNK = 1 << 30
 
@@ -84,14 +86,13 @@ class _ErrorPage:
 
 
 def json_error(page: bytes, exc: BaseException) -> bytes:
-    """gunicorn's error page as the API's errors are: `{"error": ..., "type": ...}`."""
+    """gunicorn's error page in the app's one error shape (api.error_document)."""
     status, _, reason = page.split(b"\r\n", 1)[0].decode("latin-1")[9:].partition(" ")
     if status.startswith("5"):
-        message, kind = "internal error", "InternalError"  # as the app says it
+        message, code = "internal error", "internal"  # as the app says it
     else:
-        message = f"{reason}: {exc}"[:300]
-        kind = "".join(word[:1].upper() + word[1:] for word in reason.split())
-    body = json.dumps({"error": message, "type": kind}).encode()
+        message, code = f"{reason}: {exc}"[:300], status_slug(int(status), reason)
+    body = json.dumps(error_document(code, message)).encode()
     return (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode("latin-1") + body

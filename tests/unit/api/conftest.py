@@ -1,4 +1,6 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "boot"))  # bootdata
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "boot"))  # bootdata
+sys.path.insert(0, str(HERE))  # v1helpers

@@ -71,7 +71,8 @@ def test_gunicorn_error_pages_become_the_api_json_errors():
     head, _, body = worker.json_error(page, ValueError("line too large")).partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0] == b"HTTP/1.1 414 URI Too Long"
     assert f"Content-Length: {len(body)}".encode() in head
-    assert json.loads(body) == {"error": "URI Too Long: line too large", "type": "URITooLong"}
+    assert json.loads(body) == {"error": {"code": "uri_too_long", "field": None,
+                                          "message": "URI Too Long: line too large"}}
     crash = worker.json_error(b"HTTP/1.1 500 Internal Server Error\r\n\r\n", KeyError("/etc"))
-    assert json.loads(crash.partition(b"\r\n\r\n")[2]) == {"error": "internal error",
-                                                           "type": "InternalError"}
+    assert json.loads(crash.partition(b"\r\n\r\n")[2]) == {
+        "error": {"code": "internal", "message": "internal error", "field": None}}

@@ -105,13 +105,13 @@ def test_kernel_fetch_from_node_address_records_phase(client, config):
 
 def test_bad_and_missing_blobs_are_json_errors(client):
     response = client.get("/blobs/sha256/../../etc/passwd")
-    assert response.status_code == 404 and response.json["type"] == "NotFound"
+    assert response.status_code == 404 and response.json["error"]["code"] == "not_found"
     response = client.get("/blobs/sha256/nothex")
-    assert response.status_code == 400 and response.json["type"] == "InvalidInput"
+    assert response.status_code == 400 and response.json["error"]["code"] == "invalid_input"
     response = client.get("/blobs/sha256/" + "0" * 64)
-    assert response.status_code == 404 and "no blob" in response.json["error"]
+    assert response.status_code == 404 and "no blob" in response.json["error"]["message"]
     response = client.get("/blobs/sha256/" + "0" * 64 + "%0A")  # `$` matches before a \n
-    assert response.status_code == 400 and response.json["type"] == "InvalidInput"
+    assert response.status_code == 400 and response.json["error"]["code"] == "invalid_input"
 
 
 def test_overlays_shared_system_and_runtime_rules(client, config, monkeypatch):
@@ -129,7 +129,7 @@ def test_overlays_shared_system_and_runtime_rules(client, config, monkeypatch):
     assert client.get("/overlays/n1/shared", headers={
         "If-None-Match": common.headers["ETag"]}).status_code == 304
     denied = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(2)})
-    assert denied.status_code == 403 and denied.json["type"] == "Forbidden"
+    assert denied.status_code == 403 and denied.json["error"]["code"] == "forbidden"
     mine = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
     assert mine.data == b"runtime-cpio"
     again = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)},
@@ -158,7 +158,7 @@ def test_status_reports(client, config):
 def test_junk_requests_get_json_4xx(client, method, path):
     response = client.open(path, method=method)
     assert 400 <= response.status_code < 500
-    assert set(response.json) == {"error", "type"}
+    assert set(response.json["error"]) == {"code", "message", "field"}
 
 
 def test_overlays_built_by_the_real_ensure_overlay(client, config):
@@ -221,14 +221,14 @@ def test_boot_files_follow_symlinks_out_of_the_root_only_to_their_owners_files(
         assert client.get(f"/boot/files/{name}").data == data
     for name in ("evil.efi", "dir.efi", "..", "%2e%2e", "a%00b", "nothere"):
         response = client.get(f"/boot/files/{name}")
-        assert response.status_code == 404 and response.json["type"] == "NotFound", name
+        assert response.status_code == 404 and response.json["error"]["code"] == "not_found", name
 
 
 def test_a_large_status_body_is_refused_unread(client, config):
     """A status report is a few bytes: a megabyte body gets 413, not read into memory."""
     body = json.dumps({"phase": "booted", "detail": "x" * (1 << 20)})
     response = client.post("/api/v1/status/n1", data=body, content_type="application/json")
-    assert response.status_code == 413 and set(response.json) == {"error", "type"}
+    assert response.status_code == 413 and set(response.json["error"]) == {"code", "message", "field"}
     assert read_status(config, "n1") is None
 
 

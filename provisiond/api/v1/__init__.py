@@ -1,0 +1,255 @@
+"""The `/api/v1` framework: `route` puts a view in the blueprint and in the OpenAPI document.
+
+A view declares who may call it (a Role, or None for a route open to nodes) and the pydantic
+models of its query, body and answer. The wrapper authenticates the bearer token, parses and
+validates the query and the body (unknown fields, wrong types, malformed or oversize JSON:
+InvalidInput, 400/413, before the view runs) and calls the view with `principal=`, `body=`
+and `query=`. What the view returns (a model, a dict, a list, None, or a Response from
+`reply`) becomes the JSON answer. Each module of this package holds the views of one
+resource and is imported by `blueprint()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import pkgutil
+import re
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from pydantic import BaseModel, Field, ValidationError
+
+from provisiond.auth import Principal, Role, TokenRefused, TokenStore
+from provisiond.config import Config
+from provisiond.errors import (Forbidden, InvalidInput, PreconditionFailed, Unauthenticated,
+                               UnsupportedMediaType)
+from provisiond.inventory.store import describe_validation_error
+from provisiond.service import journal
+
+__all__ = ["bp", "route", "reply", "config", "if_match", "check_if_match", "Page", "Role",
+           "Principal", "OPERATIONS", "blueprint"]
+
+PREFIX = "/api/v1"
+bp = Blueprint("api_v1", __name__, url_prefix=PREFIX)
+JSON_TYPES = ("application/json", "application/merge-patch+json")
+_ETAG_RE = re.compile(r'\s*(W/)?"([^"]*)"\s*(,|$)')
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One registered view: what the OpenAPI document says of it, and what the wrapper
+    checks before it runs."""
+
+    rule: str
+    method: str
+    endpoint: str
+    role: Role | None
+    summary: str
+    description: str
+    body: type[BaseModel] | None
+    query: type[BaseModel] | None
+    response: type[BaseModel] | None
+    status: int
+    tags: tuple[str, ...]
+
+
+OPERATIONS: list[Operation] = []
+Item = TypeVar("Item")
+
+
+class Page(BaseModel, Generic[Item]):
+    """One page of a list: pass `continue` back to get the next; null: this is the last."""
+
+    items: list[Item]
+    continue_: str | None = Field(None, alias="continue",
+                                  description="give it as ?continue= for the next page")
+
+
+def route(rule: str, method: str, *, role: Role | None, summary: str,
+          body: type[BaseModel] | None = None, query: type[BaseModel] | None = None,
+          response: type[BaseModel] | None = None, status: int = 200, tags=()):
+    """Register the decorated view at `PREFIX + rule` for `method` (see the module doc)."""
+
+    def decorate(view):
+        module = view.__module__.rsplit(".", 1)[-1]
+        op = Operation(rule, method.upper(), f"{module}_{view.__name__}", role, summary,
+                       (view.__doc__ or "").strip(), body, query, response, status,
+                       tuple(tags) or (module,))
+
+        @functools.wraps(view)
+        def wrapper(**path_args):
+            return _handle(op, view, path_args)
+
+        bp.add_url_rule(rule, endpoint=op.endpoint, view_func=wrapper, methods=[op.method])
+        OPERATIONS.append(op)
+        return view
+
+    return decorate
+
+
+def blueprint() -> Blueprint:
+    """The blueprint with every view of this package's modules registered."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return bp
+
+
+def _handle(op: Operation, view, path_args: dict):
+    principal = authorize(op.role)
+    query = _parse_query(op.query) if op.query else None
+    body = _parse_body(op.body) if op.body else None
+    result = view(principal=principal, body=body, query=query, **path_args)
+    return result if isinstance(result, Response) else reply(result, status=op.status)
+
+
+def reply(data, *, status: int = 200, etag: str | None = None,
+          headers: dict | None = None) -> Response:
+    """A JSON answer (None: 204 and no body), with an ETag (quoted here) when given."""
+    if data is None:
+        response = Response(status=204)
+    else:
+        if isinstance(data, BaseModel):
+            data = data.model_dump(mode="json", by_alias=True)
+        response = jsonify(data)
+        response.status_code = status
+    if etag is not None:
+        response.headers["ETag"] = f'"{etag}"'
+    response.headers.update(headers or {})
+    return response
+
+
+def config() -> Config:
+    """The app's config (the state dir and settings), for views."""
+    return current_app.config["PROVISIOND"]
+
+
+def token_store() -> TokenStore:
+    """This app's token store (it rereads the file only when the file changed)."""
+    store = current_app.extensions.get("provisiond.tokens")
+    if store is None:
+        store = current_app.extensions["provisiond.tokens"] = TokenStore(config())
+    return store
+
+
+def authorize(role: Role | None) -> Principal | None:
+    """The request's principal if its token has at least `role` (None: open route).
+    No token: Unauthenticated; an unknown, expired or revoked one too, and an
+    `auth.denied` event; too small a role: Forbidden, and the event."""
+    if role is None:
+        return None
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("this needs a bearer token (Authorization: Bearer TOKEN)")
+    try:
+        principal = token_store().authenticate(token.strip())
+    except TokenRefused as exc:
+        journal.emit(config(), "auth.denied", exc.name, {"reason": exc.reason,
+                                                       "token": exc.name, **_where()})
+        raise
+    if principal.role < role:
+        journal.emit(config(), "auth.denied", principal.name, {
+            "reason": "role", "token": principal.name, "role": principal.role.label,
+            "needed": role.label, **_where()})
+        raise Forbidden(f"token {principal.name!r} has the role {principal.role.label}; "
+                        f"{request.method} {request.path} needs {role.label}")
+    return principal
+
+
+def _where() -> dict:
+    return {"method": request.method, "path": request.path[:200],
+            "address": request.remote_addr}
+
+
+def _parse_query(model: type[BaseModel]) -> BaseModel:
+    data = {}
+    for key in request.args:
+        values = request.args.getlist(key)
+        if len(values) > 1:
+            raise InvalidInput(f"query parameter {key!r} is given {len(values)} times",
+                               field=key)
+        data[key] = values[0]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(exc, "query") from None
+
+
+def _parse_body(model: type[BaseModel]) -> BaseModel:
+    if request.mimetype not in JSON_TYPES:
+        raise UnsupportedMediaType(f"send the body as application/json, not "
+                           f"{request.mimetype or 'no content type'}")
+    raw = request.get_data(cache=False)  # above MAX_CONTENT_LENGTH: 413, never read
+    check_json(raw)
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise _invalid(exc, "body") from None
+
+
+def check_json(raw: bytes):
+    """The JSON document `raw` holds; malformed JSON, a key given twice, NaN or Infinity,
+    or nesting too deep for Python: InvalidInput."""
+    try:
+        return json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"the body is not JSON: {exc}"[:300]) from None
+    except RecursionError:
+        raise InvalidInput("the body's JSON nests too deep") from None
+
+
+def _unique_keys(pairs: list) -> dict:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise InvalidInput(f"the body names {twice!r} twice", field=twice)
+    return data
+
+
+def _no_constant(name: str):
+    raise InvalidInput(f"the body holds {name}, which JSON does not allow")
+
+
+def _invalid(exc: ValidationError, where: str) -> InvalidInput:
+    """A pydantic error as InvalidInput naming the field (dotted) and the problem."""
+    err = exc.errors()[0]
+    field = ".".join(str(part) for part in err["loc"] if part != "[key]") or None
+    return InvalidInput(f"{where}: {describe_validation_error(exc)}", field=field)
+
+
+def if_match() -> list[str] | None:
+    """The entity tags of the request's If-Match header (["*"] for any), or None without
+    one. A weak tag never matches (RFC 9110 13.1.1: strong comparison). A malformed header
+    is InvalidInput: taken for no precondition, it would let a stale write through."""
+    value = request.headers.get("If-Match")
+    if value is None:
+        return None
+    if value.strip() == "*":
+        return ["*"]
+    tags, pos = [], 0
+    while pos < len(value):
+        match = _ETAG_RE.match(value, pos)
+        if not match or match.end() == pos:
+            raise InvalidInput(f"If-Match: not a list of quoted entity tags: {value[:80]!r}",
+                               field="If-Match")
+        if not match[1]:
+            tags.append(match[2])
+        pos = match.end()
+    if not tags and "W/" not in value:
+        raise InvalidInput("If-Match: no entity tag", field="If-Match")
+    return tags
+
+
+def check_if_match(tags: list[str] | None, current: str | None, what: str) -> None:
+    """PreconditionFailed unless the If-Match `tags` (None: no header) allow a write to
+    `what` whose ETag is `current` (None: it does not exist)."""
+    if tags is None:
+        return
+    if current is None or ("*" not in tags and current not in tags):
+        raise PreconditionFailed(
+            f"{what} has changed (ETag {current and repr(current)}), If-Match named "
+            f"{', '.join(tags) or 'only weak tags'}: read it again and retry",
+            field="If-Match")

@@ -1,0 +1,127 @@
+"""The OpenAPI 3.1 document, generated from the registered routes and the JSON schemas of
+their pydantic models (never written by hand), and a page that renders it for people."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from flask import Response
+from pydantic import BaseModel, Field
+from pydantic.json_schema import models_json_schema
+
+from provisiond import __version__
+from provisiond.api.v1 import OPERATIONS, PREFIX, Operation, bp, reply, route
+
+PAGE = Path(__file__).with_name("docs.html")
+_PARAM_RE = re.compile(r"<(?:[a-z]+:)?([A-Za-z_][A-Za-z0-9_]*)>")
+REF = "#/components/schemas/{model}"
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="a short stable slug: not_found, invalid_input, "
+                                  "unauthenticated, forbidden, precondition_failed...")
+    message: str = Field(description="one line for people")
+    field: str | None = Field(description="the input field at fault, dotted, if one is")
+
+
+class ErrorAnswer(BaseModel):
+    """Every error answer of the server has this shape."""
+
+    error: ErrorDetail
+
+
+@route("/openapi.json", "GET", role=None, summary="This API's OpenAPI 3.1 document",
+       tags=("docs",))
+def openapi(principal, body, query):
+    return reply(openapi_document())
+
+
+@bp.get("/docs")
+def docs():
+    """A page for people, rendering the document (not an API operation itself)."""
+    return Response(PAGE.read_text(), content_type="text/html; charset=utf-8")
+
+
+@functools.cache
+def openapi_document() -> dict:
+    """The document for every registered operation (the set is fixed once the app is made)."""
+    refs, schema = models_json_schema(_models(OPERATIONS), ref_template=REF)
+    schemas = schema.get("$defs", {})
+    paths: dict[str, dict] = {}
+    for op in OPERATIONS:
+        path = PREFIX + _PARAM_RE.sub(r"{\1}", op.rule)
+        paths.setdefault(path, {})[op.method.lower()] = _operation(op, refs, schemas)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "provisiond API", "version": __version__,
+                 "description": "Inventory, status, images, overlays, jobs and events of a "
+                                "provisiond server. Bearer tokens: `provisiond token create`."},
+        "paths": paths,
+        "components": {"schemas": schemas, "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer",
+                       "description": "a token from `provisiond token create`"}}},
+    }
+
+
+def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], str]]:
+    found = {(ErrorAnswer, "serialization")}
+    for op in operations:
+        found |= {(op.body, "validation"), (op.query, "validation"),
+                  (op.response, "serialization")}
+    return sorted(((m, mode) for m, mode in found if m is not None),
+                  key=lambda pair: (pair[0].__module__, pair[0].__qualname__, pair[1]))
+
+
+def _operation(op: Operation, refs: dict, schemas: dict) -> dict:
+    item = {"operationId": op.endpoint, "summary": op.summary, "tags": list(op.tags),
+            "parameters": _path_parameters(op.rule) + _query_parameters(op, refs, schemas),
+            "responses": _responses(op, refs),
+            "security": [{"bearer": []}] if op.role else [],
+            "x-provisiond-role": op.role.label if op.role else None}
+    if op.description:
+        item["description"] = op.description
+    if op.body:
+        schema = refs[(op.body, "validation")]
+        types = ("application/merge-patch+json", "application/json") \
+            if op.method == "PATCH" else ("application/json",)
+        item["requestBody"] = {"required": True,
+                               "content": {t: {"schema": schema} for t in types}}
+    return item
+
+
+def _path_parameters(rule: str) -> list[dict]:
+    return [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _PARAM_RE.findall(rule)]
+
+
+def _query_parameters(op: Operation, refs: dict, schemas: dict) -> list[dict]:
+    if not op.query:
+        return []
+    model = schemas[refs[(op.query, "validation")]["$ref"].rsplit("/", 1)[1]]
+    required = set(model.get("required", []))
+    return [{"name": name, "in": "query", "required": name in required,
+             "schema": {k: v for k, v in prop.items() if k != "title"},
+             **({"description": prop["description"]} if "description" in prop else {})}
+            for name, prop in model.get("properties", {}).items()]
+
+
+def _responses(op: Operation, refs: dict) -> dict:
+    error = {"description": "an error", "content": {"application/json": {
+        "schema": refs[(ErrorAnswer, "serialization")]}}}
+    if op.status == 204:
+        answers = {"204": {"description": "done"}}
+    else:
+        schema = refs[(op.response, "serialization")] if op.response else {}
+        answers = {str(op.status): {"description": op.summary,
+                                    "content": {"application/json": {"schema": schema}}}}
+    codes = ["400", "404", "405"]
+    if op.role:
+        codes += ["401", "403"]
+    if op.body:
+        codes += ["413", "415", "422"]
+    if op.method in ("PUT", "PATCH", "DELETE"):
+        codes += ["409", "412"]
+    answers.update({code: error for code in sorted(codes)})
+    return answers

@@ -1,0 +1,40 @@
+"""If-Match parsing: strong tags only; a malformed header is refused, never ignored."""
+
+import pytest
+from flask import Flask
+
+from provisiond.api.v1 import check_if_match, if_match
+from provisiond.errors import InvalidInput, PreconditionFailed
+
+
+def parsed(value):
+    with Flask(__name__).test_request_context(headers={"If-Match": value}):
+        return if_match()
+
+
+@pytest.mark.parametrize("value,tags", [
+    ('"abc"', ["abc"]), ('"a", "b"', ["a", "b"]), ("*", ["*"]), ('W/"a"', []),
+    ('W/"a", "b"', ["b"]), (' "a" ,"b" ', ["a", "b"]), ('""', [""]),
+])
+def test_if_match_lists(value, tags):
+    assert parsed(value) == tags
+
+
+@pytest.mark.parametrize("value", ["abc", '"abc', '"a" "b"', "", ",", '"a",,', "W/abc"])
+def test_malformed_if_match_is_invalid_input(value):
+    with pytest.raises(InvalidInput):
+        parsed(value)
+
+
+def test_no_header_is_no_precondition():
+    with Flask(__name__).test_request_context():
+        assert if_match() is None
+
+
+def test_check_if_match():
+    check_if_match(None, "x", "node n1")
+    check_if_match(["x"], "x", "node n1")
+    check_if_match(["*"], "x", "node n1")
+    for tags, current in ((["y"], "x"), ([], "x"), (["*"], None), (["x"], None)):
+        with pytest.raises(PreconditionFailed):
+            check_if_match(tags, current, "node n1")
