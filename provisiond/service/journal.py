@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from provisiond.config import Config
+from provisiond.errors import ProvisiondError
 
 log = logging.getLogger("provisiond.service")
 
@@ -28,4 +29,8 @@ def audit(config: Config, actor: str, action: str, target: str,
         from provisiond import audit as audit_log
     except ImportError:  # the audit module lands separately
         return
-    audit_log.record(config, actor, action, target, changes)
+    try:
+        audit_log.record(config, actor, action, target, changes)
+    except (OSError, ValueError) as exc:  # the change is made: say it was not recorded
+        raise ProvisiondError(f"{action} {target} was done but not recorded in the audit "
+                              f"log: {exc}") from None

@@ -24,12 +24,11 @@ from pydantic import BaseModel, Field, ValidationError
 
 from provisiond.auth import Principal, Role, TokenRefused, TokenStore
 from provisiond.config import Config
-from provisiond.errors import (Forbidden, InvalidInput, PreconditionFailed, Unauthenticated,
-                               UnsupportedMediaType)
+from provisiond.errors import Forbidden, InvalidInput, Unauthenticated, UnsupportedMediaType
 from provisiond.inventory.store import describe_validation_error
 from provisiond.service import journal
 
-__all__ = ["bp", "route", "reply", "config", "if_match", "check_if_match", "Page", "Role",
+__all__ = ["bp", "route", "reply", "config", "if_match", "Page", "Role",
            "Principal", "OPERATIONS", "blueprint"]
 
 PREFIX = "/api/v1"
@@ -70,12 +69,15 @@ class Page(BaseModel, Generic[Item]):
 
 def route(rule: str, method: str, *, role: Role | None, summary: str,
           body: type[BaseModel] | None = None, query: type[BaseModel] | None = None,
-          response: type[BaseModel] | None = None, status: int = 200, tags=()):
-    """Register the decorated view at `PREFIX + rule` for `method` (see the module doc)."""
+          response: type[BaseModel] | None = None, status: int = 200, tags=(),
+          operation_id: str | None = None):
+    """Register the decorated view at `PREFIX + rule` for `method` (see the module doc).
+    The operation id is MODULE_FUNCTION unless given (views made by a factory)."""
 
     def decorate(view):
         module = view.__module__.rsplit(".", 1)[-1]
-        op = Operation(rule, method.upper(), f"{module}_{view.__name__}", role, summary,
+        endpoint = operation_id or f"{module}_{view.__name__}"
+        op = Operation(rule, method.upper(), endpoint, role, summary,
                        (view.__doc__ or "").strip(), body, query, response, status,
                        tuple(tags) or (module,))
 
@@ -241,15 +243,3 @@ def if_match() -> list[str] | None:
     if not tags and "W/" not in value:
         raise InvalidInput("If-Match: no entity tag", field="If-Match")
     return tags
-
-
-def check_if_match(tags: list[str] | None, current: str | None, what: str) -> None:
-    """PreconditionFailed unless the If-Match `tags` (None: no header) allow a write to
-    `what` whose ETag is `current` (None: it does not exist)."""
-    if tags is None:
-        return
-    if current is None or ("*" not in tags and current not in tags):
-        raise PreconditionFailed(
-            f"{what} has changed (ETag {current and repr(current)}), If-Match named "
-            f"{', '.join(tags) or 'only weak tags'}: read it again and retry",
-            field="If-Match")

@@ -3,8 +3,9 @@
 import pytest
 from flask import Flask
 
-from provisiond.api.v1 import check_if_match, if_match
+from provisiond.api.v1 import if_match
 from provisiond.errors import InvalidInput, PreconditionFailed
+from provisiond.service.records import check_etag
 
 
 def parsed(value):
@@ -31,10 +32,10 @@ def test_no_header_is_no_precondition():
         assert if_match() is None
 
 
-def test_check_if_match():
-    check_if_match(None, "x", "node n1")
-    check_if_match(["x"], "x", "node n1")
-    check_if_match(["*"], "x", "node n1")
+def test_check_etag():
+    check_etag(["x"], "x", "node n1")
+    check_etag(["y", "x"], "x", "node n1")
+    check_etag(["*"], "x", "node n1")
     for tags, current in ((["y"], "x"), ([], "x"), (["*"], None), (["x"], None)):
         with pytest.raises(PreconditionFailed):
-            check_if_match(tags, current, "node n1")
+            check_etag(tags, current, "node n1")

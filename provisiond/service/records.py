@@ -1,0 +1,281 @@
+"""Nodes and profiles for the CLI and the API: read, list with selectors and pages, create
+(a range with consecutive addresses), replace, merge-patch (RFC 7386), change, delete.
+
+Every write goes through `write_records`: under the inventory lock it checks that the names
+exist (or not, to create), the callers' preconditions (a record's ETag, the inventory
+revision), applies the change, validates the whole inventory as the CLI always did, then
+records who changed which fields (audit) and tells watchers (`inventory.changed`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from provisiond.config import Config
+from provisiond.errors import (AlreadyExists, InUse, InvalidInventory, PreconditionFailed,
+                               StaleRevision)
+from provisiond.inventory.model import Inventory, Record
+from provisiond.inventory.ranges import fold, spread_addresses
+from provisiond.inventory.store import describe_validation_error
+from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
+from provisiond.inventory.secrets import SecretStore
+from provisiond.service.inventory import (NODES, Kind, Snapshot, check_limit, decode_cursor,
+                                          page_of_names, record_etag, snapshot)
+from provisiond.service.journal import emit, audit
+from provisiond.status import read_status
+
+# A change: (name, the stored record or None) -> the new record, or None to delete it.
+Change = Callable[[str, Record | None], Record | None]
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which records a list shows: a node range, a tag (KEY or KEY=VALUE), a profile, an
+    image (of the merged node record), a boot phase. None selects all."""
+
+    names: frozenset[str] | None = None
+    tag: str | None = None
+    profile: str | None = None
+    image: str | None = None
+    phase: str | None = None
+
+    def keep(self, config: Config, kind: Kind, view: Snapshot) -> Callable[[str], bool] | None:
+        tests = []
+        if self.names is not None:
+            tests.append(lambda name: name in self.names)
+        record = (lambda n: view.merged(n).record) if kind is NODES else (
+            lambda n: kind.records(view.inventory)[n])
+        if self.tag is not None:
+            key, sep, value = self.tag.partition("=")
+            tests.append(lambda n: key in (record(n).tags or {}) and (
+                not sep or record(n).tags[key] == value))
+        if self.profile is not None:
+            tests.append(lambda n: self.profile in (
+                kind.records(view.inventory)[n].profiles or []))
+        if self.image is not None:
+            tests.append(lambda n: record(n).image == self.image)
+        if self.phase is not None:
+            tests.append(lambda n: (read_status(config, n) or {}).get("phase") == self.phase)
+        return (lambda name: all(test(name) for test in tests)) if tests else None
+
+
+@dataclass(frozen=True)
+class RecordView:
+    """A record as the API and `--json` show it: its own data (or the merged record and
+    where each field came from), its ETag, the inventory revision it was read at."""
+
+    name: str
+    etag: str
+    revision: int
+    record: dict
+    provenance: dict | None = None
+
+    def to_data(self) -> dict:
+        data = {"name": self.name, "etag": self.etag, "revision": self.revision,
+                "record": self.record}
+        if self.provenance is not None:
+            data["provenance"] = self.provenance
+        return data
+
+
+def view_of(view: Snapshot, kind: Kind, name: str, merged: bool = False) -> RecordView:
+    stored = kind.records(view.inventory)[name]
+    if merged and kind is NODES:
+        node = view.merged(name)
+        return RecordView(name, record_etag(stored), view.revision, node.record.to_data(),
+                          dict(node.provenance))
+    return RecordView(name, record_etag(stored), view.revision, stored.to_data())
+
+
+def get_record(config: Config, kind: Kind, name: str, merged: bool = False) -> RecordView:
+    view = snapshot(config)
+    if name not in kind.records(view.inventory):
+        raise kind.not_found(f"no such {kind.noun}: {name}")
+    return view_of(view, kind, name, merged)
+
+
+def list_records(config: Config, kind: Kind, selector: Selector = Selector(), *,
+                 limit: int | None = None, after: str | None = None, merged: bool = False
+                 ) -> tuple[list[RecordView], str | None]:
+    """A page of records in natural name order and the next page's cursor (None: the last
+    page); every record at once without `limit`."""
+    view = snapshot(config)
+    names, keys = view.sorted_names(kind)
+    keep = selector.keep(config, kind, view)
+    found, cursor = page_of_names(names, keys, decode_cursor(after),
+                                  check_limit(limit) if limit else len(names) or 1, keep)
+    return [view_of(view, kind, name, merged) for name in found], cursor
+
+
+def write_records(config: Config, actor: str, kind: Kind, action: str, names: list[str],
+                  change: Change, *, create: bool | None = False, etags: list[str] | None = None,
+                  expected_revision: int | None = None) -> Inventory:
+    """Apply `change` to each named record under the lock (see the module doc): `create`
+    needs every name free, otherwise each must exist (a PUT may create: create=None).
+    `etags` is an If-Match list ("*": any existing record); `expected_revision` the
+    inventory revision the caller read. Returns the written inventory."""
+    deleted: list[str] = []
+    before: dict[str, dict | None] = {}
+    after: dict[str, dict | None] = {}
+    try:
+        with edit_inventory(config, expected_revision) as inventory:
+            records = kind.records(inventory)
+            _check_names(kind, records, names, create)
+            for name in names:
+                stored = records.get(name)
+                if etags is not None:
+                    check_etag(etags, record_etag(stored), f"{kind.noun} {name}")
+                new = change(name, stored)
+                before[name] = stored.to_data() if stored else None
+                after[name] = new.to_data() if new else None
+                if new is None:
+                    _check_unused(kind, inventory, name)
+                    records.pop(name, None)
+                    deleted.append(name)
+                else:
+                    records[name] = new
+    except StaleRevision as exc:
+        raise PreconditionFailed(str(exc), field="If-Match") from None
+    if deleted:
+        forget_records(config, kind, deleted)
+    _tell(config, actor, kind, action, names, before, after, inventory.revision)
+    return inventory
+
+
+def _check_names(kind: Kind, records: dict, names: list[str], create: bool | None) -> None:
+    if create:
+        taken = [n for n in names if n in records]
+        if taken:
+            raise AlreadyExists(f"{kind.noun} {fold(taken)} already exists", field="names")
+    elif create is False:
+        missing = [n for n in names if n not in records]
+        if missing:
+            raise kind.not_found(f"no such {kind.noun}: {fold(missing)}")
+
+
+def _check_unused(kind: Kind, inventory: Inventory, name: str) -> None:
+    if kind is NODES:
+        return
+    users = [n for n, record in inventory.nodes.items() if name in (record.profiles or [])]
+    if users:
+        raise InUse(f"profile {name} is used by node {fold(users)}")
+
+
+def check_etag(tags: list[str], current: str | None, what: str) -> None:
+    """PreconditionFailed unless the If-Match `tags` allow a write to `what`, whose ETag is
+    `current` (None: it does not exist). "*" matches any existing record."""
+    if current is None or ("*" not in tags and current not in tags):
+        shown = f"ETag {current!r}" if current else "does not exist"
+        raise PreconditionFailed(f"{what} has changed ({shown}; If-Match named "
+                                 f"{', '.join(tags) or 'only weak tags'}): read it again "
+                                 "and retry", field="If-Match")
+
+
+def forget_records(config: Config, kind: Kind, names: list[str]) -> None:
+    """After deleting records: a node's secrets, host keys, builds and status go too, a
+    profile's secrets."""
+    if kind is NODES:
+        forget_nodes(config, names)
+    else:
+        SecretStore(config).forget(kind.key, names)
+
+
+def _tell(config: Config, actor: str, kind: Kind, action: str, names: list[str],
+          before: dict, after: dict, revision: int) -> None:
+    fields = sorted({f for n in names for f in changed_fields(before[n], after[n])})
+    changed = [n for n in names if before[n] != after[n]]
+    if not changed:
+        return
+    audit(config, actor, f"{kind.noun}.{action}", f"{kind.noun}:{fold(changed)}", fields)
+    emit(config, "inventory.changed", fold(changed), {
+        "revision": revision, "kind": kind.noun, "names": changed, "fields": fields,
+        "action": action})
+
+
+def changed_fields(before: dict | None, after: dict | None, prefix: str = "") -> list[str]:
+    """The dotted paths of the leaves that differ (a whole record: its top-level fields)."""
+    before, after = before or {}, after or {}
+    fields = []
+    for key in sorted(set(before) | set(after), key=str):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            fields += changed_fields(old, new, f"{prefix}{key}.")
+        else:
+            fields.append(f"{prefix}{key}")
+    return fields
+
+
+def parse_record(data, what: str) -> Record:
+    """A record from JSON-like data, with the types JSON has (a string is no number):
+    InvalidInventory naming the field."""
+    try:
+        return Record.model_validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"] if p != "[key]") or None
+        raise InvalidInventory(f"{what}: {describe_validation_error(exc)}",
+                               field=field) from None
+
+
+def merge_patch(target, patch):
+    """RFC 7386: a patch object merges into the target key by key, null removes a key, any
+    other value (arrays too) replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def create_records(config: Config, actor: str, kind: Kind, names: list[str], data: dict,
+                   *, expected_revision: int | None = None) -> Inventory:
+    """New records for `names` from one record's data; a range's addresses count up from
+    the ones given (as `node add` does). A node naming no profile gets `default` if that
+    profile exists."""
+    if kind is NODES and "profiles" not in data:
+        current = snapshot(config).inventory
+        data = {**data, "profiles": ["default"]} if "default" in current.profiles else data
+    records = {name: parse_record(item, f"{kind.noun} {name}")
+               for name, item in zip(names, spread_addresses(data, len(names)))}
+    return write_records(config, actor, kind, "create", names,
+                         lambda name, _: records[name], create=True,
+                         expected_revision=expected_revision)
+
+
+def replace_record(config: Config, actor: str, kind: Kind, name: str, data: dict, *,
+                   etags: list[str] | None = None, create: bool | None = None) -> Inventory:
+    """PUT: the record becomes `data` exactly; created if absent (create=None) unless
+    `etags` were given."""
+    record = parse_record(data, f"{kind.noun} {name}")
+    return write_records(config, actor, kind, "replace", [name], lambda *_: record,
+                         create=create, etags=etags)
+
+
+def patch_records(config: Config, actor: str, kind: Kind, names: list[str], patch: dict,
+                  *, etags: list[str] | None = None,
+                  expected_revision: int | None = None) -> Inventory:
+    """PATCH: the merge patch applied to each named record."""
+    def change(name: str, stored: Record | None) -> Record:
+        return parse_record(merge_patch(stored.to_data(), patch), f"{kind.noun} {name}")
+
+    return write_records(config, actor, kind, "patch", names, change, etags=etags,
+                         expected_revision=expected_revision)
+
+
+def delete_records(config: Config, actor: str, kind: Kind, names: list[str], *,
+                   etags: list[str] | None = None,
+                   expected_revision: int | None = None) -> Inventory:
+    """Delete the named records and everything a deleted node owned."""
+    check_forgettable(config)
+    return write_records(config, actor, kind, "delete", names, lambda *_: None, etags=etags,
+                         expected_revision=expected_revision)
