@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import sys
 
-from provisiond.cli.records import confirm, forget_records
+from provisiond.audit import cli_actor
+from provisiond.cli.records import confirm
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInput, InvalidInventory
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.ranges import expand, spread_addresses
 from provisiond.inventory.store import validate_inventory_data, yaml_read_as
-from provisiond.lifecycle import check_forgettable, edit_inventory
+from provisiond.lifecycle import check_forgettable
+from provisiond.service.records import apply_inventory, field_changes
 
 ACTIONS = (("create", "+"), ("update", "~"), ("delete", "-"))
 
@@ -45,15 +47,11 @@ def run(args, ctx) -> None:
         check_forgettable(ctx.config)
         if not args.dry_run:
             confirm(f"delete {len(plan['delete'])} record(s)", args.yes)
-    with edit_inventory(ctx.config, current.revision, write=not args.dry_run) as inventory:
-        carry_out(inventory, desired, plan)
+    inventory = apply_inventory(ctx.config, cli_actor(), desired, plan,
+                                expected_revision=current.revision, dry_run=args.dry_run)
     if args.dry_run:
         _say(args, "dry run: the plan is valid, nothing changed")
         return
-    for key in ("profiles", "nodes"):
-        deleted = [c["name"] for c in plan["delete"] if c["kind"] == key[:-1]]
-        if deleted:
-            forget_records(ctx.config, key, deleted)
     _say(args, f"applied: inventory revision {inventory.revision}" if _changes(plan)
          else "nothing to change")
 
@@ -136,33 +134,6 @@ def make_plan(current: Inventory, desired: Inventory, prune: bool) -> dict[str, 
                 {"kind": key[:-1], "name": n, "changes": field_changes(have[n].to_data(), {})}
                 for n in have if n not in want)
     return plan
-
-
-def field_changes(before: dict, after: dict) -> list[dict]:
-    """Every field set in either record whose value differs, in field order: `field` dotted
-    for people, `path` a list for scripts (a netdev or tag name may hold a dot)."""
-    old, new = _flatten(before), _flatten(after)
-    paths = list(old) + [p for p in new if p not in old]
-    return [{"field": ".".join(p), "path": list(p), "before": old.get(p), "after": new.get(p)}
-            for p in paths if old.get(p) != new.get(p)]
-
-
-def _flatten(data: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
-    flat: dict = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, (*prefix, key)))
-        else:
-            flat[(*prefix, key)] = value
-    return flat
-
-
-def carry_out(inventory: Inventory, desired: Inventory, plan: dict[str, list]) -> None:
-    for change in plan["create"] + plan["update"]:
-        key = f"{change['kind']}s"
-        getattr(inventory, key)[change["name"]] = getattr(desired, key)[change["name"]]
-    for change in plan["delete"]:
-        del getattr(inventory, f"{change['kind']}s")[change["name"]]
 
 
 def _changes(plan: dict[str, list]) -> int:

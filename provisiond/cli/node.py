@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import time
 
-from provisiond.cli.records import Kind, register_verbs
-from provisiond.inventory import InventoryStore
-from provisiond.inventory.model import node_sort_key
+from provisiond.cli.records import register_verbs
 from provisiond.power import add_reprovision_parser
 from provisiond.states import NodePhase
-from provisiond.status import read_all_status
+from provisiond.service.inventory import NODES
+from provisiond.service.status import list_status
 
-KIND = Kind("node")
 PHASE_ORDER = [p.value for p in NodePhase if p is not NodePhase.FAILED]
 
 
 def register(subparsers) -> None:
-    verbs = register_verbs(subparsers, KIND)
+    verbs = register_verbs(subparsers, NODES)
     status = verbs.add_parser("status", help="each node's boot phase and when it was reached")
     status.add_argument("names", nargs="?", metavar="NAMES", help="node range")
     status.add_argument("--json", action="store_true")
@@ -25,19 +23,16 @@ def register(subparsers) -> None:
 
 
 def show_status(args, ctx) -> None:
-    inventory = InventoryStore(ctx.config).read()
-    names = KIND.existing(inventory, args.names) if args.names else sorted(
-        inventory.nodes, key=node_sort_key)
-    statuses = read_all_status(ctx.config)
+    statuses, _ = list_status(ctx.config, args.names)
     if args.json:
-        return ctx.print_json({name: statuses.get(name) for name in names})
+        return ctx.print_json({s["node"]: s if s["phase"] else None for s in statuses})
     ctx.print_table(["NODE", "PHASE", "UPDATED", "BOOT TIMELINE (s since dhcp)", "DETAIL"],
-                    [_status_row(name, statuses.get(name)) for name in names])
+                    [_status_row(s["node"], s) for s in statuses])
     return None
 
 
-def _status_row(name: str, status: dict | None) -> list:
-    if not status:
+def _status_row(name: str, status: dict) -> list:
+    if not status["phase"]:
         return [name, "unknown", None, None, None]
     start = status.get("boot_started", 0)
     phases = status.get("phases", {})

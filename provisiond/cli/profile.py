@@ -1,7 +1,8 @@
 """`provisiond profile add|set|list|show|delete`."""
 
-from provisiond.cli.records import Kind, register_verbs
+from provisiond.cli.records import register_verbs
+from provisiond.service.inventory import PROFILES
 
 
 def register(subparsers) -> None:
-    register_verbs(subparsers, Kind("profile"))
+    register_verbs(subparsers, PROFILES)

@@ -1,4 +1,5 @@
-"""`add`, `set`, `list`, `show`, `delete` for nodes and profiles: one implementation, two nouns."""
+"""`add`, `set`, `list`, `show`, `delete` for nodes and profiles: one implementation, two nouns,
+over the service layer the API uses too (provisiond.service.records)."""
 
 from __future__ import annotations
 
@@ -7,43 +8,13 @@ import sys
 
 import yaml
 
+from provisiond.audit import cli_actor
 from provisiond.cli.record_options import (add_record_flags, apply_edits, find_field,
                                           record_edits)
-from provisiond.errors import AlreadyExists, InUse, InvalidInput, NodeNotFound, ProfileNotFound
-from provisiond.inventory import InventoryStore
-from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
-from provisiond.inventory.merge import merge_node, merge_nodes
-from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
-from provisiond.inventory.ranges import expand, fold
-from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
-
-
-class Kind:
-    """What differs between the node and profile nouns."""
-
-    def __init__(self, noun: str):
-        self.noun = noun
-        self.key = f"{noun}s"
-        self.not_found = NodeNotFound if noun == "node" else ProfileNotFound
-
-    def records(self, inventory: Inventory) -> dict[str, Record]:
-        return getattr(inventory, self.key)
-
-    def names(self, pattern: str) -> list[str]:
-        names = expand(pattern) if self.noun == "node" else [pattern]
-        for name in names:
-            try:
-                check_name(name, f"{self.noun} name")
-            except ValueError as exc:
-                raise InvalidInput(str(exc)) from None
-        return names
-
-    def existing(self, inventory: Inventory, pattern: str) -> list[str]:
-        names = self.names(pattern)
-        missing = [n for n in names if n not in self.records(inventory)]
-        if missing:
-            raise self.not_found(f"no such {self.noun}: {fold(missing)}")
-        return names
+from provisiond.errors import InvalidInput
+from provisiond.inventory.ranges import fold
+from provisiond.service import records, secrets
+from provisiond.service.inventory import Kind, snapshot
 
 
 def register_verbs(subparsers, kind: Kind) -> argparse._SubParsersAction:
@@ -80,54 +51,48 @@ def register_verbs(subparsers, kind: Kind) -> argparse._SubParsersAction:
 def add_records(args, ctx, kind: Kind) -> None:
     names = kind.names(args.names)
     password = ctx.read_secret("BMC password") if args.bmc_password_stdin else None
-    with edit_inventory(ctx.config) as inventory:
-        records = kind.records(inventory)
-        taken = [n for n in names if n in records]
-        if taken:
-            raise AlreadyExists(f"{kind.noun} {fold(taken)} already exists (use `set`)")
-        if kind.noun == "node" and not args.profile and "default" in inventory.profiles:
-            args.profile = ["default"]
-        for name, edits in zip(names, record_edits(args, len(names))):
-            records[name] = apply_edits(Record(), edits, [], f"{kind.noun} {name}")
+    data = record_edits(args, 1)[0]  # the service counts a range's addresses up
+    written = records.create_records(ctx.config, cli_actor(), kind, names, data)
     _store_password(ctx, kind, names, password)
-    print(f"added {kind.noun} {fold(names)} (inventory revision {inventory.revision})")
+    print(f"added {kind.noun} {fold(names)} (inventory revision {written.revision})")
 
 
 def set_records(args, ctx, kind: Kind) -> None:
     password = ctx.read_secret("BMC password") if args.bmc_password_stdin else None
-    with edit_inventory(ctx.config) as inventory:
-        names = kind.existing(inventory, args.names)
-        records = kind.records(inventory)
-        for name, edits in zip(names, record_edits(args, len(names))):
-            records[name] = apply_edits(records[name], edits, args.unset, f"{kind.noun} {name}")
+    names = kind.existing(snapshot(ctx.config).inventory, args.names)
+    edits = dict(zip(names, record_edits(args, len(names))))
+    written = records.write_records(
+        ctx.config, cli_actor(), kind, "set", names,
+        lambda name, stored: apply_edits(stored, edits[name], args.unset, f"{kind.noun} {name}"))
     _store_password(ctx, kind, names, password)
-    print(f"updated {kind.noun} {fold(names)} (inventory revision {inventory.revision})")
+    print(f"updated {kind.noun} {fold(names)} (inventory revision {written.revision})")
 
 
 def _store_password(ctx, kind: Kind, names: list[str], password: str | None) -> None:
     """Store the password read before the inventory edit (so an empty one changes nothing)."""
     if password is not None:
-        SecretStore(ctx.config).set(kind.key, names, BMC_PASSWORD, password)
+        secrets.set_secret(ctx.config, cli_actor(), kind, names, secrets.BMC_PASSWORD,
+                           password)
 
 
 def list_records(args, ctx, kind: Kind) -> None:
-    inventory = InventoryStore(ctx.config).read()
-    records = kind.records(inventory)
-    names = kind.existing(inventory, args.names) if args.names else list(records)
-    names.sort(key=node_sort_key)
+    view = snapshot(ctx.config)
+    inventory = view.inventory
+    stored = kind.records(inventory)
+    names = kind.existing(inventory, args.names) if args.names else view.sorted_names(kind)[0]
     if kind.noun == "node":
-        merged = list(merge_nodes(inventory, names).values())
+        merged = [view.merged(name) for name in names]
         if args.json:
             return ctx.print_json([node.to_data() for node in merged])
         ctx.print_table(["NAME", "PROFILES", "IMAGE", "IPADDR", "MAC", "BMC"],
                         [_node_row(node) for node in merged])
         return None
     if args.json:
-        return ctx.print_json([{"name": n, **records[n].to_data()} for n in names])
-    users = _profile_users(inventory)
+        return ctx.print_json([{"name": n, **stored[n].to_data()} for n in names])
+    users = records.profile_users(inventory)
     ctx.print_table(["NAME", "NODES", "IMAGE", "OVERLAYS", "COMMENT"],
-                    [[n, fold(users.get(n, [])) or "-", records[n].image,
-                      ",".join(records[n].system_overlays or []), records[n].comment]
+                    [[n, fold(users.get(n, [])) or "-", stored[n].image,
+                      ",".join(stored[n].system_overlays or []), stored[n].comment]
                      for n in names])
     return None
 
@@ -141,26 +106,18 @@ def _node_row(node) -> list:
             primary[1].ipaddr if primary else None, primary[1].mac if primary else None, bmc_text]
 
 
-def _profile_users(inventory: Inventory) -> dict[str, list[str]]:
-    users: dict[str, list[str]] = {}
-    for name, record in inventory.nodes.items():
-        for profile in record.profiles or []:
-            users.setdefault(profile, []).append(name)
-    return users
-
-
 def show_record(args, ctx, kind: Kind) -> None:
-    inventory = InventoryStore(ctx.config).read()
-    name = kind.existing(inventory, args.name)[0]
-    if kind.noun == "node" and args.all:
-        node = merge_node(inventory, name)
+    name = kind.names(args.name)[0]
+    found = records.get_record(ctx.config, kind, name, merged=kind.noun == "node" and args.all)
+    if found.provenance is not None:
         if args.json:
-            return ctx.print_json({"record": node.to_data(), "provenance": node.provenance})
-        rows = [[path, _value_at(node.to_data(), path), source]
-                for path, source in sorted(node.provenance.items())]
+            return ctx.print_json({"record": {"name": name, **found.record},
+                                   "provenance": found.provenance})
+        rows = [[path, _value_at(found.record, path), source]
+                for path, source in sorted(found.provenance.items())]
         ctx.print_table(["FIELD", "VALUE", "SOURCE"], rows)
         return None
-    data = {"name": name, **kind.records(inventory)[name].to_data()}
+    data = {"name": name, **found.record}
     if args.json:
         return ctx.print_json(data)
     print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
@@ -174,27 +131,13 @@ def _value_at(data: dict, path: str):
 
 
 def delete_records(args, ctx, kind: Kind) -> None:
-    inventory = InventoryStore(ctx.config).read()
-    names = kind.existing(inventory, args.names)
-    if kind.noun == "profile":
-        users = _profile_users(inventory).get(names[0])
-        if users:
-            raise InUse(f"profile {names[0]} is used by node {fold(users)}")
+    view = snapshot(ctx.config)
+    names = kind.existing(view.inventory, args.names)
+    records.check_deletable(view.inventory, kind, names)
     confirm(f"delete {kind.noun} {fold(names)} ({len(names)})", args.yes)
-    check_forgettable(ctx.config)
-    with edit_inventory(ctx.config, inventory.revision) as inventory:
-        for name in names:
-            del kind.records(inventory)[name]
-    forget_records(ctx.config, kind.key, names)
-    print(f"deleted {kind.noun} {fold(names)} (inventory revision {inventory.revision})")
-
-
-def forget_records(config, key: str, names: list[str]) -> None:
-    """After deleting records: a node's secrets, host keys, builds and status go too."""
-    if key == "nodes":
-        forget_nodes(config, names)
-    else:
-        SecretStore(config).forget(key, names)
+    written = records.delete_records(ctx.config, cli_actor(), kind, names,
+                                     expected_revision=view.revision)
+    print(f"deleted {kind.noun} {fold(names)} (inventory revision {written.revision})")
 
 
 def confirm(action: str, yes: bool) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from provisiond.cli.records import Kind
-from provisiond.inventory import InventoryStore
-from provisiond.inventory.secrets import SecretStore
+from provisiond.audit import cli_actor
+from provisiond.service import secrets
+from provisiond.service.inventory import NODES, PROFILES, snapshot
 
 
 def register(subparsers) -> None:
@@ -24,18 +24,17 @@ def register(subparsers) -> None:
 
 
 def _set(args, ctx, value: str | None) -> None:
-    kind = Kind(args.kind)
-    names = kind.existing(InventoryStore(ctx.config).read(), args.names)
-    SecretStore(ctx.config).set(kind.key, names, args.key, value)
+    kind = NODES if args.kind == "node" else PROFILES
+    names = kind.existing(snapshot(ctx.config).inventory, args.names)
+    secrets.set_secret(ctx.config, cli_actor(), kind, names, args.key, value)
     print(f"{'stored' if value is not None else 'removed'} {args.key} for {len(names)} "
           f"{args.kind}(s)")
 
 
 def _list(args, ctx) -> None:
-    data = SecretStore(ctx.config).read()
-    rows = [[kind[:-1], name, ",".join(sorted(keys))]
-            for kind in ("profiles", "nodes") for name, keys in sorted((data.get(kind) or {}).items())]
+    found = secrets.list_secrets(ctx.config)
     if args.json:
-        return ctx.print_json([{"kind": k, "name": n, "keys": v.split(",")} for k, n, v in rows])
-    ctx.print_table(["KIND", "NAME", "KEYS"], rows)
+        return ctx.print_json(found)
+    ctx.print_table(["KIND", "NAME", "KEYS"],
+                    [[s["kind"], s["name"], ",".join(s["keys"])] for s in found])
     return None

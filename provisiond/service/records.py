@@ -23,7 +23,7 @@ from provisiond.inventory.ranges import fold, spread_addresses
 from provisiond.inventory.store import describe_validation_error
 from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
 from provisiond.inventory.secrets import SecretStore
-from provisiond.service.inventory import (NODES, Kind, Snapshot, check_limit, decode_cursor,
+from provisiond.service.inventory import (NODES, PROFILES, Kind, Snapshot, check_limit, decode_cursor,
                                           page_of_names, record_etag, snapshot)
 from provisiond.service.journal import emit, audit
 from provisiond.status import read_status
@@ -133,7 +133,7 @@ def write_records(config: Config, actor: str, kind: Kind, action: str, names: li
                 before[name] = stored.to_data() if stored else None
                 after[name] = new.to_data() if new else None
                 if new is None:
-                    _check_unused(kind, inventory, name)
+                    check_deletable(inventory, kind, [name])
                     records.pop(name, None)
                     deleted.append(name)
                 else:
@@ -157,12 +157,23 @@ def _check_names(kind: Kind, records: dict, names: list[str], create: bool | Non
             raise kind.not_found(f"no such {kind.noun}: {fold(missing)}")
 
 
-def _check_unused(kind: Kind, inventory: Inventory, name: str) -> None:
+def profile_users(inventory: Inventory) -> dict[str, list[str]]:
+    """Profile name -> the nodes listing it."""
+    users: dict[str, list[str]] = {}
+    for name, record in inventory.nodes.items():
+        for profile in record.profiles or []:
+            users.setdefault(profile, []).append(name)
+    return users
+
+
+def check_deletable(inventory: Inventory, kind: Kind, names: list[str]) -> None:
+    """InUse if a profile to delete is still listed by a node that stays."""
     if kind is NODES:
         return
-    users = [n for n, record in inventory.nodes.items() if name in (record.profiles or [])]
-    if users:
-        raise InUse(f"profile {name} is used by node {fold(users)}")
+    users = profile_users(inventory)
+    for name in names:
+        if users.get(name):
+            raise InUse(f"profile {name} is used by node {fold(users[name])}")
 
 
 def check_etag(tags: list[str], current: str | None, what: str) -> None:
@@ -186,8 +197,10 @@ def forget_records(config: Config, kind: Kind, names: list[str]) -> None:
 
 def _tell(config: Config, actor: str, kind: Kind, action: str, names: list[str],
           before: dict, after: dict, revision: int) -> None:
-    fields = sorted({f for n in names for f in changed_fields(before[n], after[n])})
+    """Audit and announce the records of `names` that changed (before/after: their data,
+    None where there was or is no record)."""
     changed = [n for n in names if before[n] != after[n]]
+    fields = sorted({c["field"] for n in changed for c in field_changes(before[n], after[n])})
     if not changed:
         return
     audit(config, actor, f"{kind.noun}.{action}", f"{kind.noun}:{fold(changed)}", fields)
@@ -196,19 +209,23 @@ def _tell(config: Config, actor: str, kind: Kind, action: str, names: list[str],
         "action": action})
 
 
-def changed_fields(before: dict | None, after: dict | None, prefix: str = "") -> list[str]:
-    """The dotted paths of the leaves that differ (a whole record: its top-level fields)."""
-    before, after = before or {}, after or {}
-    fields = []
-    for key in sorted(set(before) | set(after), key=str):
-        old, new = before.get(key), after.get(key)
-        if old == new:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            fields += changed_fields(old, new, f"{prefix}{key}.")
+def field_changes(before: dict | None, after: dict | None) -> list[dict]:
+    """Every field set in either record whose value differs, in field order: `field` dotted
+    for people, `path` a list for scripts (a netdev or tag name may hold a dot)."""
+    old, new = _flatten(before or {}), _flatten(after or {})
+    paths = list(old) + [p for p in new if p not in old]
+    return [{"field": ".".join(p), "path": list(p), "before": old.get(p), "after": new.get(p)}
+            for p in paths if old.get(p) != new.get(p)]
+
+
+def _flatten(data: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    flat: dict = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, (*prefix, key)))
         else:
-            fields.append(f"{prefix}{key}")
-    return fields
+            flat[(*prefix, key)] = value
+    return flat
 
 
 def parse_record(data, what: str) -> Record:
@@ -279,3 +296,35 @@ def delete_records(config: Config, actor: str, kind: Kind, names: list[str], *,
     check_forgettable(config)
     return write_records(config, actor, kind, "delete", names, lambda *_: None, etags=etags,
                          expected_revision=expected_revision)
+
+
+def apply_inventory(config: Config, actor: str, desired: Inventory, plan: dict[str, list], *,
+                    expected_revision: int, dry_run: bool = False) -> Inventory:
+    """`provisiond apply`: carry out a plan (create/update/delete lists of {kind, name}) made
+    from the inventory at `expected_revision`; with `dry_run`, check it and write nothing."""
+    touched = {kind: [c["name"] for action in ("create", "update", "delete")
+                      for c in plan[action] if c["kind"] == kind.noun]
+               for kind in (PROFILES, NODES)}
+    with edit_inventory(config, expected_revision, write=not dry_run) as inventory:
+        before = {kind: _data_of(kind.records(inventory), names)
+                  for kind, names in touched.items()}
+        for kind, names in touched.items():
+            stored, wanted = kind.records(inventory), kind.records(desired)
+            for name in names:
+                if name in wanted:
+                    stored[name] = wanted[name]
+                else:
+                    del stored[name]
+    if dry_run:
+        return inventory
+    for kind, names in touched.items():
+        after = _data_of(kind.records(inventory), names)
+        deleted = [n for n in names if after[n] is None]
+        if deleted:
+            forget_records(config, kind, deleted)
+        _tell(config, actor, kind, "apply", names, before[kind], after, inventory.revision)
+    return inventory
+
+
+def _data_of(stored: dict[str, Record], names: list[str]) -> dict[str, dict | None]:
+    return {n: stored[n].to_data() if n in stored else None for n in names}

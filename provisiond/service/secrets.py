@@ -1,0 +1,65 @@
+"""Secrets for the CLI and the API: write-only. A value can be set or removed, and which keys
+each record has can be listed; no call here returns a value."""
+
+from __future__ import annotations
+
+import re
+
+from provisiond.config import Config
+from provisiond.errors import InvalidInput
+from provisiond.inventory.ranges import fold
+from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
+from provisiond.inventory.values import check_text
+from provisiond.service.inventory import Kind, snapshot
+from provisiond.service.journal import audit, emit
+
+__all__ = ["BMC_PASSWORD", "set_secret", "list_secrets", "check_key"]
+MAX_VALUE = 16 << 10
+KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+
+
+def check_key(key: str) -> str:
+    """A secret's key: letters, digits, '_', '.', '-' (as a tag's name)."""
+    if not KEY_RE.fullmatch(key):
+        raise InvalidInput(f"invalid secret key {key[:70]!r}: use letters, digits, '_', '.' "
+                           "and '-' (at most 63)", field="key")
+    return key
+
+
+def set_secret(config: Config, actor: str, kind: Kind, names: list[str], key: str,
+               value: str | None) -> None:
+    """Set `key` to `value` (None: remove it) for each named, existing record."""
+    check_key(key)
+    if value is not None:
+        _check_value(value)
+    stored = kind.records(snapshot(config).inventory)
+    missing = [n for n in names if n not in stored]
+    if missing:
+        raise kind.not_found(f"no such {kind.noun}: {fold(missing)}")
+    SecretStore(config).set(kind.key, names, key, value)
+    target = f"{kind.noun}:{fold(names)}"
+    audit(config, actor, "secret.set" if value is not None else "secret.unset", target,
+          [key])
+    emit(config, "secret.changed", target, {"kind": kind.noun, "names": names,
+                                            "keys": [key], "removed": value is None})
+
+
+def list_secrets(config: Config) -> list[dict]:
+    """[{kind, name, keys}] for every record holding a secret, profiles first."""
+    data = SecretStore(config).read()
+    return [{"kind": kind[:-1], "name": name, "keys": sorted(keys)}
+            for kind in ("profiles", "nodes")
+            for name, keys in sorted((data.get(kind) or {}).items())]
+
+
+def _check_value(value: str) -> None:
+    if not value:
+        raise InvalidInput("a secret's value cannot be empty", field="value")
+    if len(value) > MAX_VALUE:
+        raise InvalidInput(f"a secret's value is at most {MAX_VALUE} characters",
+                           field="value")
+    try:
+        check_text(value)
+    except ValueError:  # its message would quote the value
+        raise InvalidInput("a secret's value cannot hold control characters",
+                           field="value") from None
