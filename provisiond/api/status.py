@@ -1,4 +1,5 @@
-"""Boot phases: the node agent reports them, operators read them."""
+"""Boot phases: the node agent reports them here, open to nodes (operators read them
+through /api/v1/status, api/v1/status.py)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,3 @@ def report(node: str):
         raise InvalidInput(f"phase must be one of: {PHASES}") from None
     detail = str(body.get("detail") or "")[:500]
     return jsonify(record_phase(svc.config, node, phase, detail))
-
-
-@bp.get("")
-def all_status():
-    from provisiond.status import read_all_status
-
-    return jsonify(read_all_status(services().config))

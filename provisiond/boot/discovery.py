@@ -49,10 +49,19 @@ class DiscoveryLog:
 
 
 def read_discovery(config: Config) -> list[dict]:
-    """The discovery events recorded so far, oldest first."""
+    """The discovery events recorded so far, oldest first; a line that is not a JSON object
+    (cut short by a full disk, edited by hand) is skipped."""
     path = config.state_dir / DISCOVERY_FILE
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().splitlines()
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in lines if line.strip()]
+    found = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return found

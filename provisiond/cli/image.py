@@ -9,8 +9,8 @@ import sys
 
 from provisiond import images
 from provisiond.cli.context import printable
-from provisiond.errors import InUse
-from provisiond.inventory import load_nodes
+from provisiond.audit import cli_actor
+from provisiond.service.images import delete_image
 
 
 def register(subparsers) -> None:
@@ -118,14 +118,7 @@ def cmd_show(args, ctx) -> int:
 
 
 def cmd_delete(args, ctx) -> int:
-    images.load_manifest(ctx.config, args.name)
-    users = sorted(n for n, node in load_nodes(ctx.config).items()
-                   if node.record.image == args.name)
-    if users and not args.force:
-        shown = ", ".join(users[:5]) + (" ..." if len(users) > 5 else "")
-        raise InUse(f"image {args.name} is used by {len(users)} node(s): {shown} "
-                    f"(use --force to delete anyway)")
-    images.delete_image(ctx.config, args.name)
+    delete_image(ctx.config, cli_actor(), args.name, force=args.force)
     print(f"deleted image {args.name}; run `provisiond image gc` to free its blobs")
     return 0
 

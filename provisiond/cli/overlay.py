@@ -5,10 +5,8 @@ from __future__ import annotations
 import sys
 
 from provisiond import overlays
-from provisiond.errors import InvalidInput, NodeNotFound
 from provisiond.inventory.ranges import expand
-from provisiond.overlays.context import take_snapshot
-from provisiond.overlays.render import Builder
+from provisiond.service.overlays import list_overlays, render_file, show_overlay
 
 
 def register(subparsers) -> None:
@@ -35,72 +33,36 @@ def register(subparsers) -> None:
 
 
 def cmd_list(args, ctx) -> int:
-    rows, data = [], []
-    for name, (root, shadowed) in overlays.list_overlay_dirs(ctx.config).items():
-        overlay = overlays.load_overlay(ctx.config, name)
-        templates = sum(f.kind == "template" for f in overlay.files)
-        files = sum(f.kind != "dir" for f in overlay.files)
-        kind = "runtime only" if overlay.secret else "any"
-        data.append({"name": name, "path": str(root), "shadows": [str(p) for p in shadowed],
-                     "files": files, "templates": templates, "kind": kind,
-                     "description": overlay.description})
-        rows.append([name, files, templates, kind, str(root), overlay.description])
+    data = list_overlays(ctx.config)
     if args.json:
         ctx.print_json(data)
     else:
-        ctx.print_table(["NAME", "FILES", "TEMPLATES", "USE", "PATH", "DESCRIPTION"], rows)
+        ctx.print_table(["NAME", "FILES", "TEMPLATES", "USE", "PATH", "DESCRIPTION"],
+                        [[o["name"], o["files"], o["templates"], o["kind"], o["path"],
+                          o["description"]] for o in data])
     return 0
 
 
 def cmd_show(args, ctx) -> int:
-    overlay = overlays.load_overlay(ctx.config, args.name)
-    _, shadowed = overlays.list_overlay_dirs(ctx.config).get(args.name, (None, []))
-    files = [{"path": "/" + f.target, "kind": f.kind, "mode": f"{f.mode:04o}",
-              "source": f.rel} for f in overlay.files]
+    data = show_overlay(ctx.config, args.name)
     if args.json:
-        ctx.print_json({"name": overlay.name, "path": str(overlay.root),
-                        "shadows": [str(p) for p in shadowed], "secret": overlay.secret,
-                        "variables": sorted(overlay.uses), "description": overlay.description,
-                        "files": files})
+        ctx.print_json(data)
         return 0
-    ctx.print_line(f"{overlay.name}: {overlay.root}" + (" (runtime only: holds secrets)"
-                                               if overlay.secret else ""))
-    for path in shadowed:
+    ctx.print_line(f"{data['name']}: {data['path']}" + (" (runtime only: holds secrets)"
+                                                      if data["secret"] else ""))
+    for path in data["shadows"]:
         ctx.print_line(f"  shadows {path}")
-    if overlay.uses:
-        ctx.print_line(f"  templates use: {', '.join(sorted(overlay.uses))}")
+    if data["variables"]:
+        ctx.print_line(f"  templates use: {', '.join(data['variables'])}")
     ctx.print_table(["PATH", "KIND", "MODE", "SOURCE"],
-                    [[f["path"], f["kind"], f["mode"], f["source"]] for f in files])
+                    [[f["path"], f["kind"], f["mode"], f["source"]] for f in data["files"]])
     return 0
 
 
 def cmd_render(args, ctx) -> int:
-    snapshot = take_snapshot(ctx.config)
-    if args.node not in snapshot.nodes:
-        raise NodeNotFound(f"no node named {args.node!r}")
-    overlay = overlays.load_overlay(ctx.config, args.name)
-    builder = RedactingBuilder(ctx.config, snapshot)
-    kind = "runtime" if overlay.secret else "system"
-    wanted = args.path.strip("/")
-    for entry in builder.render(overlay, args.node, kind):
-        if entry.path == wanted and not entry.is_dir:
-            sys.stdout.write(entry.data.decode(errors="replace"))
-            return 0
-    raise InvalidInput(f"overlay {args.name} has no file {args.path} for node {args.node}")
-
-
-class RedactingBuilder(Builder):
-    """A builder whose secrets are placeholders, for showing rendered files to people."""
-
-    def secrets(self, node: str) -> tuple[dict, str]:
-        data, digest = super().secrets(node)
-        return _redact(data, "secrets"), digest
-
-
-def _redact(value, path: str):
-    if isinstance(value, dict):
-        return {k: _redact(v, f"{path}.{k}") for k, v in value.items()}
-    return f"<{path}>"
+    data = render_file(ctx.config, args.node, args.name, args.path)
+    sys.stdout.write(data.decode(errors="replace"))
+    return 0
 
 
 def cmd_build(args, ctx) -> int:

@@ -53,6 +53,7 @@ class Operation:
     response: type[BaseModel] | None
     status: int
     tags: tuple[str, ...]
+    produces: str = "application/json"
 
 
 OPERATIONS: list[Operation] = []
@@ -70,16 +71,17 @@ class Page(BaseModel, Generic[Item]):
 def route(rule: str, method: str, *, role: Role | None, summary: str,
           body: type[BaseModel] | None = None, query: type[BaseModel] | None = None,
           response: type[BaseModel] | None = None, status: int = 200, tags=(),
-          operation_id: str | None = None):
+          operation_id: str | None = None, produces: str = "application/json"):
     """Register the decorated view at `PREFIX + rule` for `method` (see the module doc).
-    The operation id is MODULE_FUNCTION unless given (views made by a factory)."""
+    The operation id is MODULE_FUNCTION unless given (views made by a factory); `produces`
+    is the media type of a view answering other than JSON (with its own Response)."""
 
     def decorate(view):
         module = view.__module__.rsplit(".", 1)[-1]
         endpoint = operation_id or f"{module}_{view.__name__}"
         op = Operation(rule, method.upper(), endpoint, role, summary,
                        (view.__doc__ or "").strip(), body, query, response, status,
-                       tuple(tags) or (module,))
+                       tuple(tags) or (module,), produces)
 
         @functools.wraps(view)
         def wrapper(**path_args):

@@ -115,7 +115,7 @@ def _responses(op: Operation, refs: dict) -> dict:
     else:
         schema = refs[(op.response, "serialization")] if op.response else {}
         answers = {str(op.status): {"description": op.summary,
-                                    "content": {"application/json": {"schema": schema}}}}
+                                    "content": {op.produces: {"schema": schema}}}}
     codes = ["400", "404", "405"]
     if op.role:
         codes += ["401", "403"]

@@ -147,7 +147,12 @@ def test_status_reports(client, config):
     assert client.post("/api/v1/status/n1", data="junk",
                        content_type="application/json").status_code == 400
     assert client.post("/api/v1/status/zz", data={"phase": "ready"}).status_code == 404
-    assert client.get("/api/v1/status").json["n1"]["phase"] == "failed"
+    from provisiond.auth import Role, TokenStore
+
+    token, _ = TokenStore(config).create("reader", Role.READER)
+    assert client.get("/api/v1/status").status_code == 401  # open to nodes to write only
+    read = client.get("/api/v1/status/n1", headers={"Authorization": f"Bearer {token}"})
+    assert read.json["phase"] == "failed" and read.json["detail"] == "disk"
 
 
 @pytest.mark.parametrize("method,path", [

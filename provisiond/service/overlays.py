@@ -1,0 +1,63 @@
+"""Overlays for the CLI and the API: the ones on the search path, one overlay's files, and
+one file rendered for one node with its secrets shown as placeholders. Builds are jobs."""
+
+from __future__ import annotations
+
+from provisiond import overlays
+from provisiond.config import Config
+from provisiond.errors import InvalidInput, NodeNotFound
+from provisiond.overlays.context import take_snapshot
+from provisiond.overlays.render import Builder
+
+__all__ = ["list_overlays", "show_overlay", "render_file"]
+
+
+def list_overlays(config: Config) -> list[dict]:
+    """Each overlay on the search path: where it is, what it shadows, its files."""
+    found = []
+    for name, (root, shadowed) in overlays.list_overlay_dirs(config).items():
+        overlay = overlays.load_overlay(config, name)
+        found.append({"name": name, "path": str(root), "shadows": [str(p) for p in shadowed],
+                      "files": sum(f.kind != "dir" for f in overlay.files),
+                      "templates": sum(f.kind == "template" for f in overlay.files),
+                      "kind": "runtime only" if overlay.secret else "any",
+                      "description": overlay.description})
+    return found
+
+
+def show_overlay(config: Config, name: str) -> dict:
+    overlay = overlays.load_overlay(config, name)
+    _, shadowed = overlays.list_overlay_dirs(config).get(name, (None, []))
+    return {"name": overlay.name, "path": str(overlay.root),
+            "shadows": [str(p) for p in shadowed], "secret": overlay.secret,
+            "variables": sorted(overlay.uses), "description": overlay.description,
+            "files": [{"path": "/" + f.target, "kind": f.kind, "mode": f"{f.mode:04o}",
+                       "source": f.rel} for f in overlay.files]}
+
+
+def render_file(config: Config, node: str, name: str, path: str) -> bytes:
+    """File `path` of overlay `name` as rendered for `node`, secrets as placeholders."""
+    snapshot = take_snapshot(config)
+    if node not in snapshot.nodes:
+        raise NodeNotFound(f"no node named {node!r}")
+    overlay = overlays.load_overlay(config, name)
+    builder = RedactingBuilder(config, snapshot)
+    wanted = path.strip("/")
+    for entry in builder.render(overlay, node, "runtime" if overlay.secret else "system"):
+        if entry.path == wanted and not entry.is_dir:
+            return entry.data
+    raise InvalidInput(f"overlay {name} has no file {path} for node {node}", field="path")
+
+
+class RedactingBuilder(Builder):
+    """A builder whose secrets are placeholders, for showing rendered files to people."""
+
+    def secrets(self, node: str) -> tuple[dict, str]:
+        data, digest = super().secrets(node)
+        return _redact(data, "secrets"), digest
+
+
+def _redact(value, path: str):
+    if isinstance(value, dict):
+        return {k: _redact(v, f"{path}.{k}") for k, v in value.items()}
+    return f"<{path}>"
