@@ -28,6 +28,8 @@ from provisiond.service.inventory import (NODES, PROFILES, Kind, Snapshot, check
 from provisiond.service.journal import emit, audit
 from provisiond.status import read_status
 
+EVENT_NAMES_BYTES = 8000  # of names an event lists (a journal line is at most 16 KiB)
+MAX_NAMES_TEXT = 2000
 # A change: (name, the stored record or None) -> the new record, or None to delete it.
 Change = Callable[[str, Record | None], Record | None]
 
@@ -200,13 +202,34 @@ def _tell(config: Config, actor: str, kind: Kind, action: str, names: list[str],
     """Audit and announce the records of `names` that changed (before/after: their data,
     None where there was or is no record)."""
     changed = [n for n in names if before[n] != after[n]]
-    fields = sorted({c["field"] for n in changed for c in field_changes(before[n], after[n])})
     if not changed:
         return
-    audit(config, actor, f"{kind.noun}.{action}", f"{kind.noun}:{fold(changed)}", fields)
-    emit(config, "inventory.changed", fold(changed), {
-        "revision": revision, "kind": kind.noun, "names": changed, "fields": fields,
-        "action": action})
+    fields = sorted({c["field"] for n in changed for c in field_changes(before[n], after[n])})
+    shown = names_text(changed, kind.noun)
+    audit(config, actor, f"{kind.noun}.{action}", f"{kind.noun}:{shown}", fields)
+    emit(config, "inventory.changed", shown, {
+        "revision": revision, "kind": kind.noun, "action": action, "fields": fields,
+        "names": names_head(changed), "count": len(changed)})
+
+
+def names_text(names: list[str], noun: str) -> str:
+    """The names as a range, or when that is long (scattered names) the start of it and
+    how many: audit and event records are bounded lines."""
+    text = fold(names)
+    if len(text) <= MAX_NAMES_TEXT:
+        return text
+    return f"{fold(names_head(names, MAX_NAMES_TEXT // 2))},... ({len(names)} {noun}s)"
+
+
+def names_head(names: list[str], budget: int = EVENT_NAMES_BYTES) -> list[str]:
+    """The first names, as many as fit in `budget` characters (an event is one bounded
+    journal line; its `count` says how many there were)."""
+    used = 0
+    for index, name in enumerate(names):
+        used += len(name) + 4
+        if used > budget:
+            return names[:index]
+    return names
 
 
 def field_changes(before: dict | None, after: dict | None) -> list[dict]:

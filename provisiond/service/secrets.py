@@ -12,6 +12,7 @@ from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
 from provisiond.inventory.values import check_text
 from provisiond.service.inventory import Kind, snapshot
 from provisiond.service.journal import audit, emit
+from provisiond.service.records import names_head, names_text
 
 __all__ = ["BMC_PASSWORD", "set_secret", "list_secrets", "check_key"]
 MAX_VALUE = 16 << 10
@@ -37,11 +38,12 @@ def set_secret(config: Config, actor: str, kind: Kind, names: list[str], key: st
     if missing:
         raise kind.not_found(f"no such {kind.noun}: {fold(missing)}")
     SecretStore(config).set(kind.key, names, key, value)
-    target = f"{kind.noun}:{fold(names)}"
+    target = f"{kind.noun}:{names_text(names, kind.noun)}"
     audit(config, actor, "secret.set" if value is not None else "secret.unset", target,
           [key])
-    emit(config, "secret.changed", target, {"kind": kind.noun, "names": names,
-                                            "keys": [key], "removed": value is None})
+    emit(config, "secret.changed", target, {"kind": kind.noun, "names": names_head(names),
+                                            "count": len(names), "keys": [key],
+                                            "removed": value is None})
 
 
 def list_secrets(config: Config) -> list[dict]:

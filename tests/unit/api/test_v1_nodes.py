@@ -312,3 +312,14 @@ def test_a_deleted_node_takes_its_secrets_and_status_along(api, config):
     assert "n001" not in json.dumps(api.call(Role.ADMIN, "GET", "/api/v1/secrets").json)
     create(api, "n001")
     assert api.call(Role.READER, "GET", "/api/v1/status/n001").json["phase"] is None
+
+
+def test_changes_to_thousands_of_scattered_nodes_are_still_audited_and_announced(config, cli):
+    """Audit and event records are bounded journal lines: a change to 3,000 nodes whose
+    names fold to no short range still gets both, its names cut short and counted."""
+    names = ",".join(f"n{i}x{i % 7}" for i in range(3000))
+    assert cli("node", "add", names, "--tag", "rack=a").code == 0
+    entry = audit.read(config, action="node.create")[-1]
+    assert entry["target"].endswith("(3000 nodes)")
+    event = [e for e in events.read_since(config, 0) if e.kind == "inventory.changed"][-1]
+    assert event.data["count"] == 3000 and 100 < len(event.data["names"]) < 3000
