@@ -8,7 +8,7 @@ import ipaddress
 from provisiond.config import Config
 from provisiond.errors import InvalidInventory
 from provisiond.inventory.merge import Node, merge_all
-from provisiond.inventory.model import Inventory
+from provisiond.inventory.model import Inventory, check_name
 from provisiond.states import BmcDriver
 
 
@@ -18,6 +18,7 @@ def validate_inventory(inventory: Inventory, config: Config | None = None) -> di
     the server's is loopback too (a server on loopback, as in tests and demos, is reached by
     loopback clients only; anywhere else a loopback node address is a mistake, and would
     hand the node's runtime overlay to any local process)."""
+    _check_names(inventory)
     for name, profile in inventory.profiles.items():
         if profile.profiles:
             raise InvalidInventory(f"profile {name}: profiles: a profile cannot list profiles")
@@ -44,6 +45,17 @@ def validate_inventory(inventory: Inventory, config: Config | None = None) -> di
             _claim(seen_ips, netdev.ipaddr6, name, f"netdevs.{dev}.ipaddr6")
         _claim_bmc(seen_bmcs, node)
     return nodes
+
+
+def _check_names(inventory: Inventory) -> None:
+    """Record names are checked when a file is parsed; a draft edited in place (a name from
+    a request) is checked here, or the file written would no longer load."""
+    for kind, records in (("profile", inventory.profiles), ("node", inventory.nodes)):
+        for name in records:
+            try:
+                check_name(name, f"{kind} name")
+            except ValueError as exc:
+                raise InvalidInventory(str(exc)) from None
 
 
 def _claim(seen: dict, value, node: str, field: str, shown: str | None = None) -> None:

@@ -49,11 +49,14 @@ class Kind:
         """The names `pattern` gives: a node range, or one profile name; each a valid name."""
         names = expand_names(pattern) if self.noun == "node" else [pattern]
         for name in names:
-            try:
-                check_name(name, f"{self.noun} name")
-            except ValueError as exc:
-                raise InvalidInput(str(exc), field="names") from None
+            self.check_name(name)
         return names
+
+    def check_name(self, name: str, field: str = "names") -> str:
+        try:
+            return check_name(name, f"{self.noun} name")
+        except ValueError as exc:
+            raise InvalidInput(str(exc), field=field) from None
 
     def existing(self, inventory: Inventory, pattern: str) -> list[str]:
         """The names of `pattern`, each of which must exist."""

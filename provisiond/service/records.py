@@ -149,6 +149,8 @@ def write_records(config: Config, actor: str, kind: Kind, action: str, names: li
 
 
 def _check_names(kind: Kind, records: dict, names: list[str], create: bool | None) -> None:
+    for name in names:
+        kind.check_name(name)
     if create:
         taken = [n for n in names if n in records]
         if taken:

@@ -323,3 +323,26 @@ def test_changes_to_thousands_of_scattered_nodes_are_still_audited_and_announced
     assert entry["target"].endswith("(3000 nodes)")
     event = [e for e in events.read_since(config, 0) if e.kind == "inventory.changed"][-1]
     assert event.data["count"] == 3000 and 100 < len(event.data["names"]) < 3000
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nodes/BAD", "/api/v1/nodes/a%00b",
+                                  "/api/v1/profiles/Up", "/api/v1/nodes/" + "a" * 64,
+                                  "/api/v1/nodes/a.b"])
+def test_a_put_to_an_invalid_name_stores_nothing(api, config, path):
+    """A name from the URL is checked as one from the CLI: a stored bad name made the
+    inventory file unreadable for every later request and command."""
+    create(api, "n001")
+    before = config.inventory_path.read_bytes()
+    assert_error(api.call(Role.ADMIN, "PUT", path, json={}), 400, "invalid_input")
+    assert config.inventory_path.read_bytes() == before
+    assert api.call(Role.READER, "GET", "/api/v1/nodes").status_code == 200
+
+
+def test_the_store_refuses_a_draft_with_an_invalid_name(config):
+    from provisiond.errors import InvalidInventory
+    from provisiond.inventory.model import Record
+
+    with pytest.raises(InvalidInventory, match="invalid node name"):
+        with InventoryStore(config).edit() as inventory:
+            inventory.nodes["Bad"] = Record()
+    assert not config.inventory_path.exists()
