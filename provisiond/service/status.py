@@ -12,7 +12,11 @@ from provisiond.status import read_status
 
 def status_of(config: Config, name: str) -> dict:
     """A node's status; a node that has not reported is in phase None."""
-    found = read_status(config, name) or {}
+    return status_document(name, read_status(config, name) or {})
+
+
+def status_document(name: str, found: dict) -> dict:
+    """A status file's content (provisiond.status) as the API and --json show it."""
     return {"node": name, "phase": found.get("phase"), "phases": found.get("phases", {}),
             "boot_started": found.get("boot_started"), "updated": found.get("updated"),
             "detail": found.get("detail") or None}

@@ -34,6 +34,7 @@ __all__ = ["bp", "route", "reply", "config", "if_match", "Page", "Role",
 PREFIX = "/api/v1"
 bp = Blueprint("api_v1", __name__, url_prefix=PREFIX)
 JSON_TYPES = ("application/json", "application/merge-patch+json")
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 _ETAG_RE = re.compile(r'\s*(W/)?"([^"]*)"\s*(,|$)')
 
 
@@ -54,6 +55,8 @@ class Operation:
     status: int
     tags: tuple[str, ...]
     produces: str = "application/json"
+    also: tuple[int, ...] = ()
+    forms: bool = False
 
 
 OPERATIONS: list[Operation] = []
@@ -71,17 +74,20 @@ class Page(BaseModel, Generic[Item]):
 def route(rule: str, method: str, *, role: Role | None, summary: str,
           body: type[BaseModel] | None = None, query: type[BaseModel] | None = None,
           response: type[BaseModel] | None = None, status: int = 200, tags=(),
-          operation_id: str | None = None, produces: str = "application/json"):
+          operation_id: str | None = None, produces: str = "application/json",
+          also: tuple[int, ...] = (), forms: bool = False):
     """Register the decorated view at `PREFIX + rule` for `method` (see the module doc).
     The operation id is MODULE_FUNCTION unless given (views made by a factory); `produces`
-    is the media type of a view answering other than JSON (with its own Response)."""
+    is the media type of a view answering other than JSON (with its own Response); `also`
+    other success statuses it may answer (a PUT that creates: 201); `forms`: the body may
+    also come as an HTML form (the node agent's reports)."""
 
     def decorate(view):
         module = view.__module__.rsplit(".", 1)[-1]
         endpoint = operation_id or f"{module}_{view.__name__}"
         op = Operation(rule, method.upper(), endpoint, role, summary,
                        (view.__doc__ or "").strip(), body, query, response, status,
-                       tuple(tags) or (module,), produces)
+                       tuple(tags) or (module,), produces, tuple(also), forms)
 
         @functools.wraps(view)
         def wrapper(**path_args):
@@ -104,7 +110,7 @@ def blueprint() -> Blueprint:
 def _handle(op: Operation, view, path_args: dict):
     principal = authorize(op.role)
     query = _parse_query(op.query) if op.query else None
-    body = _parse_body(op.body) if op.body else None
+    body = _parse_body(op.body, op.forms) if op.body else None
     result = view(principal=principal, body=body, query=query, **path_args)
     return result if isinstance(result, Response) else reply(result, status=op.status)
 
@@ -181,7 +187,12 @@ def _parse_query(model: type[BaseModel]) -> BaseModel:
         raise _invalid(exc, "query") from None
 
 
-def _parse_body(model: type[BaseModel]) -> BaseModel:
+def _parse_body(model: type[BaseModel], forms: bool = False) -> BaseModel:
+    if forms and request.mimetype in FORM_TYPES:
+        try:
+            return model.model_validate(request.form.to_dict())
+        except ValidationError as exc:
+            raise _invalid(exc, "body") from None
     if request.mimetype not in JSON_TYPES:
         raise UnsupportedMediaType(f"send the body as application/json, not "
                            f"{request.mimetype or 'no content type'}")

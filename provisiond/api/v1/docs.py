@@ -86,6 +86,7 @@ def _operation(op: Operation, refs: dict, schemas: dict) -> dict:
         schema = refs[(op.body, "validation")]
         types = ("application/merge-patch+json", "application/json") \
             if op.method == "PATCH" else ("application/json",)
+        types += ("application/x-www-form-urlencoded",) if op.forms else ()
         item["requestBody"] = {"required": True,
                                "content": {t: {"schema": schema} for t in types}}
     return item
@@ -114,14 +115,16 @@ def _responses(op: Operation, refs: dict) -> dict:
         answers = {"204": {"description": "done"}}
     else:
         schema = refs[(op.response, "serialization")] if op.response else {}
-        answers = {str(op.status): {"description": op.summary,
-                                    "content": {op.produces: {"schema": schema}}}}
-    codes = ["400", "404", "405"]
+        answer = {"description": op.summary, "content": {op.produces: {"schema": schema}}}
+        answers = {str(status): answer for status in (op.status, *op.also)}
+    codes = ["400", "404", "405", "414", "431"]  # 414, 431: gunicorn's, before the app
     if op.role:
         codes += ["401", "403"]
     if op.body:
         codes += ["413", "415", "422"]
+    if op.method in ("POST", "PUT", "PATCH", "DELETE"):
+        codes += ["409"]
     if op.method in ("PUT", "PATCH", "DELETE"):
-        codes += ["409", "412"]
+        codes += ["412"]
     answers.update({code: error for code in sorted(codes)})
     return answers

@@ -144,7 +144,7 @@ def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
             (get, f"{base}/<name>", "GET", Role.READER, f"Get a {noun}",
              {"query": GetQuery, "response": RecordDocument}),
             (replace, f"{base}/<name>", "PUT", Role.ADMIN, f"Replace (or create) a {noun}",
-             {"body": Record, "response": RecordDocument}),
+             {"body": Record, "response": RecordDocument, "also": (201,)}),
             (patch, f"{base}/<name>", "PATCH", Role.ADMIN, f"Merge-patch a {noun}",
              {"body": MergePatch, "response": RecordDocument}),
             (delete, f"{base}/<name>", "DELETE", Role.ADMIN, f"Delete a {noun}",

@@ -1,14 +1,16 @@
-"""`/api/v1/status`: each node's boot phase and when it reached each phase (readers).
-Nodes report their phases with `POST /api/v1/status/<node>` (api/status.py), open to them."""
+"""`/api/v1/status`: each node's boot phase and when it reached each phase (readers); nodes
+report their phases with `POST /api/v1/status/<node>`, open to them (the node agent)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from provisiond.api.services import services
 from provisiond.api.v1 import Page, Role, config, route
 from provisiond.service import status
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT
 from provisiond.states import NodePhase
+from provisiond.status import record_phase
 
 
 class NodeStatus(BaseModel):
@@ -42,3 +44,20 @@ def list_status(principal, body, query: StatusQuery):
        response=NodeStatus)
 def node_status(principal, body, query, node: str):
     return status.node_status(config(), node)
+
+
+class PhaseReport(BaseModel):
+    """What the node agent sends (a form or JSON); other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    phase: NodePhase
+    detail: str = Field("", description="cut to 500 characters")
+
+
+@route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (open to "
+       "nodes)", body=PhaseReport, forms=True, response=NodeStatus)
+def report(principal, body: PhaseReport, query, node: str):
+    services().node(node)  # the boot table's nodes: the server's view, without a file read
+    return status.status_document(node, record_phase(config(), node, body.phase,
+                                                     body.detail[:500]))
