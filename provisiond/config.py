@@ -256,6 +256,15 @@ class PowerSettings(_Section):
     timeout: Annotated[float, bounded(0.1, 3600)] = 20.0
 
 
+class TrustSettings(_Section):
+    token_minutes: Annotated[float, bounded(1, 1440)] = 10
+    """How long a provisioning token (minted with each iPXE script) can be exchanged for a
+    node credential: long enough for the node's kernel, layers and early boot."""
+    privileged_port: bool = True
+    """The exchange must come from a source port below 1024, which only root on the node
+    can bind: an unprivileged user there who fetched a fresh token cannot exchange it."""
+
+
 class Config(_Section):
     """All of provisiond's settings plus where its state lives."""
 
@@ -267,6 +276,7 @@ class Config(_Section):
     dns: DnsSettings = DnsSettings()
     build: BuildSettings = BuildSettings()
     power: PowerSettings = PowerSettings()
+    trust: TrustSettings = TrustSettings()
     overlay_dirs: list[Path] = []
     """Extra overlay search dirs, searched before the state dir's and the shipped ones."""
     image_dirs: list[Path] = []
@@ -296,6 +306,11 @@ class Config(_Section):
     @property
     def status_dir(self) -> Path:
         return self.state_dir / "status"
+
+    @property
+    def trust_dir(self) -> Path:
+        """Node credentials (hashed) and used provisioning tokens, one file per node."""
+        return self.state_dir / "secrets" / "nodes"
 
     @property
     def overlay_build_dir(self) -> Path:
@@ -411,6 +426,12 @@ build:
 power:
   concurrency: 32        # BMCs contacted at once, 1-4096
   timeout: 20.0          # seconds per BMC, 0.1-3600
+
+trust:
+  # Each iPXE script carries a one-time provisioning token that the node's agent
+  # exchanges early in its boot for a node credential (README: Security).
+  token_minutes: 10      # how long a token can be exchanged, 1-1440
+  privileged_port: true  # the exchange must come from a source port below 1024 (root)
 """
 
 

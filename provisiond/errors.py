@@ -192,7 +192,7 @@ class ServeFailed(ProvisiondError):
 
 
 class Unauthenticated(ProvisiondError):
-    """No, an unknown, an expired or a revoked API token."""
+    """No, an unknown, an expired or a revoked API token or node credential."""
 
     code = "unauthenticated"
     http_status = 401

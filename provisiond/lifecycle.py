@@ -1,6 +1,6 @@
 """A node's life beyond its inventory record: what a stored record may name (images and
 overlays that exist), and everything a deleted node leaves behind (secrets, ssh host keys,
-overlay builds, status). The CLI and the API both go through here."""
+credentials, overlay builds, status). The CLI and the API both go through here."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from provisiond.overlays.build import node_dir
 from provisiond.overlays.hostkeys import forget_host_keys
 from provisiond.overlays.source import find_overlay_dir
 from provisiond.status import clear_status
+from provisiond.trust import forget as forget_credentials
 
 
 @contextlib.contextmanager
@@ -82,8 +83,9 @@ def check_forgettable(config: Config) -> None:
 
 def forget_nodes(config: Config, names: list[str]) -> None:
     """Remove everything the named (deleted) nodes owned, so that a new node of the same
-    name inherits nothing: secrets, ssh host keys, overlay builds, status."""
+    name inherits nothing: secrets, ssh host keys, credentials, overlay builds, status."""
     SecretStore(config).forget("nodes", names)
+    forget_credentials(config, names)
     for name in names:
         forget_host_keys(config, name)
         shutil.rmtree(node_dir(config, name), ignore_errors=True)

@@ -2,7 +2,8 @@
 
 One small JSON file per node under `<state>/status/`, replaced atomically under a lock, so
 DHCP, every HTTP worker and the CLI can share it without a database. A `dhcp` phase starts a
-new boot and clears the previous boot's timestamps.
+new boot and clears the previous boot's timestamps; the last refused provisioning token
+(`token_refused`: time, reason, address) stays until a later one replaces it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from provisiond.config import Config
 from provisiond.events import emit
 from provisiond.states import NodePhase
 
+REFUSAL = "token_refused"
+
 
 def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") -> dict:
     """Note that `node` reached `phase` now; returns the node's new status."""
@@ -23,8 +26,9 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") 
     now = time.time()
     with locked(path.with_suffix(".lock")):
         status = _read(path)
-        if phase is NodePhase.DHCP or not status:
-            status = {"node": node, "boot_started": now, "phases": {}}
+        if phase is NodePhase.DHCP or "phases" not in status:
+            kept = {k: status[k] for k in (REFUSAL,) if k in status}
+            status = {"node": node, "boot_started": now, "phases": {}, **kept}
         status["phases"][phase.value] = now
         status["phase"] = phase.value
         status["updated"] = now
@@ -32,6 +36,15 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") 
         write_atomic(path, json.dumps(status, sort_keys=True))
     emit(config, "node.phase", node, {"phase": phase.value, "detail": status["detail"]})
     return status
+
+
+def record_refusal(config: Config, node: str, data: dict) -> None:
+    """Keep `data` (reason, address) as the node's last refused provisioning token."""
+    path = _status_path(config, node)
+    with locked(path.with_suffix(".lock")):
+        status = _read(path) or {"node": node}
+        status[REFUSAL] = {"time": time.time(), **data}
+        write_atomic(path, json.dumps(status, sort_keys=True))
 
 
 def read_status(config: Config, node: str) -> dict | None:

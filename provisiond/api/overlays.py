@@ -1,5 +1,5 @@
 """A node's overlays: shared and system for its boot (anyone may fetch them: no secrets), the
-runtime one only for the node itself."""
+runtime one only with the node's credential, from one of its addresses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 from flask import Blueprint, send_file
 from werkzeug.http import http_date
 
-from provisiond.api.services import client_address, log_step, services
-from provisiond.errors import Forbidden, NotFound
+from provisiond.api.services import log_step, require_credential, services
+from provisiond.errors import NotFound
 
 bp = Blueprint("overlays", __name__)
 KINDS = ("shared", "system", "runtime")
@@ -23,8 +23,8 @@ def overlay(node: str, kind: str):
         raise NotFound(f"no overlay kind {kind[:20]!r}; use shared, system or runtime")
     svc = services()
     record = svc.node(node)
-    if kind == "runtime" and client_address() not in _addresses(record):
-        raise Forbidden(f"the runtime overlay of {node} is served only to {node} itself")
+    if kind == "runtime":
+        require_credential(record)
     path = svc.overlays.path(node, kind)
     response = send_file(path, mimetype="application/octet-stream", conditional=True,
                          etag=svc.file_etag(path), max_age=0)
@@ -32,10 +32,6 @@ def overlay(node: str, kind: str):
     response.cache_control.private = kind == "runtime"
     log_step(node, f"{kind}-overlay", started)
     return response
-
-
-def _addresses(node) -> set[str]:
-    return {dev.ipaddr for dev in (node.record.netdevs or {}).values() if dev.ipaddr}
 
 
 def whole_overlay(svc, environ: dict, rest: str) -> tuple | None:

@@ -15,8 +15,9 @@ from provisiond.boot.ipxe import ScriptCache
 from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
-from provisiond.errors import NodeNotFound
+from provisiond.errors import InvalidInput, NodeNotFound
 from provisiond.images.blobs import file_sha256
+from provisiond.trust import RefusalLog, authenticate
 
 log = logging.getLogger("provisiond.boot")
 STEP_KEY = "provisiond.boot_step"
@@ -32,6 +33,7 @@ class BootServices:
         self.overlays = OverlayFiles(config)
         self._etags = LruCache(ETAGS_KEPT)  # path -> (stat stamp, sha256)
         self._phases = None
+        self.refusals = RefusalLog(config)
 
     @property
     def phases(self):
@@ -70,6 +72,27 @@ def client_address(environ: dict | None = None) -> str:
     """The peer's address; an IPv4-mapped one (an http.bind of "::") as plain IPv4."""
     address = (environ if environ is not None else request.environ).get("REMOTE_ADDR") or ""
     return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
+def client_port(environ: dict | None = None) -> int | None:
+    """The peer's TCP port (gunicorn's REMOTE_PORT), or None if unknown."""
+    port = (environ if environ is not None else request.environ).get("REMOTE_PORT")
+    return int(port) if str(port or "").isdigit() else None
+
+
+def require_credential(node) -> None:
+    """Pass only a request carrying the node's credential, from one of its addresses
+    (raises Unauthenticated or Forbidden)."""
+    authenticate(services().config, node, request.headers.get("Authorization"),
+                 client_address())
+
+
+def form_fields():
+    """The request's fields: a form, or a JSON object."""
+    body = request.get_json(silent=True) if request.is_json else request.form
+    if not isinstance(body, dict) and not hasattr(body, "get"):
+        raise InvalidInput("send a form or a JSON object")
+    return body
 
 
 def log_step(node: str, what: str, started: float, environ: dict | None = None) -> None:

@@ -2,7 +2,9 @@
 overlays and its own system overlays (unpacked last, so they win).
 
 The template is compiled once per process, and a rendered script is kept until the boot
-table or the node's image manifest changes: most requests are a dict lookup.
+table or the node's image manifest changes: most requests are a dict lookup, plus a new
+provisioning token (provisiond.trust.tokens: an HMAC) put where the cached text holds
+TOKEN_MARK, since a token is good for one boot only.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from provisiond.boot.artifacts import LruCache, ManifestCache
 from provisiond.boot.table import BootEntry
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
+from provisiond.trust import tokens
 
 _ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined,
                           keep_trailing_newline=True)
@@ -38,6 +41,7 @@ sleep {{ retry }}
 chain --autofree {{ base }}/boot/ipxe/${mac}
 """)
 
+TOKEN_MARK = "@token@"  # no character of it can come from a node's record or a manifest
 CHAIN_SCRIPT = "#!ipxe\nchain --autofree {base}/boot/ipxe/${{mac}}\n"
 RETRY_SECONDS = 30
 
@@ -76,25 +80,29 @@ def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node
 
 
 def kernel_args(config: Config, manifest: dict, name: str, node, initrds) -> list[str]:
-    """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts)."""
+    """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts);
+    the token is TOKEN_MARK, replaced by a new one each time the script is served."""
     args = [f"initrd={n}" for n, _ in initrds]
     args += manifest.get("kernel_args") or []
     args += (node.record.kernel_args or []) if node is not None else []
     if manifest.get("init") and manifest["init"] != "/sbin/init":
         args.append(f"provisiond.init={manifest['init']}")
-    return args + [f"provisiond.url={base_url(config)}", f"provisiond.node={name}"]
+    return args + [f"provisiond.url={base_url(config)}", f"provisiond.node={name}",
+                   f"provisiond.token={TOKEN_MARK}"]
 
 
 class ScriptCache:
     """Rendered scripts by MAC (at most `size`), reused while the boot table and the node's
     manifest are the same objects (both are replaced, never changed, when their files
-    change). A new table empties the cache: no entry keeps an old table alive."""
+    change). A new table empties the cache: no entry keeps an old table alive. Each script
+    served carries a token of its own."""
 
     def __init__(self, config: Config, manifests: ManifestCache, size: int = 4096):
         self.config = config
         self.manifests = manifests
         self._table = None
-        self._scripts = LruCache(size)  # mac -> (manifest, text)
+        self._scripts = LruCache(size)  # mac -> (manifest, text, token binding)
+        self._key: bytes | None = None
 
     def script(self, table, entry: BootEntry) -> str:
         if table is not self._table:
@@ -102,11 +110,19 @@ class ScriptCache:
             self._table = table
         manifest = self._manifest(entry.image)
         hit = self._scripts.get(entry.mac)
-        if hit and hit[0] is manifest:
-            return hit[1]
-        text = node_script(self.config, self.manifests, entry, table.nodes.get(entry.node))
-        self._scripts.put(entry.mac, (manifest, text))
-        return text
+        if not hit or hit[0] is not manifest:
+            node = table.nodes.get(entry.node)
+            hit = (manifest, node_script(self.config, self.manifests, entry, node),
+                   tokens.binding_for(node, entry.mac) if node is not None else None)
+            self._scripts.put(entry.mac, hit)
+        return self._with_token(hit[1], hit[2])
+
+    def _with_token(self, text: str, binding: tokens.Binding | None) -> str:
+        if binding is None or TOKEN_MARK not in text:
+            return text
+        if self._key is None:
+            self._key = tokens.load_key(self.config)
+        return text.replace(TOKEN_MARK, tokens.mint(self._key, binding))
 
     def _manifest(self, image: str | None) -> dict | None:
         try:

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from provisiond.config import Config
@@ -39,13 +39,15 @@ class BootTable:
     by_mac: dict[str, BootEntry]
     by_ip: dict[str, BootEntry]
     nodes: dict          # name -> provisiond.inventory.Node
+    by_ip6: dict[str, BootEntry] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> "BootTable":
         return cls({}, {}, {})
 
     def node_for_ip(self, address: str):
-        entry = self.by_ip.get(address)
+        """The node an IPv4 or IPv6 address is reserved for, or None."""
+        entry = self.by_ip.get(address) or self.by_ip6.get(address)
         return self.nodes.get(entry.node) if entry else None
 
 
@@ -101,9 +103,10 @@ def build_table(config: Config) -> BootTable:
 
 
 def index_nodes(nodes: dict) -> BootTable:
-    """The table of merged nodes: their netdevs by MAC and by IPv4 address."""
+    """The table of merged nodes: their netdevs by MAC, by IPv4 and by IPv6 address."""
     by_mac: dict[str, BootEntry] = {}
     by_ip: dict[str, BootEntry] = {}
+    by_ip6: dict[str, BootEntry] = {}
     skipped = SkippedRecords("boot table")
     for node in nodes.values():
         for entry in skipped.build(f"node {node.name}", lambda: _entries(node)) or []:
@@ -111,8 +114,10 @@ def index_nodes(nodes: dict) -> BootTable:
                 by_mac[entry.mac] = entry
             if entry.ipaddr:
                 by_ip.setdefault(entry.ipaddr, entry)
+            if entry.ipaddr6:
+                by_ip6.setdefault(entry.ipaddr6, entry)
     skipped.report()
-    return BootTable(by_mac, by_ip, nodes)
+    return BootTable(by_mac, by_ip, nodes, by_ip6)
 
 
 def _entries(node) -> list[BootEntry]:

@@ -39,6 +39,12 @@ class Node:
     def macs(self) -> list[str]:
         return [d.mac for _, d in sorted((self.record.netdevs or {}).items()) if d.mac]
 
+    @property
+    def addresses(self) -> list[str]:
+        """Every address reserved for the node, IPv4 and IPv6, sorted."""
+        return sorted({a for d in (self.record.netdevs or {}).values()
+                       for a in (d.ipaddr, d.ipaddr6) if a})
+
     def to_data(self) -> dict:
         return {"name": self.name, **self.record.to_data()}
 

@@ -2,6 +2,8 @@
 
 A node counts as reprovisioned when its status (provisiond.status) says `ready` for a boot
 that started after the reprovision did; `failed` from such a boot ends its wait at once.
+The nodes' credentials end first, with every token minted until then: only the new boot's
+agent, with a token from the new boot's script, can report again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult
 from provisiond.states import BootDevice, NodePhase, PowerAction
 from provisiond.status import read_status
+from provisiond.trust import revoke
 
 POLL_SECONDS = 0.5
 DEFAULT_TIMEOUT = 600.0
@@ -26,6 +29,7 @@ def reprovision(config: Config, names: str | list[str], timeout: float = DEFAULT
     pattern = names if isinstance(names, str) else fold(list(names))
     nodes = operations.select_nodes(config, pattern)
     started = time.time()
+    revoke(config, list(nodes))
     kicked = operations.run_nodes(config, nodes, _pxe_and_cycle(config))
     results = {r.node: r for r in kicked}
     for result in kicked:

@@ -19,7 +19,8 @@ def status_document(name: str, found: dict) -> dict:
     """A status file's content (provisiond.status) as the API and --json show it."""
     return {"node": name, "phase": found.get("phase"), "phases": found.get("phases", {}),
             "boot_started": found.get("boot_started"), "updated": found.get("updated"),
-            "detail": found.get("detail") or None}
+            "detail": found.get("detail") or None,
+            "token_refused": found.get("token_refused")}
 
 
 def node_status(config: Config, name: str) -> dict:

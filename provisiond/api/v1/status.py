@@ -1,16 +1,21 @@
 """`/api/v1/status`: each node's boot phase and when it reached each phase (readers); nodes
-report their phases with `POST /api/v1/status/<node>`, open to them (the node agent)."""
+report their phases with `POST /api/v1/status/<node>`, open to them with their node
+credential (the node agent; provisiond.trust)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisiond.api.services import services
+from provisiond.api.services import require_credential, services
 from provisiond.api.v1 import Page, Role, config, route
+from provisiond.errors import InvalidInput
 from provisiond.service import status
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT
 from provisiond.states import NodePhase
 from provisiond.status import record_phase
+
+SEEN_BY_SERVER = (NodePhase.DHCP, NodePhase.IPXE, NodePhase.KERNEL)
+REPORTED = ", ".join(p.value for p in NodePhase if p not in SEEN_BY_SERVER)
 
 
 class NodeStatus(BaseModel):
@@ -20,6 +25,8 @@ class NodeStatus(BaseModel):
     boot_started: float | None
     updated: float | None
     detail: str | None
+    token_refused: dict | None = Field(None, description="the last refused provisioning "
+                                       "token: time, reason, address")
 
 
 class StatusQuery(BaseModel):
@@ -55,9 +62,15 @@ class PhaseReport(BaseModel):
     detail: str = Field("", description="cut to 500 characters")
 
 
-@route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (open to "
-       "nodes)", body=PhaseReport, forms=True, response=NodeStatus)
+@route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (with its "
+       "node credential: Authorization: Bearer)", body=PhaseReport, forms=True,
+       response=NodeStatus)
 def report(principal, body: PhaseReport, query, node: str):
-    services().node(node)  # the boot table's nodes: the server's view, without a file read
+    """booted, runtime, configured, ready or failed; dhcp, ipxe and kernel are recorded from
+    what the server sees, never from a report."""
+    require_credential(services().node(node))  # the boot table's nodes: no file read
+    if body.phase in SEEN_BY_SERVER:
+        raise InvalidInput(f"phase {body.phase.value} is recorded by the server itself; a "
+                           f"node reports one of: {REPORTED}", field="phase")
     return status.status_document(node, record_phase(config(), node, body.phase,
                                                      body.detail[:500]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from provisiond.config import Config
@@ -60,3 +61,32 @@ def add_overlay(config: Config, node: str, kind: str, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path
+
+
+TOKEN_RE = re.compile(r"provisiond\.token=(\S+)")
+
+
+def token_in(script: str) -> str:
+    """The provisioning token on the kernel line of an iPXE script."""
+    return TOKEN_RE.search(script).group(1)
+
+
+def node_env(index: int, port: int = 700, address: str | None = None) -> dict:
+    """A Flask test client's environ_base for a request from node n<index>'s address (or
+    `address`) and a source `port` (below 1024: as root on the node)."""
+    return {"REMOTE_ADDR": address or ip_of(index), "REMOTE_PORT": str(port)}
+
+
+def exchange(client, index: int, token: str | None = None, **env):
+    """POST the token (by default one from a newly served script) as node n<index>."""
+    if token is None:
+        token = token_in(client.get(f"/boot/ipxe/{mac_of(index)}").get_data(as_text=True))
+    return client.post(f"/api/v1/credentials/n{index}", data={"token": token},
+                       environ_base=node_env(index, **env))
+
+
+def credential(client, index: int) -> dict:
+    """Headers carrying node n<index>'s credential, got the way its agent gets it."""
+    response = exchange(client, index)
+    assert response.status_code == 200, response.json
+    return {"Authorization": f"Bearer {response.get_data(as_text=True).strip()}"}

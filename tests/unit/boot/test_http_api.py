@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bootdata import add_image, add_nodes, add_overlay, ip_of, mac_of
+from bootdata import (add_image, add_nodes, add_overlay, credential, ip_of, mac_of,
+                      node_env, token_in)
 from provisiond.api import create_app
 from provisiond.status import read_status
 
@@ -56,7 +57,9 @@ def test_script_follows_image_rebuilds_and_inventory_edits(client, config):
     services = client.application.extensions["provisiond"]
     services.manifests.interval = services.watcher.interval = 0
     first = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
-    assert client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True) == first
+    second = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
+    assert token_in(first) != token_in(second)  # a token per script served
+    assert second.replace(token_in(second), token_in(first)) == first
     path = config.images_dir / "tiny" / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["kernel"]["digest"] = "sha256:" + "ab" * 32
@@ -128,24 +131,30 @@ def test_overlays_shared_system_and_runtime_rules(client, config, monkeypatch):
     assert common.data == b"shared-cpio" and "private" not in common.headers["Cache-Control"]
     assert client.get("/overlays/n1/shared", headers={
         "If-None-Match": common.headers["ETag"]}).status_code == 304
-    denied = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(2)})
-    assert denied.status_code == 403 and denied.json["error"]["code"] == "forbidden"
-    mine = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
+    auth = credential(client, 1)
+    denied = client.get("/overlays/n1/runtime", environ_base=node_env(1))
+    assert denied.status_code == 401 and denied.json["error"]["code"] == "unauthenticated"
+    assert denied.headers["WWW-Authenticate"].startswith("Bearer")
+    elsewhere = client.get("/overlays/n1/runtime", environ_base=node_env(2), headers=auth)
+    assert elsewhere.status_code == 403 and elsewhere.json["error"]["code"] == "forbidden"
+    mine = client.get("/overlays/n1/runtime", environ_base=node_env(1), headers=auth)
     assert mine.data == b"runtime-cpio"
-    again = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)},
-                       headers={"If-None-Match": mine.headers["ETag"]})
+    again = client.get("/overlays/n1/runtime", environ_base=node_env(1),
+                       headers={"If-None-Match": mine.headers["ETag"], **auth})
     assert again.status_code == 304
     assert client.get("/overlays/nobody/system").status_code == 404
     assert client.get("/overlays/n1/other").status_code == 404
 
 
 def test_status_reports(client, config):
-    assert client.post("/api/v1/status/n1", data={"phase": "booted"}).status_code == 200
-    response = client.post("/api/v1/status/n1", json={"phase": "failed", "detail": "disk"})
+    auth = credential(client, 1)
+    post = lambda **kw: client.post("/api/v1/status/n1", environ_base=node_env(1),  # noqa
+                                    headers=auth, **kw)
+    assert post(data={"phase": "booted"}).status_code == 200
+    response = post(json={"phase": "failed", "detail": "disk"})
     assert response.json["phase"] == "failed" and response.json["detail"] == "disk"
-    assert client.post("/api/v1/status/n1", data={"phase": "bogus"}).status_code == 400
-    assert client.post("/api/v1/status/n1", data="junk",
-                       content_type="application/json").status_code == 400
+    assert post(data={"phase": "bogus"}).status_code == 400
+    assert post(data="junk", content_type="application/json").status_code == 400
     assert client.post("/api/v1/status/zz", data={"phase": "ready"}).status_code == 404
     from provisiond.auth import Role, TokenStore
 
@@ -181,10 +190,11 @@ def test_overlays_built_by_the_real_ensure_overlay(client, config):
     assert shared.status_code == 200 and shared.headers["ETag"]
     assert shared.data == overlays.ensure_overlay(config, "n1", "shared").read_bytes()
     assert shared.data != system.data
-    runtime = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)})
+    auth = credential(client, 1)
+    runtime = client.get("/overlays/n1/runtime", environ_base=node_env(1), headers=auth)
     assert runtime.status_code == 200 and runtime.data
-    again = client.get("/overlays/n1/runtime", environ_base={"REMOTE_ADDR": ip_of(1)},
-                       headers={"If-None-Match": runtime.headers["ETag"]})
+    again = client.get("/overlays/n1/runtime", environ_base=node_env(1),
+                       headers={"If-None-Match": runtime.headers["ETag"], **auth})
     assert again.status_code == 304
 
 
@@ -232,9 +242,11 @@ def test_boot_files_follow_symlinks_out_of_the_root_only_to_their_owners_files(
 def test_a_large_status_body_is_refused_unread(client, config):
     """A status report is a few bytes: a megabyte body gets 413, not read into memory."""
     body = json.dumps({"phase": "booted", "detail": "x" * (1 << 20)})
-    response = client.post("/api/v1/status/n1", data=body, content_type="application/json")
-    assert response.status_code == 413 and set(response.json["error"]) == {"code", "message", "field"}
-    assert read_status(config, "n1") is None
+    response = client.post("/api/v1/status/n1", data=body, content_type="application/json",
+                           environ_base=node_env(1), headers=credential(client, 1))
+    assert response.status_code == 413 and set(response.json["error"]) == {"code", "message",
+                                                                           "field"}
+    assert "booted" not in (read_status(config, "n1") or {}).get("phases", {})
 
 
 def test_overlay_etags_follow_rebuilds_one_entry_per_file(app, tmp_path):
@@ -260,10 +272,17 @@ def test_a_dual_stack_bind_still_knows_the_node(client, config, monkeypatch):
 
     runtime = add_overlay(config, "n1", "runtime", b"runtime-cpio")
     monkeypatch.setattr(artifacts.OverlayFiles, "path", lambda self, n, k: runtime)
-    mapped = {"REMOTE_ADDR": "::ffff:" + ip_of(1)}
-    assert client.get("/overlays/n1/runtime", environ_base=mapped).data == b"runtime-cpio"
-    other = {"REMOTE_ADDR": "::ffff:" + ip_of(2)}
-    assert client.get("/overlays/n1/runtime", environ_base=other).status_code == 403
+    mapped = node_env(1, address="::ffff:" + ip_of(1))
+    script = client.get(f"/boot/ipxe/{mac_of(1)}").get_data(as_text=True)
+    exchanged = client.post("/api/v1/credentials/n1", data={"token": token_in(script)},
+                            environ_base=mapped)
+    assert exchanged.status_code == 200, exchanged.json
+    auth = {"Authorization": f"Bearer {exchanged.get_data(as_text=True).strip()}"}
+    assert client.get("/overlays/n1/runtime", environ_base=mapped,
+                      headers=auth).data == b"runtime-cpio"
+    other = node_env(2, address="::ffff:" + ip_of(2))
+    assert client.get("/overlays/n1/runtime", environ_base=other,
+                      headers=auth).status_code == 403
     manifest = add_image(config, "tiny")
     client.get(f"/blobs/sha256/{manifest['kernel']['digest'][7:]}", environ_base=mapped)
     client.application.extensions["provisiond"].phases.flush()

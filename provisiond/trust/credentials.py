@@ -1,0 +1,194 @@
+"""Node credentials: what a node's agent gets, once per boot, for its provisioning token,
+and then shows (`Authorization: Bearer <credential>`) for its runtime overlay, the refreshes
+and every status report.
+
+`<state>/secrets/nodes/<node>.json` (0600, in a 0700 directory) keeps per node the sha256 of
+its one current credential (never the credential), `not_before_ms` (tokens issued earlier
+are refused: a later exchange or a revocation superseded them) and the nonces of the tokens
+already exchanged, until they expire. It is written under the node's lock, only by an
+exchange or a revocation: reading it is all a request with a credential costs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from provisiond.atomic import locked, write_atomic
+from provisiond.config import Config
+from provisiond.errors import Forbidden, Unauthenticated
+from provisiond.trust import tokens
+
+CREDENTIAL_BYTES = 32  # 43 characters
+PRIVILEGED_PORTS = 1024
+
+
+class Refusal(str, Enum):
+    """Why a provisioning token was refused (the `reason` of a `token.refused` event)."""
+
+    INVALID = "invalid"
+    EXPIRED = "expired"
+    WRONG_ADDRESS = "wrong_address"
+    UNPRIVILEGED_PORT = "unprivileged_port"
+    REUSED = "reused"
+    SUPERSEDED = "superseded"
+
+
+EXPLAINED = {
+    Refusal.INVALID: "not a token this server minted for this node, its MAC and addresses",
+    Refusal.EXPIRED: "expired (trust.token_minutes)",
+    Refusal.WRONG_ADDRESS: "sent from an address not reserved for the node",
+    Refusal.UNPRIVILEGED_PORT: "sent from a source port above 1023 (only root on the node "
+                               "may exchange it)",
+    Refusal.REUSED: "used already",
+    Refusal.SUPERSEDED: "issued before the node's current credential or its revocation",
+}
+
+
+class TokenRefused(Unauthenticated):
+    """A provisioning token that cannot be exchanged; `reason` says why."""
+
+    def __init__(self, node: str, reason: Refusal, address: str):
+        super().__init__(f"provisioning token for {node} refused: {EXPLAINED[reason]}")
+        self.node = node
+        self.reason = reason
+        self.address = address
+
+
+class IssuedCredential(BaseModel):
+    sha256: str
+    issued: float
+    address: str
+
+
+class NodeTrust(BaseModel):
+    """The per-node document."""
+
+    credential: IssuedCredential | None = None
+    not_before_ms: int = 0
+    used: dict[str, int] = {}
+    """nonce -> when the token expires (ms): a reuse until then is `reused`, later
+    `expired`."""
+
+
+def exchange(config: Config, node, text: str, address: str, port: int | None) -> str:
+    """A new credential for `node` (an inventory Node) in return for the token `text`
+    received from `address`:`port`; raises TokenRefused. The previous credential ends."""
+    token = _checked_token(config, node, text, address, port)
+    credential = secrets.token_urlsafe(CREDENTIAL_BYTES)
+    now = tokens.now_ms()
+    with _editing(config, node.name) as trust:
+        if token.nonce in trust.used:
+            raise TokenRefused(node.name, Refusal.REUSED, address)
+        if token.issued_ms < trust.not_before_ms:
+            raise TokenRefused(node.name, Refusal.SUPERSEDED, address)
+        trust.used = {n: t for n, t in trust.used.items() if t >= now}
+        trust.used[token.nonce] = token.issued_ms + _lifetime_ms(config)
+        trust.credential = IssuedCredential(sha256=_digest(credential), issued=now / 1000,
+                                            address=address)
+        trust.not_before_ms = now
+    return credential
+
+
+def _checked_token(config: Config, node, text: str, address: str, port: int | None
+                   ) -> tokens.Token:
+    """The token once everything but its single use is checked."""
+    token = tokens.parse(text)
+    if token is None or token.mac not in node.macs or not tokens.verify(
+            tokens.load_key(config), token, tokens.binding_for(node, token.mac)):
+        raise TokenRefused(node.name, Refusal.INVALID, address)
+    if tokens.now_ms() > token.issued_ms + _lifetime_ms(config):
+        raise TokenRefused(node.name, Refusal.EXPIRED, address)
+    if address not in node.addresses:
+        raise TokenRefused(node.name, Refusal.WRONG_ADDRESS, address)
+    if config.trust.privileged_port and not (port is not None and port < PRIVILEGED_PORTS):
+        raise TokenRefused(node.name, Refusal.UNPRIVILEGED_PORT, address)
+    return token
+
+
+def authenticate(config: Config, node, authorization: str | None, address: str) -> None:
+    """Pass if `authorization` is `Bearer <the node's current credential>` sent from one
+    of its reserved addresses; else Unauthenticated (no or a wrong credential) or
+    Forbidden (the right one from elsewhere)."""
+    credential = bearer(authorization)
+    if credential is None:
+        raise Unauthenticated(f"{node.name}: this needs the node's credential "
+                              "(Authorization: Bearer ...)")
+    issued = _read(config, node.name).credential
+    if issued is None or not hmac.compare_digest(issued.sha256, _digest(credential)):
+        raise Unauthenticated(f"{node.name}: not the node's current credential (revoked, "
+                              "replaced by a later boot, or never issued)")
+    if address not in node.addresses:
+        raise Forbidden(f"{node.name}: its credential is accepted only from its own "
+                        "addresses")
+
+
+def bearer(authorization: str | None) -> str | None:
+    scheme, _, value = (authorization or "").strip().partition(" ")
+    value = value.strip()
+    return value if scheme.lower() == "bearer" and value and len(value) <= 200 else None
+
+
+def revoke(config: Config, names: list[str]) -> list[str]:
+    """End the nodes' credentials and every token minted until now; the names that had a
+    credential."""
+    ended = []
+    for name in names:
+        with _editing(config, name) as trust:
+            if trust.credential is not None:
+                ended.append(name)
+            trust.credential = None
+            trust.not_before_ms = tokens.now_ms()
+    return ended
+
+
+def has_credential(config: Config, name: str) -> bool:
+    return _read(config, name).credential is not None
+
+
+def forget(config: Config, names: list[str]) -> None:
+    """Delete what the (deleted) nodes left: a new node of that name inherits nothing."""
+    for name in names:
+        for path in (_path(config, name), _path(config, name).with_suffix(".lock")):
+            path.unlink(missing_ok=True)
+
+
+def _path(config: Config, name: str) -> Path:
+    return config.trust_dir / f"{name}.json"
+
+
+def _read(config: Config, name: str) -> NodeTrust:
+    """The node's document; a missing or damaged one reads as empty (no credential: the
+    node reboots, it is not let in)."""
+    try:
+        return NodeTrust.model_validate(json.loads(_path(config, name).read_text()))
+    except (FileNotFoundError, ValueError, ValidationError):
+        return NodeTrust()
+
+
+@contextmanager
+def _editing(config: Config, name: str):
+    """The node's document, written back (0600) if the block ends without an error."""
+    folder = config.trust_dir
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = _path(config, name)
+    with locked(path.with_suffix(".lock")):
+        trust = _read(config, name)
+        yield trust
+        write_atomic(path, trust.model_dump_json(), mode=0o600)
+
+
+def _digest(credential: str) -> str:
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
+def _lifetime_ms(config: Config) -> int:
+    return int(config.trust.token_minutes * 60_000)
