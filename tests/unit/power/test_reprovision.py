@@ -96,3 +96,45 @@ def test_parser_and_handler_for_the_node_noun(nodes, config, ctx_for, capsys):
     args = parser.parse_args(["reprovision", "n1", "--timeout", "0.2", "--json"])
     assert args.func(args, ctx_for(config)) == 7
     assert '"result": "error"' in capsys.readouterr().out
+
+
+def test_a_forged_ready_does_not_end_the_wait(config):
+    """During the wait, `ready` without a credential and with the node's credential from
+    before the reprovision are both refused (401), so the result is the new boot's own
+    report (here `failed`, which ends the wait at once): never the forgery's `ready`."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "boot"))
+    from bootdata import add_image, add_nodes, credential, node_env
+    from provisiond.api import create_app
+    from provisiond.inventory import InventoryStore
+    from provisiond.inventory.model import Bmc
+
+    add_nodes(config, 1)
+    add_image(config, "tiny")
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"].bmc = Bmc(driver="fake", address="bmc")
+    client = create_app(config).test_client()
+    client.application.extensions["provisiond"].watcher.interval = 0
+    old = credential(client, 1)  # the running node's, from its previous boot
+    forged: list[int] = []
+
+    def post(phase: str, headers: dict) -> int:
+        return client.post("/api/v1/status/n1", data={"phase": phase, "detail": "new boot"},
+                           environ_base=node_env(1), headers=headers).status_code
+
+    def forger_then_the_real_boot():
+        path = config.state_dir / "power" / "fake-bmcs.json"
+        deadline = time.monotonic() + 120
+        while "pxe" not in read_fake_bmcs(path).get("n1", {}).get("boots", []):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        record_phase(config, "n1", NodePhase.DHCP)  # the server sees the new boot
+        forged.extend([post("ready", {}), post("ready", old)])
+        assert post("failed", credential(client, 1)) == 200
+
+    threading.Thread(target=forger_then_the_real_boot, daemon=True).start()
+    results = _in_thread(lambda: reprovision(config, "n1", timeout=3600))
+    assert forged == [401, 401]
+    assert not results["n1"].ok and results["n1"].detail == "boot failed: new boot"

@@ -1,0 +1,76 @@
+"""Provisioning tokens and the credential store, as a library (no HTTP)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import pytest
+
+from provisiond.errors import ProvisiondError
+from provisiond.inventory import InventoryStore, load_nodes
+from provisiond.inventory.model import NetDev, Record
+from provisiond.trust import Refusal, TokenRefused, exchange, revoke, tokens
+from provisiond.trust.credentials import authenticate
+
+MAC = "52:54:00:00:00:01"
+
+
+@pytest.fixture
+def node(config):
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"] = Record(netdevs={"eth0": NetDev(mac=MAC, ipaddr="10.0.0.1",
+                                                          ipaddr6="fd00::1")})
+        inv.nodes["n2"] = Record(netdevs={"eth0": NetDev(mac="52:54:00:00:00:02",
+                                                          ipaddr="10.0.0.2")})
+    return load_nodes(config)["n1"]
+
+
+def test_a_token_verifies_only_for_its_node_mac_and_addresses(config, node):
+    key = tokens.load_key(config)
+    text = tokens.mint(key, tokens.binding_for(node, MAC))
+    token = tokens.parse(text)
+    assert token.mac == MAC and tokens.verify(key, token, tokens.binding_for(node, MAC))
+    other = tokens.Binding("n2", MAC, tuple(node.addresses))
+    moved = tokens.Binding("n1", MAC, ("10.0.0.9", "fd00::1"))
+    assert not tokens.verify(key, token, other)
+    assert not tokens.verify(key, token, moved)
+    assert not tokens.verify(os.urandom(32), token, tokens.binding_for(node, MAC))
+    forged = tokens.parse(text[:-2] + ("AA" if not text.endswith("AA") else "BB"))
+    assert not tokens.verify(key, forged, tokens.binding_for(node, MAC))
+    for junk in ("", "1.", text + "x", text.replace(".", ",", 1), "x" * 500):
+        assert tokens.parse(junk) is None
+
+
+def test_the_signing_key_is_made_once_0600_and_shared(config):
+    keys: list[bytes] = []
+    threads = [threading.Thread(target=lambda: keys.append(tokens.load_key(config)))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(keys) == 8 and len(set(keys)) == 1
+    path = tokens.key_path(config)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["token.key"]  # no temp file left
+    path.write_bytes(b"short")
+    with pytest.raises(ProvisiondError, match="not a token key"):
+        tokens.load_key(config)
+
+
+def test_credentials_are_stored_hashed_0600_and_the_token_is_used_once(config, node):
+    text = tokens.mint(tokens.load_key(config), tokens.binding_for(node, MAC))
+    credential = exchange(config, node, text, "fd00::1", 700)
+    stored = config.trust_dir / "n1.json"
+    assert credential not in stored.read_text() and text not in stored.read_text()
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config.trust_dir.stat().st_mode) == 0o700
+    authenticate(config, node, f"Bearer {credential}", "10.0.0.1")
+    with pytest.raises(TokenRefused) as refused:
+        exchange(config, node, text, "10.0.0.1", 700)
+    assert refused.value.reason is Refusal.REUSED
+    assert revoke(config, ["n1", "n2"]) == ["n1"]
+    with pytest.raises(ProvisiondError, match="not the node's current credential"):
+        authenticate(config, node, f"Bearer {credential}", "10.0.0.1")
