@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Callable
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -45,8 +46,9 @@ EXPLAINED = {
     Refusal.INVALID: "not a token this server minted for this node, its MAC and addresses",
     Refusal.EXPIRED: "expired (trust.token_minutes)",
     Refusal.WRONG_ADDRESS: "sent from an address not reserved for the node",
-    Refusal.UNPRIVILEGED_PORT: "sent from a source port above 1023 (only root on the node "
-                               "may exchange it)",
+    Refusal.UNPRIVILEGED_PORT: "neither sent from a source port below 1024 nor with a "
+                               "callback port below 1024 (only root on the node may "
+                               "exchange it)",
     Refusal.REUSED: "used already",
     Refusal.SUPERSEDED: "issued before the node's current credential or its revocation",
 }
@@ -78,23 +80,34 @@ class NodeTrust(BaseModel):
     `expired`."""
 
 
-def exchange(config: Config, node, text: str, address: str, port: int | None) -> str:
+def exchange(config: Config, node, text: str, address: str, port: int | None,
+             deliver: Callable[[str], None] | None = None) -> str:
     """A new credential for `node` (an inventory Node) in return for the token `text`
-    received from `address`:`port`; raises TokenRefused. The previous credential ends."""
+    received from `address`; raises TokenRefused. `port` must prove that root on the node
+    sent it (below 1024): the request's source port, or the port `deliver` hands the
+    credential to before it counts (a delivery that fails raises and uses nothing up).
+    The node's previous credential ends."""
     token = _checked_token(config, node, text, address, port)
+    _check_unused(_read(config, node.name), token, node.name, address)
     credential = secrets.token_urlsafe(CREDENTIAL_BYTES)
+    if deliver is not None:
+        deliver(credential)  # counts only once stored below: a lost race leaves it useless
     now = tokens.now_ms()
     with _editing(config, node.name) as trust:
-        if token.nonce in trust.used:
-            raise TokenRefused(node.name, Refusal.REUSED, address)
-        if token.issued_ms < trust.not_before_ms:
-            raise TokenRefused(node.name, Refusal.SUPERSEDED, address)
+        _check_unused(trust, token, node.name, address)
         trust.used = {n: t for n, t in trust.used.items() if t >= now}
         trust.used[token.nonce] = token.issued_ms + _lifetime_ms(config)
         trust.credential = IssuedCredential(sha256=_digest(credential), issued=now / 1000,
                                             address=address)
         trust.not_before_ms = now
     return credential
+
+
+def _check_unused(trust: NodeTrust, token: tokens.Token, name: str, address: str) -> None:
+    if token.nonce in trust.used:
+        raise TokenRefused(name, Refusal.REUSED, address)
+    if token.issued_ms < trust.not_before_ms:
+        raise TokenRefused(name, Refusal.SUPERSEDED, address)
 
 
 def _checked_token(config: Config, node, text: str, address: str, port: int | None

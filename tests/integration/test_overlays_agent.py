@@ -2,12 +2,13 @@
 
 Against provisiond itself (`provisiond serve --http`, a node whose address is 127.0.0.1, its
 overlays built by `provisiond overlay build`), under busybox sh with only busybox applets as
-on the tiny image: phases reported, the runtime overlay installed, 304 on provisiond's own
-ETag, a rebuilt overlay fetched again, the refresh loop's jitter run (bounded).
+on the tiny image: the token of a served iPXE script exchanged for the node credential,
+phases reported, the runtime overlay installed, 304 on provisiond's own ETag, a rebuilt
+overlay fetched again, the refresh loop's jitter run (bounded).
 
 Against a stand-in HTTP server of this file (not provisiond: its ETag is its own) for what
-provisiond cannot be made to do on demand, with curl, GNU wget and busybox wget: a missing
-overlay, a file that cannot be installed."""
+provisiond cannot be made to do on demand, with curl and busybox nc: a missing overlay, a
+file that cannot be installed, how the token and the credential travel."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -34,15 +36,21 @@ from tests.conftest import run_provisiond
 from tests.integration.boot.servers import free_port, start_serve, stop_serve, wait_http, \
     write_config
 from tests.tools import tool
+from tests.unit.boot.bootdata import add_image, token_in
 
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # a node's PATH: Debian's dirs, no venv
 AGENT = REPO_ROOT / "overlays/agent/usr/local/sbin/provisiond-agent"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "overlays"
 
 
+TOKEN = "1.token-of-the-test"
+CREDENTIAL = "credential-of-the-test"
+
+
 class NodeServer(ThreadingHTTPServer):
-    """A stand-in for provisiond: serves one runtime overlay with an ETag of its own and
-    records the phases posted to it."""
+    """A stand-in for provisiond: trades TOKEN for CREDENTIAL, serves one runtime overlay
+    with an ETag of its own and records the phases posted to it (both with CREDENTIAL
+    only), the exchanges (token, source port) and the requests refused."""
 
     def __init__(self, body: bytes):
         super().__init__(("127.0.0.1", 0), Handler)
@@ -50,15 +58,26 @@ class NodeServer(ThreadingHTTPServer):
         self.etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
         self.phases: list[tuple[str, str]] = []
         self.conditional: list[str | None] = []
+        self.exchanges: list[tuple[str, int]] = []
+        self.refused = 0
 
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def authorized(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {CREDENTIAL}":
+            return True
+        self.server.refused += 1
+        self.send_error(401)
+        return False
+
     def do_GET(self):
         if self.path != "/overlays/n001/runtime":
             self.send_error(404)
+            return
+        if not self.authorized():
             return
         sent = self.headers.get("If-None-Match")
         self.server.conditional.append(sent)
@@ -76,10 +95,33 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
         form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-        self.server.phases.append((form["phase"][0], form.get("detail", [""])[0]))
+        if self.path.startswith("/api/v1/credentials/"):
+            self.exchange(form)
+            return
+        if self.authorized():
+            self.server.phases.append((form["phase"][0], form.get("detail", [""])[0]))
+            self.answer(b"{}")
+
+    def exchange(self, form: dict) -> None:
+        """The credential in the answer, or (busybox nc) sent to the agent's listener once
+        it said the key (as provisiond does); records (token, the port proving root)."""
+        if "callback" not in form:
+            self.server.exchanges.append((form["token"][0], self.client_address[1]))
+            self.answer(f"{CREDENTIAL}\n".encode())
+            return
+        port = int(form["callback"][0])
+        self.server.exchanges.append((form["token"][0], port))
+        with socket.create_connection((self.client_address[0], port), timeout=10) as sock:
+            said = sock.makefile("rb").readline().strip().decode()
+            assert said == form["callback_key"][0]
+            sock.sendall(f"{CREDENTIAL}\n".encode())
+        self.answer(b"delivered\n")
+
+    def answer(self, body: bytes) -> None:
         self.send_response(200)
-        self.send_header("Content-Length", "0")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
 
 @pytest.fixture
@@ -104,21 +146,21 @@ def server(fixture_config):
 def _http_clients(tmp_path: Path) -> dict[str, dict]:
     bb_dir = tmp_path / "bb"
     bb_dir.mkdir()
-    for applet in ("wget", "cpio"):
+    for applet in ("nc", "cpio"):
         (bb_dir / applet).symlink_to(tool("busybox"))
     return {"curl": {"PROVISIOND_AGENT_HTTP": "curl"},
-            "gnu-wget": {"PROVISIOND_AGENT_HTTP": "wget"},
-            "busybox-wget": {"PROVISIOND_AGENT_HTTP": "wget",
-                             "PATH": f"{bb_dir}:{SYSTEM_PATH}"},
+            "busybox-nc": {"PROVISIOND_AGENT_HTTP": "nc", "PATH": f"{bb_dir}:{SYSTEM_PATH}"},
             "curl-without-cpio": {"PROVISIOND_AGENT_HTTP": "curl", "PROVISIOND_AGENT_CPIO": "sh"},
-            "busybox-sh-without-cpio": {"PROVISIOND_AGENT_HTTP": "wget",
+            "busybox-sh-without-cpio": {"PROVISIOND_AGENT_HTTP": "nc",
                                         "PROVISIOND_AGENT_CPIO": "sh",
                                         "PATH": f"{bb_dir}:{SYSTEM_PATH}",
                                         "SHELL_CMD": f"{tool('busybox')} sh"}}
 
 
 def run_agent(tmp_path: Path, url: str, extra: dict, *args: str) -> subprocess.CompletedProcess:
+    """The agent as root on node n001, with TOKEN (or extra's) on its 'command line'."""
     env = dict(os.environ, PROVISIOND_URL=url, PROVISIOND_NODE="n001",
+               PROVISIOND_TOKEN=TOKEN, PROVISIOND_AGENT_RUN=str(tmp_path / "run"),
                PROVISIOND_AGENT_ROOT=str(tmp_path / "root"),
                PROVISIOND_AGENT_STATE=str(tmp_path / "state-agent"), PATH=SYSTEM_PATH)
     env.update(extra)
@@ -127,16 +169,25 @@ def run_agent(tmp_path: Path, url: str, extra: dict, *args: str) -> subprocess.C
                           text=True, timeout=60)
 
 
-@pytest.mark.parametrize("client", ["curl", "gnu-wget", "busybox-wget", "curl-without-cpio",
+@pytest.mark.parametrize("client", ["curl", "busybox-nc", "curl-without-cpio",
                                     "busybox-sh-without-cpio"])
 def test_agent_boot_installs_runtime_overlay_and_reports(tmp_path, fixture_config, server,
                                                          client):
+    """The token goes once, from a port below 1024; the credential lands 0600 in a 0700
+    directory and opens every later request (the stand-in refuses any without it)."""
     extra = _http_clients(tmp_path)[client]
     if "busybox" not in client and not tool(extra["PROVISIOND_AGENT_HTTP"]):
         pytest.skip(f"{client} not installed")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     result = run_agent(tmp_path, url, extra, "boot")
     assert result.returncode == 0, result.stderr
+    assert [t for t, _ in server.exchanges] == [TOKEN] and server.exchanges[0][1] < 1024
+    assert server.refused == 0
+    run = tmp_path / "run"
+    assert (run / "credential").read_text() == f"{CREDENTIAL}\n"
+    assert oct(run.stat().st_mode & 0o777) == "0o700"
+    assert oct((run / "credential").stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in run.iterdir()) == ["authorization", "credential"]
     assert [p for p, _ in server.phases] == ["booted", "runtime", "ready"]
     root = tmp_path / "root"
     key = root / "etc/ssh/ssh_host_ed25519_key"
@@ -150,6 +201,8 @@ def test_agent_boot_installs_runtime_overlay_and_reports(tmp_path, fixture_confi
     assert again.returncode == 0, again.stderr
     assert "runtime overlay unchanged" in again.stderr
     assert server.conditional == [None, server.etag]
+    rebooted = run_agent(tmp_path, url, extra, "boot")  # the unit run again, same boot
+    assert rebooted.returncode == 0 and len(server.exchanges) == 1  # no second exchange
 
 
 def test_agent_reports_failure_when_the_overlay_is_missing(tmp_path, server):
@@ -159,6 +212,18 @@ def test_agent_reports_failure_when_the_overlay_is_missing(tmp_path, server):
     assert result.returncode == 1
     assert "HTTP 404" in result.stderr
     assert server.phases[-1][0] == "failed"
+
+
+@pytest.mark.parametrize("client", ["curl", "busybox-nc"])
+def test_without_a_token_or_a_credential_the_agent_says_why(tmp_path, server, client):
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    extra = _http_clients(tmp_path)[client]
+    result = run_agent(tmp_path, url, {**extra, "PROVISIOND_TOKEN": ""}, "boot")
+    assert result.returncode == 1 and "no provisiond.token=" in result.stderr
+    assert not server.exchanges and not server.phases
+    refreshed = run_agent(tmp_path, url, {**extra, "PROVISIOND_AGENT_TRIES": "1"}, "refresh")
+    assert refreshed.returncode == 1 and "HTTP 401: the node credential is missing" in \
+        refreshed.stderr
 
 
 def test_a_file_that_cannot_be_installed_fails_the_refresh_and_keeps_no_etag(tmp_path, server):
@@ -178,21 +243,24 @@ def test_a_file_that_cannot_be_installed_fails_the_refresh_and_keeps_no_etag(tmp
     assert server.conditional == [None, None]
 
 
+MAC = "02:00:00:00:00:01"
 NEW_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAgentTestAgentTestAgentTestAgentTestAgent ops@agent"
 
 
 @pytest.fixture(scope="module")
 def provisiond_http(tmp_path_factory):
     """(state dir, base URL) of `provisiond serve --http` on 127.0.0.1 with node n001 at
-    127.0.0.1 (the runtime overlay is served only to the node's own address) and its
-    overlays built."""
+    127.0.0.1 (the runtime overlay is served only with its credential, from that address),
+    its overlays built and a (stand-in) build of its image, so its iPXE script boots a
+    kernel and carries a token."""
     if not tool("busybox"):
         pytest.skip("busybox-static is not installed")
     state = tmp_path_factory.mktemp("agent-serve") / "state"
     port = free_port()
     provisiond(state, "init", "--address", "127.0.0.5")
     write_config(state, http={"bind": "127.0.0.1", "port": port, "workers": 1})
-    provisiond(state, "node", "add", "n001", "--ipaddr", "127.0.0.1", "--mac", "02:00:00:00:00:01")
+    provisiond(state, "node", "add", "n001", "--ipaddr", "127.0.0.1", "--mac", MAC)
+    add_image(load_config(state), "tiny")
     provisiond(state, "overlay", "build")
     proc = start_serve(state, "--http")
     base = f"http://127.0.0.1:{port}"
@@ -210,7 +278,7 @@ def provisiond(state: Path, *args: str) -> None:
 
 def busybox_agent(tmp_path: Path) -> dict:
     """The agent's environment on a busybox image: a PATH of busybox applets only, busybox
-    wget, busybox sh (which runs its applets even where the agent appends Debian's dirs)."""
+    nc, busybox sh (which runs its applets even where the agent appends Debian's dirs)."""
     applets = tmp_path / "busybox-applets"
     applets.mkdir(exist_ok=True)
     busybox = tool("busybox")
@@ -218,15 +286,25 @@ def busybox_agent(tmp_path: Path) -> dict:
     for applet in listed.stdout.split():
         if not (applets / applet).exists():
             (applets / applet).symlink_to(busybox)
-    return {"PROVISIOND_AGENT_HTTP": "wget", "PATH": str(applets),
+    return {"PROVISIOND_AGENT_HTTP": "nc", "PATH": str(applets),
             "SHELL_CMD": f"{busybox} sh"}
 
 
-def provisiond_etag(base: str) -> str:
-    """The ETag provisiond sends for n001's runtime overlay (asked from 127.0.0.1 = n001),
-    checked against the sha256 of what it sent (the test builds nothing itself: a second
-    writer of the overlay would change it under the server)."""
-    with urllib.request.urlopen(f"{base}/overlays/n001/runtime", timeout=10) as reply:
+def fresh_token(base: str) -> dict:
+    """The agent's environment part for a new boot: the token of a newly served script."""
+    with urllib.request.urlopen(f"{base}/boot/ipxe/{MAC}", timeout=10) as reply:
+        return {"PROVISIOND_TOKEN": token_in(reply.read().decode())}
+
+
+def provisiond_etag(base: str, tmp_path: Path) -> str:
+    """The ETag provisiond sends for n001's runtime overlay (asked from 127.0.0.1 = n001
+    with the credential its agent got), checked against the sha256 of what it sent (the
+    test builds nothing itself: a second writer of the overlay would change it under the
+    server)."""
+    credential = (tmp_path / "run/credential").read_text().strip()
+    request = urllib.request.Request(f"{base}/overlays/n001/runtime",
+                                     headers={"Authorization": f"Bearer {credential}"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
         etag, body = reply.headers["ETag"], reply.read()
     assert etag == f'"{hashlib.sha256(body).hexdigest()}"'
     return etag
@@ -235,7 +313,7 @@ def provisiond_etag(base: str) -> str:
 def test_agent_under_busybox_against_provisiond_200_then_304_then_a_changed_overlay(
         tmp_path, provisiond_http):
     state, base = provisiond_http
-    agent = busybox_agent(tmp_path)
+    agent = {**busybox_agent(tmp_path), **fresh_token(base)}
     kept = tmp_path / "state-agent/etag"
     booted = run_agent(tmp_path, base, agent, "boot")
     assert booted.returncode == 0, booted.stderr
@@ -244,7 +322,7 @@ def test_agent_under_busybox_against_provisiond_200_then_304_then_a_changed_over
     keys = host_key_dir(load_config(state), "n001")
     installed = tmp_path / "root/etc/ssh/ssh_host_ed25519_key"
     assert installed.read_text() == (keys / "ssh_host_ed25519_key").read_text()
-    etag = provisiond_etag(base)
+    etag = provisiond_etag(base, tmp_path)
     assert kept.read_text().strip() == etag
 
     again = run_agent(tmp_path, base, agent, "refresh")
@@ -255,7 +333,8 @@ def test_agent_under_busybox_against_provisiond_200_then_304_then_a_changed_over
     provisiond(state, "node", "set", "n001", "--ssh-key", NEW_KEY)
     provisiond(state, "overlay", "build")
     deadline = time.monotonic() + 15  # serve sees a rebuild within its snapshot interval
-    while (changed := provisiond_etag(base)) == etag and time.monotonic() < deadline:
+    while (changed := provisiond_etag(base, tmp_path)) == etag and \
+            time.monotonic() < deadline:
         time.sleep(0.2)
     assert changed != etag, "provisiond still serves the overlay from before the rebuild"
     fetched = run_agent(tmp_path, base, agent, "refresh")
@@ -272,9 +351,15 @@ def test_agent_loop_waits_interval_plus_bounded_jitter_between_refreshes(tmp_pat
                                                                         provisiond_http):
     """`loop` under busybox: every wait is INTERVAL + 0..JITTER s (0 + 0..2 here, so the test
     stays short) and not always the same; each wait is followed by a refresh (200, then
-    304 from provisiond)."""
+    304 from provisiond), with the credential `boot` got (its ETag dropped, so the loop's
+    first refresh fetches the overlay again)."""
     _, base = provisiond_http
+    booted = run_agent(tmp_path, base, {**busybox_agent(tmp_path), **fresh_token(base)},
+                       "boot")
+    assert booted.returncode == 0, booted.stderr
+    (tmp_path / "state-agent/etag").unlink()
     env = dict(PROVISIOND_URL=base, PROVISIOND_NODE="n001", PATH="",
+               PROVISIOND_AGENT_RUN=str(tmp_path / "run"),
                PROVISIOND_AGENT_ROOT=str(tmp_path / "root"),
                PROVISIOND_AGENT_STATE=str(tmp_path / "state-agent"),
                PROVISIOND_AGENT_INTERVAL="0", PROVISIOND_AGENT_JITTER="2")

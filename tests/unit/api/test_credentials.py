@@ -4,6 +4,9 @@ overlay and status reports only with the node's current credential."""
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
 from bootdata import (add_image, add_nodes, add_overlay, credential, exchange, ip_of, mac_of,
@@ -84,7 +87,7 @@ def test_only_a_privileged_source_port_may_exchange(client, config, app):
     token = script_token(client)
     for port in (1024, 40000):
         response = exchange(client, 1, token, port=port)
-        assert response.status_code == 401 and "above 1023" in response.json["error"]
+        assert response.status_code == 401 and "below 1024" in response.json["error"]
     assert client.post("/api/v1/credentials/n1", data={"token": token},
                        environ_base={"REMOTE_ADDR": ip_of(1)}).status_code == 401  # no port
     assert [r[1] for r in refusals(config)] == ["unprivileged_port"] * 3
@@ -204,3 +207,89 @@ def test_a_flood_of_bad_tokens_is_a_few_events_not_one_per_request(client, confi
     for _ in range(50):
         assert exchange(client, 1, "junk").status_code == 401
     assert 1 <= len(refusals(config)) <= 5
+
+
+class Listener:
+    """The agent's side of a callback: root listening on a port below 1024 of the node's
+    address, saying `key` first, then keeping what it is sent."""
+
+    def __init__(self, key: bytes):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        for port in range(700, 1024):
+            try:
+                self.sock.bind(("127.0.0.2", port))
+                break
+            except OSError:
+                continue
+        self.port = self.sock.getsockname()[1]
+        self.sock.listen(1)
+        self.key = key
+        self.received = b""
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(30)
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.sendall(self.key + b"\n")
+            conn.settimeout(30)
+            while chunk := conn.recv(200):
+                self.received += chunk
+        self.sock.close()
+
+
+@pytest.fixture
+def loopback_node(config, client):
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["lo1"] = Record(image="tiny", netdevs={"eth0": NetDev(
+            mac="52:54:00:10:00:01", ipaddr="127.0.0.2")})
+    token = lambda: token_in(client.get("/boot/ipxe/52:54:00:10:00:01").get_data(  # noqa
+        as_text=True))
+    return token
+
+
+def callback_exchange(client, token: str, port: int, key: str = "k" * 20):
+    return client.post("/api/v1/credentials/lo1", environ_base={
+        "REMOTE_ADDR": "127.0.0.2", "REMOTE_PORT": "40000"}, data={
+        "token": token, "callback": str(port), "callback_key": key})
+
+
+def test_a_callback_to_a_privileged_port_delivers_the_credential(client, config,
+                                                                 loopback_node):
+    """busybox nc cannot choose its source port but can listen on one below 1024: the
+    credential goes to that listener, never into the answer."""
+    listener = Listener(b"k" * 20)
+    response = callback_exchange(client, loopback_node(), listener.port)
+    assert response.status_code == 200 and response.get_data(as_text=True) == "delivered\n"
+    listener.thread.join(30)
+    credential = listener.received.decode().strip()
+    assert len(credential) >= 40 and credential not in response.get_data(as_text=True)
+    answer = client.get("/overlays/lo1/runtime", environ_base={"REMOTE_ADDR": "127.0.0.2"},
+                        headers={"Authorization": f"Bearer {credential}"})
+    assert answer.status_code == 200
+
+
+def test_a_callback_listener_that_does_not_say_the_key_gets_nothing(client, config,
+                                                                     loopback_node,
+                                                                     monkeypatch):
+    """Another root service on the node (here: one saying something else) is handed no
+    credential, and the token stays usable; an unprivileged port is refused outright."""
+    from provisiond.api import credentials
+
+    monkeypatch.setattr(credentials, "CALLBACK_SECONDS", 1.0)
+    token = loopback_node()
+    other = Listener(b"SSH-2.0-OpenSSH_9.2")
+    response = callback_exchange(client, token, other.port)
+    assert response.status_code == 400 and "did not say the callback key" in \
+        response.json["error"]
+    other.thread.join(30)
+    assert other.received == b""
+    nobody = callback_exchange(client, token, other.port)  # nothing listens any more
+    assert nobody.status_code == 400 and "cannot deliver" in nobody.json["error"]
+    high = callback_exchange(client, token, 40000)
+    assert high.status_code == 401 and refusals(config)[-1][1] == "unprivileged_port"
+    assert callback_exchange(client, token, 700, key="short").status_code == 400
+    good = Listener(b"k" * 20)
+    assert callback_exchange(client, token, good.port).status_code == 200
