@@ -15,6 +15,7 @@ from functools import cached_property
 
 from provisiond.config import CONFIG_NAME, Config, load_config, resolve_state_dir
 from provisiond.errors import InvalidInput, StateDirNotFound
+from provisiond.service.secrets import MAX_VALUE as MAX_SECRET
 
 # Control (Cc), format (Cf: bidi overrides, zero-width), surrogate, private-use and
 # unassigned code points, and line/paragraph separators: none may reach a terminal raw.
@@ -39,13 +40,16 @@ class Context:
 
     @staticmethod
     def read_secret(what: str) -> str:
-        """One line from stdin (a hidden prompt on a terminal); never from argv."""
+        """A value from stdin, never from argv: one line at a terminal (a hidden prompt),
+        else all of stdin without its last line end (a key file piped in stays whole)."""
         if sys.stdin.isatty():
             value = getpass.getpass(f"{what}: ")
         else:
-            value = sys.stdin.readline().rstrip("\r\n")
+            value = sys.stdin.read(MAX_SECRET + 1).removesuffix("\n").removesuffix("\r")
         if not value:
             raise InvalidInput(f"{what}: read an empty value from stdin")
+        if len(value) > MAX_SECRET:
+            raise InvalidInput(f"{what}: more than {MAX_SECRET >> 10} KiB on stdin")
         return value
 
     @staticmethod

@@ -1,6 +1,8 @@
-"""Secrets (BMC passwords, tokens) apart from the inventory: a 0600 YAML file.
+"""Secrets (BMC passwords, tokens, keys) apart from the inventory: a 0600 YAML file.
 
-Values are never printed, returned by the API, logged or put in an argv.
+Values are never printed, returned by the API, logged or put in an argv. A node's runtime
+templates see its profiles' secrets and its own (`secrets["munge.key"]`; the node's own
+win, then profiles right to left), except the server's own (`bmc_password`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from provisiond.inventory.merge import Node
 from provisiond.inventory.store import dump_yaml
 
 BMC_PASSWORD = "bmc_password"
+SERVER_ONLY = frozenset({BMC_PASSWORD})
+"""Secrets the server uses itself: never given to a node's templates."""
+GENERATED = frozenset({"ssh_host_keys"})
+"""Names templates already use for secrets the server makes (provisiond.overlays.hostkeys)."""
 
 
 class SecretStore:
@@ -73,6 +79,17 @@ class SecretStore:
                 for name in names:
                     group.pop(name, None)
                 write_atomic(self.path, dump_yaml(data), mode=0o600)
+
+
+def runtime_secrets(data: dict, node: Node) -> dict[str, str]:
+    """The secrets `node`'s runtime templates see, from the store's `data`: its profiles'
+    (right wins) then its own, without the server's own."""
+    merged: dict = {}
+    for profile in node.record.profiles or []:
+        merged.update((data.get("profiles") or {}).get(profile) or {})
+    merged.update((data.get("nodes") or {}).get(node.name) or {})
+    return {k: v for k, v in merged.items()
+            if isinstance(k, str) and isinstance(v, str) and k not in SERVER_ONLY}
 
 
 def bmc_password(config: Config, node: Node) -> str | None:

@@ -172,6 +172,23 @@ def _new_key(node: str, key_type: str) -> list[tuple[str, bytes]]:
     return [(private_name, private), (public_name, public + f" root@{node}\n".encode())]
 
 
+def rotate_host_keys(config: Config, node: str) -> None:
+    """New keys for every type the node has or wants, each file renamed over the old one
+    (the key directory's signature changes, so the node's runtime build is made again)."""
+    folder = host_key_dir(config, node)
+    if not folder.is_dir():
+        make_host_keys(config, node)
+        return
+    try:
+        with locked(folder / ".lock"):
+            for key_type in KEY_TYPES:
+                if key_type in wanted_types(config) or _has_key(folder, key_type):
+                    for name, data in _new_key(node, key_type):  # private first
+                        write_atomic(folder / name, data, mode=0o600)
+    except OSError as exc:
+        raise BuildFailed(f"ssh host keys for {node}: {exc.strerror or exc}") from None
+
+
 def sync_new_keys() -> None:
     """Make keys written with durable=False survive a power cut (one sync for a batch,
     instead of two fsyncs per file: 40,000 of them for 10,000 nodes)."""

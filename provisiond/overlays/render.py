@@ -15,6 +15,7 @@ import hashlib
 from provisiond import archive
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
+from provisiond.inventory.secrets import SecretStore, runtime_secrets
 from provisiond.overlays.context import ImageCache, Snapshot, digest_of
 from provisiond.overlays.hostkeys import ensure_host_keys, host_key_signature, make_host_keys
 from provisiond.overlays.source import Overlay, load_overlay
@@ -57,6 +58,7 @@ class Builder:
         self.durable_secrets = durable_secrets
         """False: new secrets are not fsynced one by one (the caller syncs after a batch)."""
         self._secrets: dict[str, dict] = {}
+        self._store: dict | None = None  # secrets.yaml, read once per builder
         self._signatures: dict[str, tuple | None] = {}
         self._overlays: dict[str, Overlay] = {}
         self._plans: dict[tuple, tuple] = {}
@@ -71,10 +73,13 @@ class Builder:
             return [self.overlay(name) for name in record.runtime_overlays or []]
         overlays = [self.overlay(name) for name in record.system_overlays or []]
         for overlay in overlays:
-            if overlay.secret:
+            if overlay.secret or overlay.secret_files:
+                what = f"file {overlay.secret_files[0]} reads secrets" if \
+                    overlay.secret_files else "holds secrets"
                 raise OverlayTemplateError(
-                    f"overlay {overlay.name} holds secrets: node {node} must list it in "
-                    "runtime_overlays, not system_overlays")
+                    f"overlay {overlay.name}: {what}, which reach runtime overlays only "
+                    f"(served to the node alone): node {node} must list it in "
+                    "runtime_overlays, not system_overlays (served to anyone)")
         return [o for o in overlays if o.node_specific == (kind == "system")]
 
     def overlay(self, name: str) -> Overlay:
@@ -146,17 +151,25 @@ class Builder:
     def secrets_key(self, node: str) -> str:
         """What identifies the node's secrets: the wanted key types and the key files'
         signature (from a stat: reading and hashing 10,000 nodes' keys cost more than the
-        rest of an unchanged build)."""
+        rest of an unchanged build), and a digest of its stored secrets."""
         if self._key_signature(node) is None:
             self.make_secrets(node, "runtime")
-        return repr((self.config.build.ssh_host_key_types, self._key_signature(node)))
+        return repr((self.config.build.ssh_host_key_types, self._key_signature(node),
+                     digest_of(self.stored_secrets(node))))
+
+    def stored_secrets(self, node: str) -> dict[str, str]:
+        """The node's secrets from `provisiond secret set` (inventory.secrets)."""
+        if self._store is None:
+            self._store = SecretStore(self.config).read()
+        return runtime_secrets(self._store, self.snapshot.nodes[node])
 
     def secrets(self, node: str) -> tuple[dict, str]:
-        """(the node's secrets, their key for the build cache)."""
+        """(the node's secrets, their key for the build cache): the stored ones and the
+        generated `ssh_host_keys`."""
         if node not in self._secrets:
             keys = ensure_host_keys(self.config, node, durable=self.durable_secrets)
             self._signatures.pop(node, None)
-            self._secrets[node] = {"ssh_host_keys": keys}
+            self._secrets[node] = {**self.stored_secrets(node), "ssh_host_keys": keys}
         return self._secrets[node], self.secrets_key(node)
 
     def context(self, overlay: Overlay, node: str, kind: str) -> dict:

@@ -54,6 +54,8 @@ class Overlay:
     digest: str
     node_fields: frozenset[str] | None = None
     """The fields of `node` its templates read; None: possibly all of them."""
+    secret_files: tuple[str, ...] = ()
+    """The templates that read `secrets` (runtime overlays only)."""
     description: str = ""
     secret: bool = False
     dir_modes: dict[str, int] = field(default_factory=dict)
@@ -140,11 +142,14 @@ def _read_overlay(name: str, root: Path) -> Overlay:
     modes = _read_modes(root / META_FILE, meta_data.get("modes") or {})
     files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
              if rel != META_FILE]
-    trees = [_parse(f) for f in files if f.kind == "template"]
-    uses = frozenset().union(*(_variables(t) for t in trees))
+    parsed = [(f.rel, _parse(f)) for f in files if f.kind == "template"]
+    trees = [tree for _, tree in parsed]
+    read = [(rel, _variables(tree)) for rel, tree in parsed]
+    uses = frozenset().union(*(variables for _, variables in read))
     return Overlay(
         name=name, root=root, files=files, uses=uses, digest=_digest(files, modes),
         node_fields=_node_fields(trees),
+        secret_files=tuple(rel for rel, variables in read if "secrets" in variables),
         description=str(meta_data.get("description", "")), secret=bool(meta_data.get("secret")),
         dir_modes=modes)
 

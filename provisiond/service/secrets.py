@@ -8,7 +8,7 @@ import re
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.inventory.ranges import fold
-from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
+from provisiond.inventory.secrets import BMC_PASSWORD, GENERATED, SecretStore
 from provisiond.inventory.values import check_text
 from provisiond.service.inventory import Kind, snapshot
 from provisiond.service.journal import audit, emit
@@ -20,10 +20,14 @@ KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
 
 def check_key(key: str) -> str:
-    """A secret's key: letters, digits, '_', '.', '-' (as a tag's name)."""
+    """A secret's key: letters, digits, '_', '.', '-' (as a tag's name), and not the name
+    of a secret provisiond makes (templates read those under that name)."""
     if not KEY_RE.fullmatch(key):
         raise InvalidInput(f"invalid secret key {key[:70]!r}: use letters, digits, '_', '.' "
                            "and '-' (at most 63)", field="key")
+    if key in GENERATED:
+        raise InvalidInput(f"secret key {key!r} is made by provisiond (see `provisiond "
+                           "secret rotate`)", field="key")
     return key
 
 
@@ -61,7 +65,7 @@ def _check_value(value: str) -> None:
         raise InvalidInput(f"a secret's value is at most {MAX_VALUE} characters",
                            field="value")
     try:
-        check_text(value)
+        check_text(value.replace("\n", " "))  # lines: key files reach runtime templates
     except ValueError:  # its message would quote the value
-        raise InvalidInput("a secret's value cannot hold control characters",
-                           field="value") from None
+        raise InvalidInput("a secret's value cannot hold control characters (line ends "
+                           "aside)", field="value") from None

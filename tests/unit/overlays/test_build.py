@@ -15,6 +15,7 @@ from provisiond.errors import BuildFailed, InvalidInput, NodeNotFound
 from provisiond import archive
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
+from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
 
 SYSTEM = ["init", "hostname", "hosts", "network", "agent"]
 
@@ -167,8 +168,62 @@ def test_no_secret_in_any_system_overlay(cfg):
 def test_secret_overlay_refused_as_system_overlay(state_dir):
     write_inventory(state_dir, system=["hostname", "ssh"])
     cfg = load_config(state_dir)
-    with pytest.raises(OverlayBuildFailed, match="overlay ssh holds secrets"):
+    with pytest.raises(OverlayBuildFailed, match="overlay ssh: file etc/ssh/ssh_host_keys.j2 "
+                                                 "reads secrets, which reach runtime"):
         build_overlays(cfg, kinds=("system",))
+
+
+def _munge_overlay(state: Path) -> None:
+    folder = state / "overlays" / "munge" / "etc" / "munge"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "munge.key.j2").write_text('{{ secrets["munge.key"] }}\n')
+
+
+def test_a_system_template_reading_a_secret_fails_the_build_clearly(state_dir):
+    """No `secret: true` in its overlay.yaml: the template scan alone finds it."""
+    _munge_overlay(state_dir)
+    write_inventory(state_dir, system=["hostname", "munge"])
+    cfg = load_config(state_dir)
+    SecretStore(cfg).set("profiles", ["default"], "munge.key", "m" * 32)
+    with pytest.raises(OverlayBuildFailed) as caught:
+        build_overlays(cfg, kinds=("system",))
+    assert str(caught.value).startswith(
+        "overlay munge: file etc/munge/munge.key.j2 reads secrets, which reach runtime "
+        "overlays only (served to the node alone): node n")
+    assert "m" * 32 not in str(caught.value)
+
+
+def test_stored_secrets_reach_runtime_templates_node_over_profile(state_dir):
+    _munge_overlay(state_dir)
+    write_inventory(state_dir, runtime=["ssh", "munge"])
+    cfg = load_config(state_dir)
+    store = SecretStore(cfg)
+    store.set("profiles", ["default"], "munge.key", "cluster-wide-munge-key")
+    store.set("nodes", ["n2"], "munge.key", "n2-own-munge-key")
+    store.set("nodes", ["n3"], BMC_PASSWORD, "bmc")  # the server's own: not in templates
+    assert build_overlays(cfg)["rebuilt"]["runtime"] == 3
+    keys = {n: files_of(ensure_overlay(cfg, n, "runtime"))["etc/munge/munge.key"]
+            for n in ("n1", "n2", "n3")}
+    assert keys == {"n1": b"cluster-wide-munge-key\n", "n2": b"n2-own-munge-key\n",
+                    "n3": b"cluster-wide-munge-key\n"}
+    store.set("nodes", ["n1"], "munge.key", "rotated")  # one node's change rebuilds one
+    assert build_overlays(cfg)["rebuilt"]["runtime"] == 1
+    assert files_of(ensure_overlay(cfg, "n1", "runtime"))["etc/munge/munge.key"] == \
+        b"rotated\n"
+    for path in cfg.overlay_build_dir.glob("*/system.cpio.*"):
+        assert b"munge-key" not in archive.decompress(path.read_bytes())
+
+
+def test_a_template_reading_the_bmc_password_fails(state_dir):
+    folder = state_dir / "overlays" / "bmc" / "etc"
+    folder.mkdir(parents=True)
+    (folder / "bmc.j2").write_text('{{ secrets["bmc_password"] }}\n')
+    write_inventory(state_dir, runtime=["bmc"])
+    cfg = load_config(state_dir)
+    SecretStore(cfg).set("nodes", ["n1"], BMC_PASSWORD, "hunter2hunter2")
+    with pytest.raises(BuildFailed) as caught:
+        ensure_overlay(cfg, "n1", "runtime")
+    assert "bmc_password" in str(caught.value) and "hunter2" not in str(caught.value)
 
 
 def _site_overlay(state: Path, text: str) -> None:
