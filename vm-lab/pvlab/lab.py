@@ -132,10 +132,12 @@ class Lab:
         """A TCP connect to host:port from inside the lab namespace."""
         return provision.tcp_open(self.netns, host, port)
 
-    def ssh(self, name: str, command: str) -> subprocess.CompletedProcess:
+    def ssh(self, name: str, command: str, host_key: str | None = None,
+            timeout: float = 20) -> subprocess.CompletedProcess:
         """Run `command` as root on a booted node over ssh (the lab's key, the node's host
-        key from provisiond's ssh overlay checked)."""
-        return provision.ssh(self.state, self.config, self._node(name), command)
+        key from provisiond's ssh overlay checked, or `host_key` if given)."""
+        return provision.ssh(self.state, self.config, self._node(name), command,
+                             timeout=timeout, host_key=host_key)
 
     def boot(self, names: list[str] | None = None) -> None:
         """Power the nodes' domains on from scratch, with their boot status cleared."""

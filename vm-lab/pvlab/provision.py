@@ -58,13 +58,15 @@ def admin_key(state: LabState) -> str:
 
 
 def ssh(state: LabState, config: Config, node: LabNode, command: str,
-        timeout: float = 20) -> subprocess.CompletedProcess:
+        timeout: float = 20, host_key: str | None = None) -> subprocess.CompletedProcess:
     """`command` run as root on the node over ssh from inside the namespace, with the lab's
-    key, accepting only the host key provisiond's ssh overlay gave the node."""
+    key, accepting only the host key provisiond's ssh overlay gave the node (or `host_key`,
+    an ed25519 public key line: the one the node had before a rotation)."""
     from provisiond.overlays.hostkeys import host_key_dir
 
     known = state.dir / "ssh" / f"known_hosts-{node.name}"
-    host_key = (host_key_dir(config, node.name) / "ssh_host_ed25519_key.pub").read_text()
+    if host_key is None:
+        host_key = (host_key_dir(config, node.name) / "ssh_host_ed25519_key.pub").read_text()
     known.write_text(f"{node.ipaddr} {' '.join(host_key.split()[:2])}\n")
     argv = ["ssh", "-i", str(state.ssh_key), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
             "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}",
