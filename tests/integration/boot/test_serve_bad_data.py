@@ -132,7 +132,8 @@ def test_a_hand_edit_duplicating_an_address_is_refused_and_the_last_table_kept(
         loopback_state):
     """A hand edit giving n02 the address of n01 made the server hand n02's runtime overlay
     (its ssh host keys) to n01 within 2 s. Now the edit is refused (one line, from the
-    supervisor and from the HTTP worker) and n02's runtime overlay stays n02's."""
+    supervisor and from the HTTP worker) and n02's runtime overlay stays n02's (and would
+    anyway: it needs n02's credential, 401 without)."""
     state, ports = loopback_state
     base = f"http://127.0.0.1:{ports['http']}"
     # n01 is the loopback client 127.0.0.2 (127.0.0.1 is the server's own address).
@@ -142,17 +143,17 @@ def test_a_hand_edit_duplicating_an_address_is_refused_and_the_last_table_kept(
     try:
         wait_http(f"{base}/boot/ipxe", proc)
         runtime = f"{base}/overlays/n02/runtime"
-        assert status(runtime) == "403"
+        assert status(runtime) == "401"
         write_inventory(state, inventory(("n02", {**node(2)[1], "ipaddr": "127.0.0.2"}), n01))
         deadline = time.monotonic() + 20
         refusals = 0
         while refusals < 2 and time.monotonic() < deadline:
-            assert status(runtime) == "403"  # was 200 within 2 s
+            assert status(runtime) == "401"  # was 200 within 2 s
             text = (state / "serve.log").read_text(errors="replace")
             refusals = text.count("127.0.0.2 is already used by node")
             time.sleep(0.2)
         assert refusals == 2, text[-2000:]  # the supervisor's line and the worker's
-        assert status(runtime) == "403" and proc.poll() is None
+        assert status(runtime) == "401" and proc.poll() is None
         assert "keeping the last good table (2 nodes)" in text
     finally:
         stop_serve(proc)

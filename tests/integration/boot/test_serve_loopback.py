@@ -215,7 +215,8 @@ def test_idle_and_half_sent_requests_do_not_hold_boot_requests(served):
 def test_a_client_stalled_in_its_body_is_disconnected(served):
     _, ports, _, _ = served
     with socket.create_connection(("127.0.0.1", ports["http"]), timeout=90) as sock:
-        sock.sendall(b"POST /api/v1/status/n1 HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+        sock.sendall(b"POST /api/v1/credentials/n1 HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 100\r\n"
                      b"Content-Type: application/json\r\n\r\n{")  # 99 bytes never come
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:100]  # werkzeug: ClientDisconnected
