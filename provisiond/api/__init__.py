@@ -23,14 +23,14 @@ MAX_BODY = 64 << 10  # the largest body any endpoint reads (a status report is ~
 
 def create_app(config: Config) -> Flask:
     """The provisiond HTTP app for `config`: boot, blobs, overlays, status and /api/v1."""
-    from provisiond.api import blobs, boot, credentials, overlays, v1
+    from provisiond.api import blobs, boot, overlays, v1
     from provisiond.api.whole import WholeFiles
 
     app = Flask("provisiond", static_folder=None)
     app.config["PROVISIOND"] = config
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # larger bodies: 413, never read
     app.extensions["provisiond"] = BootServices(config)
-    for module in (boot, blobs, overlays, credentials):
+    for module in (boot, blobs, overlays):
         app.register_blueprint(module.bp)
     app.register_blueprint(v1.blueprint())
     app.wsgi_app = WholeFiles(app.wsgi_app, app.extensions["provisiond"])

@@ -15,7 +15,7 @@ from provisiond.boot.ipxe import ScriptCache
 from provisiond.boot.phases import recorder_from_env
 from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
-from provisiond.errors import InvalidInput, NodeNotFound
+from provisiond.errors import NodeNotFound
 from provisiond.images.blobs import file_sha256
 from provisiond.trust import RefusalLog, authenticate
 
@@ -85,14 +85,6 @@ def require_credential(node) -> None:
     (raises Unauthenticated or Forbidden)."""
     authenticate(services().config, node, request.headers.get("Authorization"),
                  client_address())
-
-
-def form_fields():
-    """The request's fields: a form, or a JSON object."""
-    body = request.get_json(silent=True) if request.is_json else request.form
-    if not isinstance(body, dict) and not hasattr(body, "get"):
-        raise InvalidInput("send a form or a JSON object")
-    return body
 
 
 def log_step(node: str, what: str, started: float, environ: dict | None = None) -> None:

@@ -281,7 +281,7 @@ def test_a_callback_listener_that_does_not_say_the_key_gets_nothing(client, conf
                                                                      monkeypatch):
     """Another root service on the node (here: one saying something else) is handed no
     credential, and the token stays usable; an unprivileged port is refused outright."""
-    from provisiond.api import credentials
+    from provisiond.api.v1 import credentials
 
     monkeypatch.setattr(credentials, "CALLBACK_SECONDS", 1.0)
     token = loopback_node()

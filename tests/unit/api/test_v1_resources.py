@@ -40,8 +40,10 @@ def test_status_one_and_list(api, config):
     assert [s["node"] for s in booted] == ["n2"]
     assert_error(api.call(Role.READER, "GET", "/api/v1/status/n9"), 404, "not_found")
     assert_error(api.call(None, "GET", "/api/v1/status/n2"), 401, "unauthenticated")
-    # nodes still report without a token
-    assert api.client.post("/api/v1/status/n1", json={"phase": "ready"}).status_code == 200
+    # nodes report with their node credential, not an API token (test_credentials.py)
+    assert_error(api.call(Role.ADMIN, "POST", "/api/v1/status/n1", json={"phase": "ready"}),
+                 401, "unauthenticated")
+    assert api.call(Role.READER, "GET", "/api/v1/status/n1").json["phase"] is None
 
 
 def test_discovery_records_are_paged_and_survive_a_torn_line(api, config):

@@ -10,37 +10,55 @@ first, so that no other root service on the node is handed the credential.
 from __future__ import annotations
 
 import hmac
-import re
 import socket
 import time
 
-from flask import Blueprint, Response
+from flask import Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from provisiond.api.services import client_address, client_port, form_fields, services
+from provisiond.api.services import client_address, client_port, services
+from provisiond.api.v1 import route
 from provisiond.config import url_host
 from provisiond.errors import InvalidInput
 from provisiond.trust import TokenRefused, exchange
 
-bp = Blueprint("credentials", __name__, url_prefix="/api/v1/credentials")
 CALLBACK_SECONDS = 5.0  # for the listener to be there and to say its key
-KEY_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
-@bp.post("/<node>")
-def exchange_token(node: str):
-    """Form or JSON body: token=<provisioning token>[, callback=<port>, callback_key=<key>].
-    Answers the credential as one line of text (a shell reads it without a JSON parser),
-    or `delivered` once sent to the callback; a refused token is a 401 and an event."""
+class Exchange(BaseModel):
+    """What the node agent sends (a form or JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = Field(description="the provisioning token of the kernel command line "
+                       "(provisiond.token=)")
+    callback: int | None = Field(None, ge=1, le=65535, description="a port below 1024 the "
+                                 "agent listens on, to be sent the credential")
+    callback_key: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{16,128}$",
+                                     description="what the listener says first")
+
+    @model_validator(mode="after")
+    def _key_with_callback(self) -> "Exchange":
+        if (self.callback is None) != (self.callback_key is None):
+            raise ValueError("callback and callback_key go together")
+        return self
+
+
+@route("/credentials/<node>", "POST", role=None, summary="A node trades its provisioning "
+       "token for its node credential (open to nodes; root only)", body=Exchange, forms=True,
+       produces="text/plain")
+def exchange_token(principal, body: Exchange, query, node: str):
+    """Answers the credential as one line of text (a shell reads it without a JSON parser),
+    or `delivered` once sent to the callback; a refused token is a 401 and a
+    `token.refused` event."""
     svc = services()
     record = svc.node(node)
-    fields = form_fields()
-    callback = _callback(fields)
+    callback = (body.callback, body.callback_key) if body.callback is not None else None
     port = callback[0] if callback else client_port()
     deliver = (lambda credential: send_by_callback(client_address(), *callback, credential)
                ) if callback else None
     try:
-        credential = exchange(svc.config, record, str(fields.get("token") or ""),
-                              client_address(), port, deliver)
+        credential = exchange(svc.config, record, body.token, client_address(), port, deliver)
     except TokenRefused as refused:
         svc.refusals.note(refused)
         raise
@@ -48,18 +66,6 @@ def exchange_token(node: str):
                         content_type="text/plain; charset=utf-8")
     response.headers["Cache-Control"] = "no-store"
     return response
-
-
-def _callback(fields) -> tuple[int, str] | None:
-    """(port, key) of a callback, or None when the request names none."""
-    port, key = fields.get("callback"), str(fields.get("callback_key") or "")
-    if port is None:
-        return None
-    if not str(port).isdigit() or not 0 < int(port) < 65536:
-        raise InvalidInput("callback must be a port number")
-    if not KEY_RE.fullmatch(key):
-        raise InvalidInput("callback_key must be 16-128 letters, digits, '-' or '_'")
-    return int(port), key
 
 
 def send_by_callback(address: str, port: int, key: str, credential: str) -> None:
