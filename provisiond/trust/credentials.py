@@ -54,7 +54,7 @@ EXPLAINED = {
 }
 
 
-class TokenRefused(Unauthenticated):
+class ProvisioningTokenRefused(Unauthenticated):
     """A provisioning token that cannot be exchanged; `reason` says why."""
 
     def __init__(self, node: str, reason: Refusal, address: str):
@@ -62,6 +62,9 @@ class TokenRefused(Unauthenticated):
         self.node = node
         self.reason = reason
         self.address = address
+
+
+Refused = ProvisioningTokenRefused
 
 
 class IssuedCredential(BaseModel):
@@ -83,9 +86,10 @@ class NodeTrust(BaseModel):
 def exchange(config: Config, node, text: str, address: str, port: int | None,
              deliver: Callable[[str], None] | None = None) -> str:
     """A new credential for `node` (an inventory Node) in return for the token `text`
-    received from `address`; raises TokenRefused. `port` must prove that root on the node
-    sent it (below 1024): the request's source port, or the port `deliver` hands the
-    credential to before it counts (a delivery that fails raises and uses nothing up).
+    received from `address`; raises ProvisioningTokenRefused. `port` must prove that root
+    on the node sent it (below 1024): the request's source port, or the port `deliver`
+    hands the credential to before it counts (a delivery that fails raises and uses nothing
+    up).
     The node's previous credential ends."""
     token = _checked_token(config, node, text, address, port)
     _check_unused(_read(config, node.name), token, node.name, address)
@@ -105,9 +109,9 @@ def exchange(config: Config, node, text: str, address: str, port: int | None,
 
 def _check_unused(trust: NodeTrust, token: tokens.Token, name: str, address: str) -> None:
     if token.nonce in trust.used:
-        raise TokenRefused(name, Refusal.REUSED, address)
+        raise Refused(name, Refusal.REUSED, address)
     if token.issued_ms < trust.not_before_ms:
-        raise TokenRefused(name, Refusal.SUPERSEDED, address)
+        raise Refused(name, Refusal.SUPERSEDED, address)
 
 
 def _checked_token(config: Config, node, text: str, address: str, port: int | None
@@ -116,13 +120,13 @@ def _checked_token(config: Config, node, text: str, address: str, port: int | No
     token = tokens.parse(text)
     if token is None or token.mac not in node.macs or not tokens.verify(
             tokens.load_key(config), token, tokens.binding_for(node, token.mac)):
-        raise TokenRefused(node.name, Refusal.INVALID, address)
+        raise Refused(node.name, Refusal.INVALID, address)
     if tokens.now_ms() > token.issued_ms + _lifetime_ms(config):
-        raise TokenRefused(node.name, Refusal.EXPIRED, address)
+        raise Refused(node.name, Refusal.EXPIRED, address)
     if address not in node.addresses:
-        raise TokenRefused(node.name, Refusal.WRONG_ADDRESS, address)
+        raise Refused(node.name, Refusal.WRONG_ADDRESS, address)
     if config.trust.privileged_port and not (port is not None and port < PRIVILEGED_PORTS):
-        raise TokenRefused(node.name, Refusal.UNPRIVILEGED_PORT, address)
+        raise Refused(node.name, Refusal.UNPRIVILEGED_PORT, address)
     return token
 
 

@@ -9,7 +9,7 @@ import time
 from provisiond.config import Config
 from provisiond.events import emit
 from provisiond.status import record_refusal
-from provisiond.trust.credentials import TokenRefused
+from provisiond.trust.credentials import ProvisioningTokenRefused
 
 log = logging.getLogger("provisiond.trust")
 
@@ -26,7 +26,7 @@ class RefusalLog:
         self._recent: dict[str, list[float]] = {}
         self.skipped = 0
 
-    def note(self, refused: TokenRefused) -> bool:
+    def note(self, refused: ProvisioningTokenRefused) -> bool:
         """Record `refused` unless its node is over its share; True if recorded."""
         if not self._admit(refused.node):
             self.skipped += 1

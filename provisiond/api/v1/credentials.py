@@ -20,7 +20,7 @@ from provisiond.api.services import client_address, client_port, services
 from provisiond.api.v1 import route
 from provisiond.config import url_host
 from provisiond.errors import InvalidInput
-from provisiond.trust import TokenRefused, exchange
+from provisiond.trust import ProvisioningTokenRefused, exchange
 
 CALLBACK_SECONDS = 5.0  # for the listener to be there and to say its key
 
@@ -59,7 +59,7 @@ def exchange_token(principal, body: Exchange, query, node: str):
                ) if callback else None
     try:
         credential = exchange(svc.config, record, body.token, client_address(), port, deliver)
-    except TokenRefused as refused:
+    except ProvisioningTokenRefused as refused:
         svc.refusals.note(refused)
         raise
     response = Response("delivered\n" if callback else credential + "\n",

@@ -11,7 +11,7 @@ import pytest
 from provisiond.errors import ProvisiondError
 from provisiond.inventory import InventoryStore, load_nodes
 from provisiond.inventory.model import NetDev, Record
-from provisiond.trust import Refusal, TokenRefused, exchange, revoke, tokens
+from provisiond.trust import ProvisioningTokenRefused, Refusal, exchange, revoke, tokens
 from provisiond.trust.credentials import authenticate
 
 MAC = "52:54:00:00:00:01"
@@ -68,7 +68,7 @@ def test_credentials_are_stored_hashed_0600_and_the_token_is_used_once(config, n
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
     assert stat.S_IMODE(config.trust_dir.stat().st_mode) == 0o700
     authenticate(config, node, f"Bearer {credential}", "10.0.0.1")
-    with pytest.raises(TokenRefused) as refused:
+    with pytest.raises(ProvisioningTokenRefused) as refused:
         exchange(config, node, text, "10.0.0.1", 700)
     assert refused.value.reason is Refusal.REUSED
     assert revoke(config, ["n1", "n2"]) == ["n1"]
