@@ -133,6 +133,14 @@ def test_a_token_minted_before_a_node_moved_is_invalid(client, config):
     bearer(exchange(client, 1, address="10.99.9.9"))
 
 
+def test_a_token_for_a_mac_the_node_no_longer_has_is_invalid(client, config):
+    token = script_token(client)
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"].netdevs["eth0"].mac = "52:54:00:aa:bb:cc"  # a new NIC, same address
+    response = exchange(client, 1, token)
+    assert response.status_code == 401 and refusals(config)[0][1] == "invalid"
+
+
 def test_a_later_exchange_ends_the_credential_and_supersedes_older_tokens(client, config):
     first, second = script_token(client), script_token(client)  # iPXE asked twice
     old = bearer(exchange(client, 1, first))
