@@ -5,7 +5,6 @@ from __future__ import annotations
 from provisiond.cli.power import add_range_command, run_and_print
 from provisiond.power import operations
 
-UPDATE_TIMEOUT = 1800.0
 COLUMNS = ["NODE", "RESULT", "COMPONENT", "VERSION"]
 
 
@@ -16,7 +15,7 @@ def register(subparsers) -> None:
         func=list_handler)
     update = add_range_command(
         verbs, "update", "have each BMC fetch an image by URL and apply it (Redfish "
-        "SimpleUpdate), following the task to its end", default_timeout=f"{UPDATE_TIMEOUT:g}")
+        "SimpleUpdate), following the task to its end", default_timeout=f"{operations.FIRMWARE_UPDATE_TIMEOUT:g}")
     update.add_argument("--image", required=True, metavar="URL",
                         help="http(s) URL of the firmware image, reachable by the BMCs")
     update.set_defaults(func=update_handler)
@@ -28,7 +27,7 @@ def list_handler(args, ctx) -> int:
 
 
 def update_handler(args, ctx) -> int:
-    args.timeout = args.timeout or UPDATE_TIMEOUT
+    args.timeout = args.timeout or operations.FIRMWARE_UPDATE_TIMEOUT
     return run_and_print(args, ctx, operations.firmware_update(args.image), "firmware update")
 
 

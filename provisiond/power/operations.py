@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from provisiond.config import Config
-from provisiond.errors import NodeNotFound
+from provisiond.config import CONTROL_RE, Config
+from provisiond.errors import InvalidInput, NodeNotFound
 from provisiond.inventory import load_nodes
 from provisiond.inventory.merge import Node
 from provisiond.inventory.ranges import expand, fold
@@ -22,6 +22,7 @@ DRIVER_CLASSES = {
     BmcDriver.FAKE: "provisiond.power.fake:FakeDriver",
 }
 Operation = Callable[[Driver], object]
+FIRMWARE_UPDATE_TIMEOUT = 1800.0  # per BMC: the BMC fetches the image and flashes it
 
 
 def find_nodes(config: Config, pattern: str) -> tuple[dict[str, Node], list[str]]:
@@ -104,6 +105,14 @@ def firmware_list(driver: Driver) -> list[dict]:
 
 
 def firmware_update(image_url: str) -> Operation:
+    """Have the BMC fetch `image_url` (http or https: what SimpleUpdate is given here) and
+    apply it; a URL that is neither, or holds a blank or control character, is InvalidInput
+    before any BMC is contacted."""
+    scheme, _, rest = image_url.partition("://")
+    if scheme.lower() not in ("http", "https") or not rest or CONTROL_RE.search(image_url) \
+            or " " in image_url:
+        raise InvalidInput(f"firmware image {image_url!r}: not an http(s) URL")
+
     def operation(driver: Driver) -> str:
         return driver.update_firmware(image_url)
 

@@ -125,3 +125,11 @@ def test_password_never_reaches_output(cli, tmp_path):
     result = cli("power", "status", "r1", "--timeout", "3", "--json")
     assert result.code == 7 and "cannot connect" in result.out
     assert "hunter2" not in result.out + result.err
+
+
+def test_firmware_update_refuses_a_url_a_bmc_cannot_fetch(nodes, config):
+    for url in ("ftp://127.0.0.1/b.bin", "b.bin", "http://127.0.0.1/a b.bin"):
+        result = nodes("firmware", "update", "n1", "--image", url)
+        assert result.code == 2 and result.err.strip() == (
+            f"provisiond: error: firmware image {url!r}: not an http(s) URL")
+    assert fake_state(config) == {}
