@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import signal
 import sys
 
 from provisiond import images
+from provisiond.images.build import interrupt_on_term
 from provisiond.cli.context import printable
 from provisiond.audit import cli_actor
 from provisiond.service.images import delete_image
@@ -45,25 +44,8 @@ def register(subparsers) -> None:
     gc.set_defaults(func=cmd_gc)
 
 
-@contextlib.contextmanager
-def _interrupt_on_term():
-    """A SIGTERM stops a build like Ctrl-C does: mounts and temp trees are cleaned up."""
-    def raise_interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    except ValueError:  # not the main thread (e.g. the CLI run inside a server)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def cmd_build(args, ctx) -> int:
-    with _interrupt_on_term(), Progress(sys.stderr) as progress:
+    with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.build_image(ctx.config, args.name, progress=progress,
                                       rebuild=args.no_cache)
     _summary(ctx, manifest, args.json)
@@ -71,7 +53,7 @@ def cmd_build(args, ctx) -> int:
 
 
 def cmd_import(args, ctx) -> int:
-    with _interrupt_on_term(), Progress(sys.stderr) as progress:
+    with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_archive(ctx.config, args.archive, args.name, progress,
                                          kernel_args=args.kernel_args, init=args.init)
     _summary(ctx, manifest, False)

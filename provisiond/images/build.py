@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from provisiond.atomic import locked
@@ -37,6 +38,23 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
         manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
         save_manifest(config, manifest)
     return manifest
+
+
+@contextlib.contextmanager
+def interrupt_on_term() -> Iterator[None]:
+    """A SIGTERM stops a build like Ctrl-C does: mounts and temp trees are cleaned up."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:  # not the main thread (e.g. the CLI run inside a server)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def plan_layers(config: Config, recipe: Recipe, compression: str) -> list[LayerPlan]:
