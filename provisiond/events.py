@@ -13,8 +13,10 @@ name when known), `token.refused`, `secret.changed` (keys, never values).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -53,6 +55,21 @@ def emit(config: Config, kind: str, subject: str | None = None, data: dict | Non
     except (OSError, ValueError) as exc:
         log.warning("event %s for %s not recorded: %s", kind, subject, exc)
         return None
+
+
+@contextlib.contextmanager
+def build_events(config: Config, subject: str, data: dict) -> Iterator[dict]:
+    """`build.started` now, then `build.finished` with what the block put in the dict it
+    gets, or `build.failed` with the error's message (the error goes on)."""
+    emit(config, "build.started", subject, data)
+    outcome: dict = {}
+    try:
+        yield outcome
+    except BaseException as exc:
+        message = str(exc) or type(exc).__name__
+        emit(config, "build.failed", subject, {**data, "message": message})
+        raise
+    emit(config, "build.finished", subject, {**data, **outcome})
 
 
 def read_since(config: Config, after_id: int, limit: int = 1000,

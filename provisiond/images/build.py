@@ -13,6 +13,7 @@ from pathlib import Path
 from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, ProvisiondError
+from provisiond.events import build_events
 from provisiond.images import chroot, oci, steps
 from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
@@ -29,14 +30,17 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
 
     `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap)."""
     started = time.monotonic()
-    recipe = load_recipe(config, name)
-    compression = recipe.compression or config.build.compression
-    with locked(lock_path(config, name)), locked(gc_lock(config), shared=True):
-        records = _build_layers(config, recipe, compression, progress or (lambda e: None),
-                                rebuild)
-        kernel = _store_kernel(config, recipe, records)
-        manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
-        save_manifest(config, manifest)
+    with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
+        recipe = load_recipe(config, name)
+        compression = recipe.compression or config.build.compression
+        with locked(lock_path(config, name)), locked(gc_lock(config), shared=True):
+            records = _build_layers(config, recipe, compression,
+                                    progress or (lambda e: None), rebuild)
+            kernel = _store_kernel(config, recipe, records)
+            manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
+            save_manifest(config, manifest)
+        outcome.update(layers=len(records), size=manifest["total_size"],
+                       seconds=manifest["build_seconds"])
     return manifest
 
 

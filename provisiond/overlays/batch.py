@@ -17,6 +17,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
+from provisiond.events import build_events
+from provisiond.inventory.ranges import fold
 from provisiond.overlays.build import build_node, is_built, output_path, remove_unused_shared
 from provisiond.overlays.context import Snapshot, take_snapshot
 from provisiond.overlays.hostkeys import sync_new_keys
@@ -44,10 +46,15 @@ def build_overlays(config: Config, names: list[str] | None = None,
     counts are of distinct shared builds, the others of nodes.
     Raises OverlayBuildFailed (carrying the summary) when any node failed."""
     started = time.monotonic()
-    with _collector_paused():
-        snapshot = take_snapshot(config, reuse=False)
-    read = time.monotonic() - started
-    return _build(config, snapshot, names, progress, kinds, started, read)
+    target = fold(names) if names else "all"
+    with build_events(config, f"overlays/{target}", {"what": "overlays", "nodes": target}
+                      ) as outcome:
+        with _collector_paused():
+            snapshot = take_snapshot(config, reuse=False)
+        read = time.monotonic() - started
+        summary = _build(config, snapshot, names, progress, kinds, started, read)
+        outcome.update({key: summary[key] for key in ("rebuilt", "reused", "seconds")})
+    return summary
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisiond import events as journal
 from provisiond.cli import main
 from provisiond.config import load_config, write_default_config
 from provisiond.images import blob_path, build_image, load_manifest
@@ -139,6 +140,12 @@ def test_tiny_kernel_blob_and_manifest(lab):
     assert load_manifest(config, "tiny") == manifest
     assert manifest["total_size"] < 12 * 2**20
     assert manifest["layers"][0]["size"] < 3 * 2**20
+    builds = journal.read_since(config, 0, kinds=frozenset({"build."}))
+    assert [(e.kind, e.subject) for e in builds[:2]] == [
+        ("build.started", "image/tiny"), ("build.finished", "image/tiny")]
+    assert builds[1].data == {"what": "image", "name": "tiny", "layers": len(manifest["layers"]),
+                              "size": manifest["total_size"],
+                              "seconds": manifest["build_seconds"]}
 
 
 def test_rebuild_reuses_every_layer_untouched(lab):
@@ -232,6 +239,9 @@ def test_bad_recipe_fails_in_one_line_and_keeps_the_previous_image(lab, case):
     assert f"recipe {name}" in lines[0] and message in lines[0], lines[0]
     assert "Traceback" not in output
     assert load_manifest(lab["config"], name) == before
+    last = journal.read_since(lab["config"], 0, kinds=frozenset({"build."}))[-1]
+    assert (last.kind, last.subject) == ("build.failed", f"image/{name}")
+    assert message in last.data["message"]
 
 
 def test_concurrent_builds_of_one_image_are_serialized(lab):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from provisiond import events
 from tests.unit.overlays.test_build import write_inventory
 
 
@@ -73,3 +74,15 @@ def test_a_failing_template_never_prints_a_secret(cli, state_dir):
     assert result.code != 0 and "overlay leaky, file etc/key.j2, line 1, node n1" in result.err
     key = (state_dir / "secrets/ssh-host-keys/n1/ssh_host_ed25519_key").read_text()
     assert all(line not in result.err + result.out for line in key.splitlines()[1:-1])
+
+
+def test_builds_tell_the_event_journal(cli, state_dir, config):
+    write_inventory(state_dir)
+    assert cli("overlay", "build", "n[1-2]").code == 0
+    assert cli("overlay", "build", "n7").code == 3
+    builds = events.read_since(config, 0, kinds=frozenset({"build."}))
+    assert [(e.kind, e.subject) for e in builds] == [
+        ("build.started", "overlays/n[1-2]"), ("build.finished", "overlays/n[1-2]"),
+        ("build.started", "overlays/n7"), ("build.failed", "overlays/n7")]
+    assert builds[1].data["rebuilt"]["system"] == 2
+    assert builds[3].data["message"] == "no node named 'n7'"
