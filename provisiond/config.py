@@ -317,6 +317,11 @@ class Config(_Section):
         return self.state_dir / "overlay-builds"
 
     @property
+    def jobs_dir(self) -> Path:
+        """Asynchronous jobs: one record and one log per job (provisiond.jobs)."""
+        return self.state_dir / "jobs"
+
+    @property
     def overlay_search_path(self) -> list[Path]:
         """Site overlays shadow shipped ones: the first dir holding a name wins."""
         return [*self.overlay_dirs, self.state_dir / "overlays", REPO_ROOT / "overlays"]

@@ -119,6 +119,10 @@ class OverlayNotFound(NotFound):
     """No overlay has the given name."""
 
 
+class JobNotFound(NotFound):
+    """No job has the given id (or it left the bounded history)."""
+
+
 class AlreadyExists(ProvisiondError):
     """A create would overwrite something that exists."""
 

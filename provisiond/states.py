@@ -44,3 +44,23 @@ class BmcDriver(str, Enum):
 class Compression(str, Enum):
     ZSTD = "zstd"
     GZIP = "gzip"
+
+
+class JobKind(str, Enum):
+    """What an asynchronous job does (provisiond.jobs)."""
+
+    POWER = "power"
+    BOOTDEV = "bootdev"
+    FIRMWARE_UPDATE = "firmware-update"
+    REPROVISION = "reprovision"
+    IMAGE_BUILD = "image-build"
+    OVERLAY_BUILD = "overlay-build"
+
+
+class JobState(str, Enum):
+    """A job waits for its runner, runs, then ends finished (every target ok) or failed."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"

@@ -1,0 +1,88 @@
+"""Asynchronous jobs: power, boot device, firmware, reprovision, image and overlay builds.
+
+`start` checks the request (kind, targets, params) as the CLI would, records a pending job
+holding claims on its targets (409 Conflict naming the job that holds one already), and
+starts its runner, a detached process (provisiond.jobs.runner) that calls the same library
+functions as the CLI and records per-target results. `get` and `list_jobs` read the records.
+Events: `job.started`, `job.progress` (batches of per-target results), `job.finished`;
+builds also `build.started|finished|failed`.
+"""
+
+from __future__ import annotations
+
+from provisiond.config import Config
+from provisiond.errors import InvalidInput, ProvisiondError
+from provisiond.images.recipe import find_recipe
+from provisiond.inventory import load_nodes
+from provisiond.jobs import runner, store
+from provisiond.jobs.model import Job, OverlayBuildParams, parse_params
+from provisiond.power.operations import select_nodes
+from provisiond.states import JobKind, JobState
+
+__all__ = ["Job", "JobKind", "JobState", "start", "get", "list_jobs"]
+
+
+def start(config: Config, kind: JobKind | str, names: list[str], params: dict,
+          actor: str) -> dict:
+    """Record and start a job; its record (with `id`). `names` may hold ranges."""
+    kind = _kind(kind)
+    checked = parse_params(kind, params)
+    targets = _targets(config, kind, names, checked)
+    job = store.create(config, kind, targets, checked.model_dump(mode="json"), actor)
+    try:
+        pid = runner.spawn(config, job.id)
+    except OSError as exc:
+        job.state, job.message = JobState.FAILED, f"cannot start its runner: {exc}"
+        store.finish(config, job)
+        raise ProvisiondError(f"job {job.id}: {job.message}") from None
+    store.record_runner(config, job.id, pid)
+    return store.read(config, job.id).model_dump(mode="json")
+
+
+def get(config: Config, job_id: int) -> dict:
+    """A job's record; JobNotFound if there is none (or it left the history)."""
+    return store.get(config, job_id).model_dump(mode="json")
+
+
+def list_jobs(config: Config, limit: int = 100, before: int | None = None,
+              kind: JobKind | None = None, state: JobState | None = None
+              ) -> tuple[list[dict], int | None]:
+    """Jobs newest first, those with an id below `before` (the previous page's cursor),
+    optionally of one kind or state; and the cursor of the next page (None at the end)."""
+    items: list[dict] = []
+    for job_id in store.job_ids(config):
+        if before is not None and job_id >= before:
+            continue
+        if len(items) == limit:
+            return items, items[-1]["id"]
+        try:
+            job = store.get(config, job_id)
+        except ProvisiondError:
+            continue  # pruned meanwhile, or unreadable (logged)
+        if (kind is None or job.kind is kind) and (state is None or job.state is state):
+            items.append(job.model_dump(mode="json"))
+    return items, None
+
+
+def _kind(kind: JobKind | str) -> JobKind:
+    try:
+        return JobKind(kind)
+    except ValueError:
+        raise InvalidInput(f"no job kind {kind!r} (one of: "
+                           f"{', '.join(k.value for k in JobKind)})") from None
+
+
+def _targets(config: Config, kind: JobKind, names: list[str], params) -> list[str]:
+    """The job's targets, checked: nodes that exist, or one image with a recipe."""
+    if kind is JobKind.IMAGE_BUILD:
+        if len(names) != 1:
+            raise InvalidInput("an image build names one image")
+        find_recipe(config, names[0])  # RecipeNotFound, or InvalidInput for a bad name
+        return list(names)
+    if isinstance(params, OverlayBuildParams) and params.all:
+        if names:
+            raise InvalidInput("name nodes or ask for all, not both")
+        return list(load_nodes(config))
+    if not names:
+        raise InvalidInput("name at least one node")
+    return list(select_nodes(config, ",".join(names)))

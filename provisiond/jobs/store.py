@@ -1,0 +1,241 @@
+"""Job records under `<state>/jobs/`, their claims on targets, and a bounded history.
+
+```
+jobs/index.json   {"next_id": N, "active": {"<id>": ["node/n01", ...]}}: the claims
+jobs/<id>.json    the Job record (provisiond.jobs.model.Job)
+jobs/<id>.log     the runner's stdout and stderr
+jobs/.lock        held while the index changes or a record changes hands
+```
+
+A job claims its targets (`node/NAME` for BMC jobs, `image/NAME`, `overlays/NAME`) while it
+is pending or running and its runner lives. A runner is known by its pid and its process
+start time, so a reused pid is not taken for it; a job whose runner has not yet been
+recorded holds its claims SPAWN_GRACE seconds. Whoever looks next (a new job, a get, a list)
+marks a job whose runner died failed and frees its claims: a crash holds nothing forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from provisiond.atomic import locked, write_atomic
+from provisiond.config import Config
+from provisiond.errors import Conflict, JobNotFound
+from provisiond.inventory.ranges import fold
+from provisiond.jobs.model import Job
+from provisiond.states import JobKind, JobState
+
+log = logging.getLogger("provisiond.jobs")
+MAX_HISTORY = 1000  # finished jobs kept (records and logs); older ones are deleted
+SPAWN_GRACE = 60.0  # seconds a job may wait for its runner to record itself
+CLAIM_PREFIX = {JobKind.IMAGE_BUILD: "image", JobKind.OVERLAY_BUILD: "overlays"}
+CLAIM_WORDS = {"node": "node {}", "image": "image {}", "overlays": "the overlays of node {}"}
+
+
+class Index(BaseModel):
+    next_id: int = 1
+    active: dict[int, list[str]] = {}
+
+
+def job_path(config: Config, job_id: int) -> Path:
+    return config.jobs_dir / f"{job_id}.json"
+
+
+def log_path(config: Config, job_id: int) -> Path:
+    return config.jobs_dir / f"{job_id}.log"
+
+
+def claims_of(kind: JobKind, names: list[str]) -> list[str]:
+    prefix = CLAIM_PREFIX.get(kind, "node")
+    return [f"{prefix}/{name}" for name in names]
+
+
+def create(config: Config, kind: JobKind, names: list[str], params: dict, actor: str) -> Job:
+    """A new pending job holding claims on `names`; Conflict if one is claimed already."""
+    wanted = claims_of(kind, names)
+    with _locked(config):
+        index = _read_index(config)
+        _reap(config, index)
+        _check_free(config, index, wanted)
+        job = Job(id=index.next_id, kind=kind, target=_target(kind, names), names=names,
+                  params=params, actor=actor, state=JobState.PENDING, created=time.time())
+        index.next_id += 1
+        index.active[job.id] = wanted
+        save(config, job, durable=True)
+        _prune(config, index)
+        _write_index(config, index)
+    return job
+
+
+def record_runner(config: Config, job_id: int, pid: int) -> None:
+    """Note the runner's pid (once) so that its death frees the job's claims."""
+    with _locked(config):
+        job = read(config, job_id)
+        if job.active and job.runner_pid is None:
+            job.runner_pid, job.runner_start = pid, process_start(pid)
+            save(config, job, durable=False)
+
+
+def begin(config: Config, job_id: int, pid: int) -> Job | None:
+    """Mark the job running in runner `pid`; None if it is not pending (or another runner's)."""
+    with _locked(config):
+        job = read(config, job_id)
+        if job.state is not JobState.PENDING or job.runner_pid not in (None, pid):
+            return None
+        job.state, job.started = JobState.RUNNING, time.time()
+        job.runner_pid, job.runner_start = pid, process_start(pid)
+        save(config, job, durable=True)
+    return job
+
+
+def finish(config: Config, job: Job) -> None:
+    """Store the ended job and free its claims."""
+    with _locked(config):
+        save(config, job, durable=True)
+        index = _read_index(config)
+        index.active.pop(job.id, None)
+        _prune(config, index)
+        _write_index(config, index)
+
+
+def save(config: Config, job: Job, durable: bool = False) -> None:
+    write_atomic(job_path(config, job.id), job.model_dump_json(), durable=durable)
+
+
+def read(config: Config, job_id: int) -> Job:
+    try:
+        return Job.model_validate_json(job_path(config, job_id).read_bytes())
+    except FileNotFoundError:
+        raise JobNotFound(f"no job {job_id} (the last {MAX_HISTORY} are kept)") from None
+    except (OSError, ValidationError) as exc:
+        log.warning("job %s: unreadable record: %s", job_id, exc)
+        raise JobNotFound(f"job {job_id}: its record cannot be read") from None
+
+
+def get(config: Config, job_id: int) -> Job:
+    """The job as it stands; one whose runner died is failed first."""
+    job = read(config, job_id)
+    if job.active and not runner_alive(job):
+        reap(config)
+        job = read(config, job_id)
+    return job
+
+
+def job_ids(config: Config) -> list[int]:
+    """Ids of the stored jobs, newest first."""
+    if not config.jobs_dir.is_dir():
+        return []
+    return sorted((int(p.stem) for p in config.jobs_dir.glob("*.json") if p.stem.isdigit()),
+                  reverse=True)
+
+
+def reap(config: Config) -> None:
+    with _locked(config):
+        index = _read_index(config)
+        _reap(config, index)
+        _write_index(config, index)
+
+
+def runner_alive(job: Job, now: float | None = None) -> bool:
+    if job.runner_pid is None:
+        return (now or time.time()) - job.created < SPAWN_GRACE
+    started = process_start(job.runner_pid)
+    return started is not None and started == job.runner_start
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks since boot); None if it is gone or a
+    zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the command name may hold blanks and ')'
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _target(kind: JobKind, names: list[str]) -> str:
+    return names[0] if kind is JobKind.IMAGE_BUILD else fold(names)
+
+
+def _check_free(config: Config, index: Index, wanted: list[str]) -> None:
+    held = {claim: job_id for job_id, claims in index.active.items() for claim in claims}
+    for claim in wanted:
+        if claim in held:
+            other = read(config, held[claim])
+            what, name = claim.split("/", 1)
+            raise Conflict(f"{CLAIM_WORDS[what].format(name)} is busy: job {other.id} "
+                           f"({other.kind.value} {other.target}, by {other.actor}) is "
+                           f"{other.state.value}")
+
+
+def _reap(config: Config, index: Index) -> None:
+    """Fail the active jobs whose runner is gone; drop their claims."""
+    now = time.time()
+    for job_id in list(index.active):
+        try:
+            job = read(config, job_id)
+        except JobNotFound:
+            del index.active[job_id]
+            continue
+        if job.active and runner_alive(job, now):
+            continue
+        if job.active:
+            job.state, job.finished = JobState.FAILED, now
+            job.message = (f"the job's runner (pid {job.runner_pid}) ended without finishing "
+                           f"it; see {log_path(config, job_id)}" if job.runner_pid else
+                           f"no runner started within {SPAWN_GRACE:g} s")
+            save(config, job, durable=True)
+            log.warning("job %s failed: %s", job_id, job.message)
+        del index.active[job_id]
+
+
+def _prune(config: Config, index: Index) -> None:
+    """Delete the records and logs of all but the newest MAX_HISTORY ended jobs."""
+    ended = [i for i in job_ids(config) if i not in index.active]
+    for job_id in ended[MAX_HISTORY:]:
+        job_path(config, job_id).unlink(missing_ok=True)
+        log_path(config, job_id).unlink(missing_ok=True)
+
+
+def _read_index(config: Config) -> Index:
+    """The index; an unreadable one is rebuilt from the records (never reusing an id)."""
+    path = config.jobs_dir / "index.json"
+    try:
+        index = Index.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        index = Index()
+    except (OSError, ValidationError) as exc:
+        log.warning("%s: unreadable, rebuilt from the job records: %s", path, exc)
+        index = _rebuilt_index(config)
+    ids = job_ids(config)
+    index.next_id = max(index.next_id, ids[0] + 1 if ids else 1)
+    return index
+
+
+def _rebuilt_index(config: Config) -> Index:
+    index = Index()
+    for job_id in job_ids(config):
+        with contextlib.suppress(JobNotFound):
+            job = read(config, job_id)
+            if job.active:
+                index.active[job_id] = claims_of(job.kind, job.names)
+    return index
+
+
+def _write_index(config: Config, index: Index) -> None:
+    write_atomic(config.jobs_dir / "index.json", index.model_dump_json(), durable=True)
+
+
+@contextlib.contextmanager
+def _locked(config: Config) -> Iterator[None]:
+    with locked(config.jobs_dir / ".lock"):
+        yield

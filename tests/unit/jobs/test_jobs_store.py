@@ -1,0 +1,163 @@
+"""The job store: claims on targets (409 naming the job), runners that died, the bounded
+history, ids never reused, an unreadable index, listing pages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from provisiond import jobs
+from provisiond.errors import Conflict, JobNotFound
+from provisiond.jobs import store
+from provisiond.states import JobKind, JobState
+
+
+def new_job(config, names, kind=JobKind.POWER, actor="cli:test"):
+    return store.create(config, kind, names, {"action": "on"}, actor)
+
+
+def finish(config, job, state=JobState.FINISHED):
+    job.state = state
+    store.finish(config, job)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def live_process():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_busy_node_is_a_conflict_naming_the_job(config):
+    first = new_job(config, ["n1", "n2"], actor="token:netbox")
+    with pytest.raises(Conflict) as caught:
+        new_job(config, ["n2", "n3"])
+    assert str(caught.value) == ("node n2 is busy: job 1 (power n[1-2], by token:netbox) is "
+                                 "pending")
+    assert store.job_ids(config) == [first.id]  # nothing stored for the refused job
+    assert new_job(config, ["n3"]).id == 2
+
+
+def test_claims_are_per_kind_of_target(config):
+    new_job(config, ["n1"])
+    overlays = new_job(config, ["n1"], kind=JobKind.OVERLAY_BUILD)
+    image = new_job(config, ["tiny"], kind=JobKind.IMAGE_BUILD)
+    with pytest.raises(Conflict, match="the overlays of node n1 is busy: job 2"):
+        new_job(config, ["n1"], kind=JobKind.OVERLAY_BUILD)
+    with pytest.raises(Conflict, match="image tiny is busy: job 3"):
+        new_job(config, ["tiny"], kind=JobKind.IMAGE_BUILD)
+    assert (overlays.target, image.target) == ("n1", "tiny")
+
+
+def test_a_finished_job_frees_its_nodes(config):
+    job = new_job(config, ["n1"])
+    finish(config, job)
+    assert new_job(config, ["n1"]).id == 2
+
+
+def test_a_dead_runner_frees_its_claims_and_fails_its_job(config):
+    job = new_job(config, ["n1"])
+    store.record_runner(config, job.id, dead_pid())
+    assert new_job(config, ["n1"]).id == 2
+    failed = store.read(config, job.id)
+    assert failed.state is JobState.FAILED and failed.finished
+    assert f"runner (pid {failed.runner_pid}) ended without finishing" in failed.message
+
+
+def test_a_live_runner_keeps_its_claims(config):
+    job = new_job(config, ["n1"])
+    runner = live_process()
+    try:
+        store.record_runner(config, job.id, runner.pid)
+        with pytest.raises(Conflict):
+            new_job(config, ["n1"])
+        assert store.get(config, job.id).state is JobState.PENDING
+    finally:
+        runner.kill()
+        runner.wait()
+    assert store.get(config, job.id).state is JobState.FAILED
+
+
+def test_a_reused_pid_is_not_the_runner(config):
+    """Another process now holding the runner's pid (another start time) holds no claim."""
+    job = new_job(config, ["n1"])
+    other = live_process()
+    try:
+        store.record_runner(config, job.id, other.pid)
+        recorded = store.read(config, job.id)
+        recorded.runner_start -= 1  # the runner started at another time than this process
+        store.save(config, recorded)
+        assert new_job(config, ["n1"]).id == 2
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_runner_never_recorded_holds_its_claims_for_the_grace_only(config, monkeypatch):
+    job = new_job(config, ["n1"])
+    with pytest.raises(Conflict):
+        new_job(config, ["n1"])
+    monkeypatch.setattr(store, "SPAWN_GRACE", 0.0)
+    assert new_job(config, ["n1"]).id == 2
+    assert "no runner started within 0 s" in store.read(config, job.id).message
+
+
+def test_a_job_begins_once(config):
+    job = new_job(config, ["n1"])
+    assert store.begin(config, job.id, 4242).state is JobState.RUNNING
+    assert store.begin(config, job.id, 4242) is None
+
+
+def test_the_history_keeps_the_newest_jobs_and_never_reuses_an_id(config, monkeypatch):
+    monkeypatch.setattr(store, "MAX_HISTORY", 3)
+    running = new_job(config, ["r1"])
+    for i in range(6):
+        job = new_job(config, [f"n{i}"])
+        store.log_path(config, job.id).write_text("log\n")
+        finish(config, job)
+    assert store.job_ids(config) == [7, 6, 5, 1]  # and the still active one
+    assert not store.log_path(config, 2).exists() and store.log_path(config, 5).exists()
+    with pytest.raises(JobNotFound, match="no job 2"):
+        store.read(config, 2)
+    (config.jobs_dir / "index.json").unlink()
+    assert new_job(config, ["n9"]).id == 8
+    assert running.id == 1
+
+
+def test_an_unreadable_index_is_rebuilt_with_the_claims_of_active_jobs(config):
+    new_job(config, ["n1"])
+    finish(config, new_job(config, ["n2"]))
+    (config.jobs_dir / "index.json").write_text("{not json")
+    with pytest.raises(Conflict, match="node n1 is busy: job 1"):
+        new_job(config, ["n1"])
+    assert new_job(config, ["n2"]).id == 3
+
+
+def test_an_unreadable_record_is_skipped_by_the_list_and_not_found_by_get(config):
+    for name in ("n1", "n2"):
+        finish(config, new_job(config, [name]))
+    store.job_path(config, 1).write_text("garbage")
+    with pytest.raises(JobNotFound, match="job 1: its record cannot be read"):
+        jobs.get(config, 1)
+    assert [j["id"] for j in jobs.list_jobs(config)[0]] == [2]
+
+
+def test_list_pages_newest_first_with_filters(config):
+    for i in range(5):
+        job = new_job(config, [f"n{i}"], kind=JobKind.POWER if i % 2 else JobKind.BOOTDEV)
+        finish(config, job, JobState.FAILED if i == 3 else JobState.FINISHED)
+    page, cursor = jobs.list_jobs(config, limit=2)
+    assert [j["id"] for j in page] == [5, 4] and cursor == 4
+    page, cursor = jobs.list_jobs(config, limit=2, before=cursor)
+    assert [j["id"] for j in page] == [3, 2] and cursor == 2
+    page, cursor = jobs.list_jobs(config, limit=2, before=cursor)
+    assert [j["id"] for j in page] == [1] and cursor is None
+    power, _ = jobs.list_jobs(config, kind=JobKind.POWER)
+    assert [j["id"] for j in power] == [4, 2]
+    failed, _ = jobs.list_jobs(config, state=JobState.FAILED)
+    assert [j["id"] for j in failed] == [4]
