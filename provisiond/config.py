@@ -147,6 +147,8 @@ class HttpSettings(_Section):
     workers: Annotated[int, bounded(1, 64)] = 2
     connections: Annotated[int, bounded(10, 100_000)] = 1000
     """Open connections per worker (each a greenlet); beyond it, new ones wait in the backlog."""
+    event_streams: Annotated[int, bounded(1, 10_000)] = 100
+    """`GET /api/v1/events` streams per worker (each holds a connection); beyond it, 503."""
     threads: int | None = None
     """Unused since the gevent worker (no thread pool); accepted so older files still load."""
 
@@ -397,6 +399,7 @@ http:
   port: 9873             # 1-65535, as every port below
   workers: 2             # 1-64
   connections: 1000      # open connections per worker, 10-100000 (idle ones close after 5 s)
+  event_streams: 100     # /api/v1/events streams per worker, 1-10000 (more: 503)
 
 dhcp:
   # Answers known MACs with their reserved address and a boot file.

@@ -188,6 +188,12 @@ class UnsupportedOperation(BmcError):
     http_status = 501
 
 
+class Unavailable(ProvisiondError):
+    """The server cannot take this request now (a bound is reached); retry later."""
+
+    http_status = 503
+
+
 class ServeFailed(ProvisiondError):
     """A boot service could not start (a port in use, a missing interface...)."""
 
