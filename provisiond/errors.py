@@ -191,6 +191,7 @@ class UnsupportedOperation(BmcError):
 class Unavailable(ProvisiondError):
     """The server cannot take this request now (a bound is reached); retry later."""
 
+    code = "unavailable"
     http_status = 503
 
 

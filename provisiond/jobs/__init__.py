@@ -10,6 +10,9 @@ builds also `build.started|finished|failed`.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+from provisiond import audit
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, ProvisiondError
 from provisiond.images.recipe import find_recipe
@@ -30,9 +33,11 @@ def start(config: Config, kind: JobKind | str, names: list[str], params: dict,
     targets = _targets(config, kind, names, checked)
     job = store.create(config, kind, targets, checked.model_dump(mode="json"), actor)
     try:
+        audit.record(config, actor, f"job.{kind.value}", job.target,
+                     {"job": job.id, **_shown(job.params)})
         pid = runner.spawn(config, job.id)
-    except OSError as exc:
-        job.state, job.message = JobState.FAILED, f"cannot start its runner: {exc}"
+    except (OSError, ValueError) as exc:
+        job.state, job.message = JobState.FAILED, f"cannot start: {exc}"
         store.finish(config, job)
         raise ProvisiondError(f"job {job.id}: {job.message}") from None
     store.record_runner(config, job.id, pid)
@@ -62,6 +67,15 @@ def list_jobs(config: Config, limit: int = 100, before: int | None = None,
         if (kind is None or job.kind is kind) and (state is None or job.state is state):
             items.append(job.model_dump(mode="json"))
     return items, None
+
+
+def _shown(params: dict) -> dict:
+    """The params for the audit record: a URL without the user and password it may hold."""
+    shown = dict(params)
+    if "image" in shown:
+        url = urlsplit(shown["image"])
+        shown["image"] = url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()
+    return shown
 
 
 def _kind(kind: JobKind | str) -> JobKind:

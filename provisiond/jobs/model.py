@@ -50,7 +50,10 @@ class FirmwareUpdateParams(_Params):
     @field_validator("image")
     @classmethod
     def _url(cls, value: str) -> str:
-        firmware_update(value)  # the CLI's check: InvalidInput for anything but http(s)
+        try:
+            firmware_update(value)  # the CLI's check of the URL
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
         return value
 
 

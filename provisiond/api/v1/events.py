@@ -1,4 +1,4 @@
-"""`GET /api/v1/events`: the event journal (provisiond.events) as Server-Sent Events.
+"""`GET /api/v1/events` (reader): the event journal (provisiond.events) as Server-Sent Events.
 
 Each event goes out as `id: N` and `data: {"id", "time", "kind", "subject", "data"}` (no
 `event:` field, so an EventSource's `onmessage` sees every kind). A client resumes with
@@ -21,7 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from flask import Response, request
+from pydantic import BaseModel, ConfigDict, Field
+
 from provisiond import events
+from provisiond.api.v1 import Role, config, route
+from provisiond.api.worker import stopping
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, Unavailable
 
@@ -145,3 +150,26 @@ def _signature(path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class EventsQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    after: int | None = Field(None, ge=0, description="start after this event id (the "
+                              "Last-Event-ID header wins); default: the next event")
+    kinds: str | None = Field(None, max_length=500, description="comma-separated kinds, or "
+                              "prefixes ending in '.' (job.,node.phase); default: all")
+
+
+@route("/events", "GET", role=Role.READER, query=EventsQuery,
+       summary="Server-Sent Events from the event journal, resumable with Last-Event-ID")
+def stream_events(principal, body, query: EventsQuery):
+    """`id:` and `data:` (the event as JSON) per event; a `stream.gap` message first when
+    events asked for are gone; a comment every 15 s when there is nothing to send."""
+    settings = config()
+    after = start_after(settings, request.headers.get("Last-Event-ID"), query.after)
+    SLOTS.take(settings.http.event_streams)
+    stream = EventStream(settings, after, parse_kinds(query.kinds), stopping=stopping,
+                         on_close=SLOTS.give)
+    return Response(stream, mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,66 @@
+"""`/api/v1/jobs`: asynchronous jobs (power, boot device, firmware, reprovision, builds),
+started by the operator routes of power.py and builds.py, read here."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from flask import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from provisiond import jobs
+from provisiond.api.v1 import PREFIX, Page, Role, config, reply, route
+from provisiond.errors import InvalidInput, JobNotFound
+from provisiond.jobs.model import Job
+from provisiond.states import JobKind, JobState
+
+
+class JobsQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    limit: int = Field(100, ge=1, le=1000)
+    continue_: str | None = Field(None, alias="continue", max_length=100,
+                                  description="from the previous page")
+    kind: JobKind | None = None
+    state: JobState | None = None
+
+
+@route("/jobs", "GET", role=Role.READER, summary="Jobs, newest first", query=JobsQuery,
+       response=Page[Job])
+def list_jobs(principal, body, query: JobsQuery):
+    found, cursor = jobs.list_jobs(config(), query.limit, _before(query.continue_),
+                                   query.kind, query.state)
+    return {"items": found, "continue": _token(cursor)}
+
+
+@route("/jobs/<job_id>", "GET", role=Role.READER, response=Job,
+       summary="One job: its state and a result per target (node, or image)")
+def get_job(principal, body, query, job_id: str):
+    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 18:
+        raise JobNotFound(f"no job {job_id[:30]!r}: job ids are numbers")
+    return jobs.get(config(), int(job_id))
+
+
+def start_job(kind: JobKind, names: list[str], params: dict, principal) -> Response:
+    """Start a job for an operator route: 202, the job, and its Location."""
+    job = jobs.start(config(), kind, names, params, principal.actor)
+    return reply(job, status=202, headers={"Location": f"{PREFIX}/jobs/{job['id']}"})
+
+
+def _token(before: int | None) -> str | None:
+    if before is None:
+        return None
+    return base64.urlsafe_b64encode(json.dumps({"before": before}).encode()).decode()
+
+
+def _before(token: str | None) -> int | None:
+    if token is None:
+        return None
+    try:
+        before = json.loads(base64.urlsafe_b64decode(token.encode()))["before"]
+    except (ValueError, TypeError, KeyError):
+        before = None
+    if not isinstance(before, int) or isinstance(before, bool):
+        raise InvalidInput("not a continue token from a previous page", field="continue")
+    return before
