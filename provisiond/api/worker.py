@@ -98,23 +98,9 @@ def json_error(page: bytes, exc: BaseException) -> bytes:
             ).encode("latin-1") + body
 
 
-_stopping = False
-
-
-def stopping() -> bool:
-    """True once this worker was told to stop: long answers (event streams) end then, or
-    the worker would wait for them until its graceful timeout."""
-    return _stopping
-
-
 class BootWorker(GeventWorker):
     """gunicorn's gevent worker with bounded socket waits, kernel sendfile, and JSON error
     answers to requests it cannot parse (as every error of the app)."""
-
-    def handle_exit(self, sig, frame):
-        global _stopping
-        _stopping = True
-        super().handle_exit(sig, frame)
 
     def handle_error(self, req, client, addr, exc):
         page = _ErrorPage()

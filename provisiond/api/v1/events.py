@@ -10,7 +10,8 @@ journal, the first message says so: kind `stream.gap`, no id, with `after`, `old
 A stream is a greenlet of the gevent worker: it stats the journal file every POLL_SECONDS
 and reads only when it changed; a comment line every KEEPALIVE_SECONDS keeps proxies from
 closing an idle stream and finds a client that has gone. `http.event_streams` bounds the
-streams of one worker (503 above it); they end when the worker is told to stop.
+streams of one worker (503 above it). A stopping worker ends its streams at its graceful
+timeout (5 s); the clients reconnect with their Last-Event-ID.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from provisiond import events
 from provisiond.api.v1 import Role, config, route
-from provisiond.api.worker import stopping
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, Unavailable
 
@@ -77,16 +77,15 @@ def parse_kinds(text: str | None) -> frozenset[str] | None:
 
 
 class EventStream:
-    """The SSE text of the journal's events after `after`, until the client goes or the
-    worker stops (`stopping()`); `clock` and `sleep` are time's, but for tests."""
+    """The SSE text of the journal's events after `after`, until the client goes (found by
+    the next write) or the worker stops; `clock` and `sleep` are time's, but for tests."""
 
     def __init__(self, config: Config, after: int, kinds: frozenset[str] | None,
-                 stopping: Callable[[], bool] = lambda: False,
                  on_close: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.config, self.last, self.kinds = config, after, kinds
-        self.stopping, self.on_close, self.clock, self.sleep = stopping, on_close, clock, sleep
+        self.on_close, self.clock, self.sleep = on_close, clock, sleep
         self.path = events.events_path(config)
 
     def close(self) -> None:
@@ -98,7 +97,7 @@ class EventStream:
     def __iter__(self) -> Iterator[str]:
         yield f"retry: {RETRY_MS}\n\n"
         seen, quiet_since = None, self.clock()
-        while not self.stopping():
+        while True:
             signature = _signature(self.path)
             if signature != seen:
                 text, more = self._read()
@@ -169,7 +168,6 @@ def stream_events(principal, body, query: EventsQuery):
     settings = config()
     after = start_after(settings, request.headers.get("Last-Event-ID"), query.after)
     SLOTS.take(settings.http.event_streams)
-    stream = EventStream(settings, after, parse_kinds(query.kinds), stopping=stopping,
-                         on_close=SLOTS.give)
+    stream = EventStream(settings, after, parse_kinds(query.kinds), on_close=SLOTS.give)
     return Response(stream, mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,5 +1,5 @@
 """The SSE stream over the event journal, without a server: resuming, gaps, kinds, keepalive,
-stopping, the per-worker bound (the served stream: tests/integration/api/test_api_jobs.py)."""
+the per-worker bound (the served stream: tests/integration/api/test_api_jobs.py)."""
 
 from __future__ import annotations
 
@@ -129,13 +129,6 @@ def test_a_keepalive_comment_when_quiet(config):
     stream = EventStream(config, 0, None, clock=fake.clock, sleep=fake.sleep)
     assert messages(take(stream, 1)) == [{"comment": "keepalive"}]
     assert stream_module.KEEPALIVE_SECONDS <= fake.now < stream_module.KEEPALIVE_SECONDS + 1
-
-
-def test_the_stream_ends_when_the_worker_stops(config):
-    fake = FakeTime()
-    stream = EventStream(config, 0, None, stopping=lambda: fake.sleeps >= 3,
-                         clock=fake.clock, sleep=fake.sleep)
-    assert list(stream) == [f"retry: {stream_module.RETRY_MS}\n\n"]
 
 
 def test_the_start_is_the_header_else_after_else_now(config):
