@@ -57,6 +57,7 @@ class Operation:
     produces: str = "application/json"
     also: tuple[int, ...] = ()
     forms: bool = False
+    errors: tuple[int, ...] = ()
 
 
 OPERATIONS: list[Operation] = []
@@ -75,19 +76,20 @@ def route(rule: str, method: str, *, role: Role | None, summary: str,
           body: type[BaseModel] | None = None, query: type[BaseModel] | None = None,
           response: type[BaseModel] | None = None, status: int = 200, tags=(),
           operation_id: str | None = None, produces: str = "application/json",
-          also: tuple[int, ...] = (), forms: bool = False):
+          also: tuple[int, ...] = (), forms: bool = False, errors: tuple[int, ...] = ()):
     """Register the decorated view at `PREFIX + rule` for `method` (see the module doc).
     The operation id is MODULE_FUNCTION unless given (views made by a factory); `produces`
     is the media type of a view answering other than JSON (with its own Response); `also`
     other success statuses it may answer (a PUT that creates: 201); `forms`: the body may
-    also come as an HTML form (the node agent's reports)."""
+    also come as an HTML form (the node agent's reports); `errors` error statuses beyond
+    those every operation of its kind may answer (503 of a bounded stream)."""
 
     def decorate(view):
         module = view.__module__.rsplit(".", 1)[-1]
         endpoint = operation_id or f"{module}_{view.__name__}"
         op = Operation(rule, method.upper(), endpoint, role, summary,
                        (view.__doc__ or "").strip(), body, query, response, status,
-                       tuple(tags) or (module,), produces, tuple(also), forms)
+                       tuple(tags) or (module,), produces, tuple(also), forms, tuple(errors))
 
         @functools.wraps(view)
         def wrapper(**path_args):

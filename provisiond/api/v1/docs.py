@@ -126,5 +126,6 @@ def _responses(op: Operation, refs: dict) -> dict:
         codes += ["409"]
     if op.method in ("PUT", "PATCH", "DELETE"):
         codes += ["412"]
+    codes += [str(code) for code in op.errors]
     answers.update({code: error for code in sorted(codes)})
     return answers

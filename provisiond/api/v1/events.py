@@ -160,7 +160,8 @@ class EventsQuery(BaseModel):
                               "prefixes ending in '.' (job.,node.phase); default: all")
 
 
-@route("/events", "GET", role=Role.READER, query=EventsQuery,
+@route("/events", "GET", role=Role.READER, query=EventsQuery, produces="text/event-stream",
+       errors=(503,),
        summary="Server-Sent Events from the event journal, resumable with Last-Event-ID")
 def stream_events(principal, body, query: EventsQuery):
     """`id:` and `data:` (the event as JSON) per event; a `stream.gap` message first when

@@ -3,23 +3,21 @@ started by the operator routes of power.py and builds.py, read here."""
 
 from __future__ import annotations
 
-import base64
-import json
-
 from flask import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from provisiond import jobs
 from provisiond.api.v1 import PREFIX, Page, Role, config, reply, route
-from provisiond.errors import InvalidInput, JobNotFound
+from provisiond.errors import JobNotFound
 from provisiond.jobs.model import Job
+from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
 from provisiond.states import JobKind, JobState
 
 
 class JobsQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    limit: int = Field(100, ge=1, le=1000)
+    limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
     continue_: str | None = Field(None, alias="continue", max_length=100,
                                   description="from the previous page")
     kind: JobKind | None = None
@@ -29,9 +27,9 @@ class JobsQuery(BaseModel):
 @route("/jobs", "GET", role=Role.READER, summary="Jobs, newest first", query=JobsQuery,
        response=Page[Job])
 def list_jobs(principal, body, query: JobsQuery):
-    found, cursor = jobs.list_jobs(config(), query.limit, _before(query.continue_),
+    found, cursor = jobs.list_jobs(config(), query.limit, decode_cursor(query.continue_, int),
                                    query.kind, query.state)
-    return {"items": found, "continue": _token(cursor)}
+    return {"items": found, "continue": None if cursor is None else encode_cursor(cursor)}
 
 
 @route("/jobs/<job_id>", "GET", role=Role.READER, response=Job,
@@ -48,19 +46,3 @@ def start_job(kind: JobKind, names: list[str], params: dict, principal) -> Respo
     return reply(job, status=202, headers={"Location": f"{PREFIX}/jobs/{job['id']}"})
 
 
-def _token(before: int | None) -> str | None:
-    if before is None:
-        return None
-    return base64.urlsafe_b64encode(json.dumps({"before": before}).encode()).decode()
-
-
-def _before(token: str | None) -> int | None:
-    if token is None:
-        return None
-    try:
-        before = json.loads(base64.urlsafe_b64decode(token.encode()))["before"]
-    except (ValueError, TypeError, KeyError):
-        before = None
-    if not isinstance(before, int) or isinstance(before, bool):
-        raise InvalidInput("not a continue token from a previous page", field="continue")
-    return before

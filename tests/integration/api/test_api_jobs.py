@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from provisiond import events
-from provisiond.auth import Role, TokenStore
 from provisiond.config import load_config
 from provisiond.jobs.store import process_start
-from servers import free_port, start_serve, stop_serve, wait_http, write_config
+from servers import api_call, free_port, start_serve, stop_serve, wait_http, write_config
 from tests.conftest import run_provisiond
 from tests.integration.test_power_ipmi import PASSWORD as IPMI_PASSWORD, USER as IPMI_USER
 from tests.integration.test_power_ipmi import start_bmcs
@@ -39,7 +38,7 @@ def cli(state: Path, *args: str) -> str:
 
 
 def make_token(state: Path, role: str) -> str:
-    return TokenStore(load_config(state)).create(f"it-{role}", Role.parse(role))[0]
+    return cli(state, "token", "create", "--role", role, "--name", f"it-{role}")
 
 
 def serve_on(state: Path) -> tuple[object, int]:
@@ -88,20 +87,9 @@ def served(tmp_path_factory, ipmi_ports, libvirt_emulator):  # noqa: F811
 
 
 def call(served, method: str, path: str, body=None, role: str = "operator"):
-    """(status, headers, JSON) of one request on its own connection."""
+    """(status, headers, JSON) of one request with the role's token."""
     _, port, tokens = served
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        headers = {"Authorization": f"Bearer {tokens[role]}"}
-        data = None
-        if body is not None:
-            data, headers["Content-Type"] = json.dumps(body), "application/json"
-        conn.request(method, path, body=data, headers=headers)
-        response = conn.getresponse()
-        raw = response.read()
-        return response.status, dict(response.getheaders()), json.loads(raw) if raw else None
-    finally:
-        conn.close()
+    return api_call(port, tokens[role], method, path, body)
 
 
 def start(served, path: str, body: dict) -> dict:

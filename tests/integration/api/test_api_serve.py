@@ -3,15 +3,14 @@ token made with the real CLI, and 20 concurrent writers holding stale ETags."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 
 import pytest
 
 from provisiond.config import load_config
 from provisiond.inventory import InventoryStore
-from servers import loopback_services, start_serve, stop_serve, wait_http, write_config
+from servers import (api_call as call, loopback_services, start_serve, stop_serve, wait_http,
+                     write_config)
 from tests.conftest import run_provisiond
 
 WRITERS = 20
@@ -31,22 +30,6 @@ def served(tmp_path_factory):
         yield load_config(state), ports["http"], made.stdout.strip()
     finally:
         stop_serve(proc)
-
-
-def call(port: int, token: str, method: str, path: str, body=None, headers=None):
-    """(status, headers, parsed JSON or None) of one request on its own connection."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        sent = {"Authorization": f"Bearer {token}", **(headers or {})}
-        data = None
-        if body is not None:
-            data, sent["Content-Type"] = json.dumps(body), "application/json"
-        conn.request(method, path, body=data, headers=sent)
-        response = conn.getresponse()
-        raw = response.read()
-        return response.status, dict(response.getheaders()), json.loads(raw) if raw else None
-    finally:
-        conn.close()
 
 
 def test_stale_writers_get_412_and_no_write_is_lost(served):

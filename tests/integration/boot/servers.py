@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -92,3 +94,19 @@ def session_alive(proc: subprocess.Popen) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def api_call(port: int, token: str, method: str, path: str, body=None, headers=None):
+    """(status, headers, parsed JSON or None) of one request on its own connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        sent = {"Authorization": f"Bearer {token}", **(headers or {})}
+        data = None
+        if body is not None:
+            data, sent["Content-Type"] = json.dumps(body), "application/json"
+        conn.request(method, path, body=data, headers=sent)
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, dict(response.getheaders()), json.loads(raw) if raw else None
+    finally:
+        conn.close()
