@@ -20,6 +20,8 @@ ADDRESS_FIELDS = ("mac", "ipaddr", "ipaddr6")  # of each netdev; and bmc.address
 
 
 MAX_RANGE_NODES = 100_000  # 10x the largest cluster the design targets
+EVENT_NAMES_BYTES = 8000  # of names an event lists (a journal line is at most 16 KiB)
+MAX_NAMES_TEXT = 2000  # of a range shown in one line (an audit target, a job's target)
 _GROUP_RE = re.compile(r"\[([^\]]*)\]")
 _ITEM_RE = re.compile(r"\s*(\d+)(?:-(\d+)(?:/(\d+))?)?\s*")
 _OPERATOR_RE = re.compile(r"([,!&^])(?![^\[]*\])")  # NodeSet's set operators, outside brackets
@@ -69,6 +71,26 @@ def _item_size(item: str) -> int:
 def fold(names: list[str]) -> str:
     """The shortest range naming exactly `names`."""
     return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP)) if names else ""
+
+
+def names_text(names: list[str], noun: str) -> str:
+    """The names as a range, or when that is long (scattered names) the start of it and
+    how many: audit and event records are bounded lines."""
+    text = fold(names)
+    if len(text) <= MAX_NAMES_TEXT:
+        return text
+    return f"{fold(names_head(names, MAX_NAMES_TEXT // 2))},... ({len(names)} {noun}s)"
+
+
+def names_head(names: list[str], budget: int = EVENT_NAMES_BYTES) -> list[str]:
+    """The first names, as many as fit in `budget` characters (an event is one bounded
+    journal line; its `count` says how many there were)."""
+    used = 0
+    for index, name in enumerate(names):
+        used += len(name) + 4
+        if used > budget:
+            return names[:index]
+    return names
 
 
 def consecutive(first, count: int, what: str) -> list:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.errors import Conflict, JobNotFound
-from provisiond.inventory.ranges import fold
+from provisiond.inventory.ranges import names_text
 from provisiond.jobs.model import Job
 from provisiond.states import JobKind, JobState
 
@@ -163,7 +163,8 @@ def process_start(pid: int) -> int | None:
 
 
 def _target(kind: JobKind, names: list[str]) -> str:
-    return names[0] if kind is JobKind.IMAGE_BUILD else fold(names)
+    """The targets as one range, bounded: events, audit records and messages show it."""
+    return names[0] if kind is JobKind.IMAGE_BUILD else names_text(names, "node")
 
 
 def _check_free(config: Config, index: Index, wanted: list[str]) -> None:

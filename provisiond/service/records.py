@@ -19,7 +19,7 @@ from provisiond.config import Config
 from provisiond.errors import (AlreadyExists, InUse, InvalidInventory, PreconditionFailed,
                                StaleRevision)
 from provisiond.inventory.model import Inventory, Record
-from provisiond.inventory.ranges import fold, spread_addresses
+from provisiond.inventory.ranges import fold, names_head, names_text, spread_addresses
 from provisiond.inventory.store import describe_validation_error
 from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
 from provisiond.inventory.secrets import SecretStore
@@ -28,8 +28,6 @@ from provisiond.service.inventory import (NODES, PROFILES, Kind, Snapshot, check
 from provisiond.service.journal import emit, audit
 from provisiond.status import read_status
 
-EVENT_NAMES_BYTES = 8000  # of names an event lists (a journal line is at most 16 KiB)
-MAX_NAMES_TEXT = 2000
 # A change: (name, the stored record or None) -> the new record, or None to delete it.
 Change = Callable[[str, Record | None], Record | None]
 
@@ -212,26 +210,6 @@ def _tell(config: Config, actor: str, kind: Kind, action: str, names: list[str],
     emit(config, "inventory.changed", shown, {
         "revision": revision, "kind": kind.noun, "action": action, "fields": fields,
         "names": names_head(changed), "count": len(changed)})
-
-
-def names_text(names: list[str], noun: str) -> str:
-    """The names as a range, or when that is long (scattered names) the start of it and
-    how many: audit and event records are bounded lines."""
-    text = fold(names)
-    if len(text) <= MAX_NAMES_TEXT:
-        return text
-    return f"{fold(names_head(names, MAX_NAMES_TEXT // 2))},... ({len(names)} {noun}s)"
-
-
-def names_head(names: list[str], budget: int = EVENT_NAMES_BYTES) -> list[str]:
-    """The first names, as many as fit in `budget` characters (an event is one bounded
-    journal line; its `count` says how many there were)."""
-    used = 0
-    for index, name in enumerate(names):
-        used += len(name) + 4
-        if used > budget:
-            return names[:index]
-    return names
 
 
 def field_changes(before: dict | None, after: dict | None) -> list[dict]:

@@ -12,7 +12,7 @@ from provisiond.inventory.secrets import BMC_PASSWORD, GENERATED, SecretStore
 from provisiond.inventory.values import check_text
 from provisiond.service.inventory import Kind, snapshot
 from provisiond.service.journal import audit, emit
-from provisiond.service.records import names_head, names_text
+from provisiond.inventory.ranges import names_head, names_text
 
 __all__ = ["BMC_PASSWORD", "set_secret", "list_secrets", "check_key"]
 MAX_VALUE = 16 << 10

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from provisiond import events, jobs
+from provisiond import audit, events, jobs
 from provisiond.errors import InvalidInput, NodeNotFound, NotFound, ProvisiondError
 from provisiond.jobs import runner, store, work
 from provisiond.jobs.model import JobResult
@@ -162,3 +162,22 @@ def test_a_started_job_runs_in_its_own_process(nodes, config):
     assert [r["detail"] for r in done["results"]] == ["cycle requested"] * 3
     with pytest.raises(ProvisiondError):
         jobs.get(config, 99)
+
+
+def test_a_job_over_scattered_nodes_fits_audit_and_event_lines(config, monkeypatch):
+    """4,000 names that fold to ~20 KB: the target shown is bounded (a journal line holds
+    16 KiB), so the job is audited and its events are written."""
+    from provisiond.inventory import InventoryStore
+    from provisiond.inventory.model import Bmc, Record
+
+    names = [f"n{2 * i}" for i in range(1, 4001)]
+    with InventoryStore(config).edit() as inventory:
+        for name in names:
+            inventory.nodes[name] = Record(bmc=Bmc(driver="fake", address="bmc"))
+    monkeypatch.setattr(runner, "spawn", lambda config, job_id: 1)
+    job = jobs.start(config, "power", [",".join(names)], {"action": "status"}, "cli:test")
+    assert len(job["names"]) == 4000 and len(job["target"]) < 2100
+    assert job["target"].endswith(",... (4000 nodes)")
+    assert audit.read(config)[-1]["target"] == job["target"]
+    record = store.read(config, job["id"])
+    assert events.emit(config, "job.started", "job/1", runner._summary(record)) is not None
