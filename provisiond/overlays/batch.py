@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
 from provisiond.events import build_events
-from provisiond.inventory.ranges import fold
+from provisiond.inventory.ranges import names_text
 from provisiond.overlays.build import build_node, is_built, output_path, remove_unused_shared
 from provisiond.overlays.context import Snapshot, take_snapshot
 from provisiond.overlays.hostkeys import sync_new_keys
@@ -46,7 +46,7 @@ def build_overlays(config: Config, names: list[str] | None = None,
     counts are of distinct shared builds, the others of nodes.
     Raises OverlayBuildFailed (carrying the summary) when any node failed."""
     started = time.monotonic()
-    target = fold(names) if names else "all"
+    target = names_text(names, "node") if names else "all"
     with build_events(config, f"overlays/{target}", {"what": "overlays", "nodes": target}
                       ) as outcome:
         with _collector_paused():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from provisiond import events
+from provisiond.errors import NodeNotFound
 from tests.unit.overlays.test_build import write_inventory
 
 
@@ -86,3 +89,14 @@ def test_builds_tell_the_event_journal(cli, state_dir, config):
         ("build.started", "overlays/n7"), ("build.failed", "overlays/n7")]
     assert builds[1].data["rebuilt"]["system"] == 2
     assert builds[3].data["message"] == "no node named 'n7'"
+
+
+def test_build_events_of_many_scattered_nodes_fit_a_journal_line(config):
+    from provisiond.overlays import build_overlays
+
+    names = [f"n{2 * i}" for i in range(1, 4001)]  # folds to ~20 KB
+    with pytest.raises(NodeNotFound):
+        build_overlays(config, names)
+    builds = events.read_since(config, 0, kinds=frozenset({"build."}))
+    assert [e.kind for e in builds] == ["build.started", "build.failed"]
+    assert builds[0].subject.endswith(",... (4000 nodes)") and len(builds[0].subject) < 2100
