@@ -161,3 +161,30 @@ def test_list_pages_newest_first_with_filters(config):
     assert [j["id"] for j in power] == [4, 2]
     failed, _ = jobs.list_jobs(config, state=JobState.FAILED)
     assert [j["id"] for j in failed] == [4]
+
+
+def _try_create(state_dir: str, node: str, results) -> None:
+    from provisiond.config import load_config
+
+    try:
+        job = store.create(load_config(state_dir), JobKind.POWER, [node], {}, "cli:test")
+        results.put(("ok", job.id))
+    except Conflict:
+        results.put(("conflict", None))
+
+
+def test_concurrent_starts_claim_a_node_once_and_never_share_an_id(config):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    workers = [context.Process(target=_try_create, args=(str(config.state_dir), node, results))
+               for node in ["n1"] * 6 + [f"m{i}" for i in range(6)]]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    outcomes = [results.get(timeout=10) for _ in workers]
+    ids = [job_id for outcome, job_id in outcomes if outcome == "ok"]
+    assert sorted(outcome for outcome, _ in outcomes).count("conflict") == 5
+    assert len(ids) == 7 and len(set(ids)) == 7 and sorted(ids) == list(range(1, 8))
