@@ -14,7 +14,7 @@ from provisiond.jobs import runner, store, work
 from provisiond.jobs.model import JobResult
 from provisiond.journal import MAX_LINE
 from provisiond.power.fake import read_fake_bmcs
-from provisiond.states import JobKind, JobState
+from provisiond.states import JobKind, JobState, NodePhase
 
 
 @pytest.fixture
@@ -181,3 +181,19 @@ def test_a_job_over_scattered_nodes_fits_audit_and_event_lines(config, monkeypat
     assert audit.read(config)[-1]["target"] == job["target"]
     record = store.read(config, job["id"])
     assert events.emit(config, "job.started", "job/1", runner._summary(record)) is not None
+
+
+def test_a_reprovision_job_waits_for_each_node(nodes, config):
+    """PXE once, power cycle, then ready or failed per node, as `node reprovision` does."""
+    from tests.unit.power.test_reprovision import boot_when_cycled
+
+    agent = boot_when_cycled(config, {"n1": [NodePhase.DHCP, NodePhase.READY],
+                                      "n2": [NodePhase.DHCP, NodePhase.FAILED]})
+    job = run_here(config, JobKind.REPROVISION, ["n[1-2]"], {"timeout": 3600})
+    agent.join(10)
+    assert job.state is JobState.FAILED
+    assert [(r.name, r.result) for r in job.results] == [("n1", "ok"), ("n2", "error")]
+    assert job.results[0].detail.startswith("ready after")
+    assert job.results[1].detail.startswith("boot failed")
+    boots = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert boots["n1"]["boots"] == ["pxe"] and boots["n2"]["boots"] == ["pxe"]
