@@ -10,15 +10,12 @@ from collections.abc import Iterator
 
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, InvalidInventory, NotFound
-from provisiond.events import emit
 from provisiond.images.manifests import manifest_path
 from provisiond.images.recipe import find_recipe
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.secrets import SecretStore
 from provisiond.inventory.store import InventoryStore
 from provisiond.overlays.build import node_dir
-from provisiond.inventory.ranges import fold
-from provisiond.overlays import build_overlays
 from provisiond.overlays.hostkeys import forget_host_keys, rotate_host_keys
 from provisiond.overlays.source import find_overlay_dir
 from provisiond.status import clear_status
@@ -99,15 +96,12 @@ GENERATED_SECRETS = {"ssh-host-keys": rotate_host_keys}
 """What `secret rotate` makes anew, by name: a function (config, node)."""
 
 
-def rotate_secrets(config: Config, names: list[str], what: str) -> dict:
-    """Make the nodes' generated secret `what` anew and rebuild their runtime overlays:
-    running nodes get them at their agent's next refresh. The overlay build's summary."""
+def rotate_secrets(config: Config, names: list[str], what: str) -> None:
+    """Make the nodes' generated secret `what` anew (their runtime overlays are then to be
+    rebuilt: provisiond.service.secrets.rotate_secret, which the CLI calls, does both)."""
     rotate = GENERATED_SECRETS.get(what)
     if rotate is None:
         raise InvalidInput(f"cannot rotate {what!r}: provisiond makes only "
                            f"{', '.join(GENERATED_SECRETS)} (set others with `secret set`)")
     for name in names:
         rotate(config, name)
-    emit(config, "secret.changed", f"node:{fold(names)}",
-         {"kind": "node", "count": len(names), "keys": [what], "rotated": True})
-    return build_overlays(config, names, kinds=("runtime",))

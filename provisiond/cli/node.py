@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 
+from provisiond.audit import cli_actor
 from provisiond.cli.records import register_verbs
 from provisiond.inventory import InventoryStore
 from provisiond.power import add_reprovision_parser
 from provisiond.states import NodePhase
+from provisiond.service import credentials
 from provisiond.service.inventory import NODES
 from provisiond.service.status import list_status
 from provisiond.status import REFUSAL
-from provisiond.trust import revoke
 
 PHASE_ORDER = [p.value for p in NodePhase if p is not NodePhase.FAILED]
 
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
 
 def revoke_credentials(args, ctx) -> None:
     names = NODES.existing(InventoryStore(ctx.config).read(), args.names)
-    ended = revoke(ctx.config, names)
+    ended = credentials.revoke_credentials(ctx.config, cli_actor(), names)
     print(f"revoked: {len(ended)} of {len(names)} node(s) had a credential")
 
 

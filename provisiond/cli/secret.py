@@ -7,7 +7,7 @@ from pathlib import Path
 
 from provisiond.audit import cli_actor
 from provisiond.errors import InvalidInput
-from provisiond.lifecycle import GENERATED_SECRETS, rotate_secrets
+from provisiond.lifecycle import GENERATED_SECRETS
 from provisiond.service import secrets
 from provisiond.service.inventory import NODES, PROFILES, snapshot
 
@@ -72,7 +72,7 @@ def _set(args, ctx, value: str | None) -> None:
 
 def _rotate(args, ctx) -> None:
     names = NODES.existing(snapshot(ctx.config).inventory, args.names)
-    summary = rotate_secrets(ctx.config, names, args.what)
+    summary = secrets.rotate_secret(ctx.config, cli_actor(), names, args.what)
     print(f"rotated {args.what} of {len(names)} node(s); runtime overlays rebuilt: "
           f"{summary['rebuilt'].get('runtime', 0)} (running nodes take them at their next "
           "refresh)")

@@ -1,5 +1,6 @@
-"""Secrets for the CLI and the API: write-only. A value can be set or removed, and which keys
-each record has can be listed; no call here returns a value."""
+"""Secrets for the CLI and the API: write-only. A value can be set or removed, a generated
+one (ssh host keys) made anew, and which keys each record has can be listed; no call here
+returns a value."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from provisiond.errors import InvalidInput
 from provisiond.inventory.ranges import fold
 from provisiond.inventory.secrets import BMC_PASSWORD, GENERATED, SecretStore
 from provisiond.inventory.values import check_text
+from provisiond.lifecycle import rotate_secrets
+from provisiond.overlays import build_overlays
 from provisiond.service.inventory import Kind, snapshot
 from provisiond.service.journal import audit, emit
 from provisiond.inventory.ranges import names_head, names_text
 
-__all__ = ["BMC_PASSWORD", "set_secret", "list_secrets", "check_key"]
+__all__ = ["BMC_PASSWORD", "set_secret", "rotate_secret", "list_secrets", "check_key"]
 MAX_VALUE = 16 << 10
 KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
@@ -48,6 +51,19 @@ def set_secret(config: Config, actor: str, kind: Kind, names: list[str], key: st
     emit(config, "secret.changed", target, {"kind": kind.noun, "names": names_head(names),
                                             "count": len(names), "keys": [key],
                                             "removed": value is None})
+
+
+def rotate_secret(config: Config, actor: str, names: list[str], what: str) -> dict:
+    """Make the named nodes' generated secret `what` anew (recorded and announced, the
+    name only), then rebuild their runtime overlays, which running nodes take at their
+    agent's next refresh. The build's summary."""
+    rotate_secrets(config, names, what)
+    target = f"node:{names_text(names, 'node')}"
+    audit(config, actor, "secret.rotate", target, [what])
+    emit(config, "secret.changed", target, {"kind": "node", "names": names_head(names),
+                                            "count": len(names), "keys": [what],
+                                            "rotated": True})
+    return build_overlays(config, names, kinds=("runtime",))
 
 
 def list_secrets(config: Config) -> list[dict]:

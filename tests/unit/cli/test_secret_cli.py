@@ -114,3 +114,31 @@ def test_node_status_shows_the_last_refused_token(cluster, config):
     assert "LAST TOKEN REFUSED" in out and "reused from 10.10.0.99" in row
     data = json.loads(cluster("node", "status", "n2", "--json").out)
     assert data["n2"]["token_refused"]["reason"] == "reused"
+
+
+def test_rotate_and_revoke_are_audited_with_who_did_them(cluster, config):
+    """Both are changes an admin makes (new host keys, ended credentials): each is an audit
+    record naming the actor, the nodes and what changed, never a key."""
+    from provisiond import audit
+
+    assert cluster("secret", "rotate", "n[1-2]", "ssh-host-keys").code == 0
+    assert cluster("node", "revoke", "n[1-3]").code == 0
+    rotated = audit.read(config, action="secret.rotate")
+    assert [(e["actor"], e["target"], e["changes"]) for e in rotated] == [
+        (audit.cli_actor(), "node:n[1-2]", ["ssh-host-keys"])]
+    assert "PRIVATE" not in json.dumps(rotated)
+    revoked = audit.read(config, action="node.revoke")
+    assert [(e["actor"], e["target"], e["changes"]) for e in revoked] == [
+        (audit.cli_actor(), "node:n[1-3]", ["credential"])]
+
+
+def test_a_rotation_that_cannot_be_audited_says_so(cluster, config):
+    """As every audited write: the change is made, and the one error line says it was not
+    recorded (a user must not take it for a failed rotation)."""
+    from provisiond import audit
+
+    audit.audit_path(config).unlink()
+    audit.audit_path(config).mkdir()  # the journal cannot be opened for appending
+    result = cluster("secret", "rotate", "n1", "ssh-host-keys")
+    assert result.code != 0 and "was done but not recorded in the audit log" in result.err
+    assert result.err.count("\n") == 1
