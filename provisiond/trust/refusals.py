@@ -15,24 +15,27 @@ log = logging.getLogger("provisiond.trust")
 
 
 class RefusalLog:
-    """Notes refusals, at most `burst` per node every `window` s in this process: a client
-    sending tokens in a loop costs the journal and the status file a few records, not one
-    per request (the rest are counted in the server log)."""
+    """Notes refusals, at most `burst` per node and `total` in all every `window` s in this
+    process: a client sending tokens in a loop, for one node or for each node in turn, costs
+    the journal and the status files a few records, not one per request (the rest are
+    counted in the server log)."""
 
-    def __init__(self, config: Config, burst: int = 5, window: float = 10.0):
+    def __init__(self, config: Config, burst: int = 5, window: float = 10.0,
+                 total: int = 20):
         self.config = config
         self.burst = burst
         self.window = window
-        self._recent: dict[str, list[float]] = {}
+        self.total = total
+        self._recent: dict[str, list[float]] = {}  # node -> when recorded, in the window
         self.skipped = 0
 
     def note(self, refused: ProvisioningTokenRefused) -> bool:
-        """Record `refused` unless its node is over its share; True if recorded."""
+        """Record `refused` unless its node, or all nodes, are over their share; True if
+        recorded."""
         if not self._admit(refused.node):
             self.skipped += 1
             if self.skipped & (self.skipped - 1) == 0:  # 1st, 2nd, 4th...
-                log.warning("token refusals: %d not recorded (too many for one node)",
-                            self.skipped)
+                log.warning("token refusals: %d not recorded (too many)", self.skipped)
             return False
         log.warning("%s: provisioning token refused (%s) from %s", refused.node,
                     refused.reason.value, refused.address)
@@ -42,12 +45,13 @@ class RefusalLog:
         return True
 
     def _admit(self, node: str) -> bool:
+        """Whether a refusal for `node` may be recorded now (then it counts). Only nodes
+        recorded within the window are kept: at most `total` of them."""
         now = time.monotonic()
-        if len(self._recent) > 10_000:
-            self._recent.clear()
-        times = [t for t in self._recent.get(node, []) if now - t < self.window]
-        admitted = len(times) < self.burst
-        if admitted:
-            times.append(now)
-        self._recent[node] = times
-        return admitted
+        self._recent = {name: kept for name, times in self._recent.items()
+                        if (kept := [t for t in times if now - t < self.window])}
+        times = self._recent.get(node, [])
+        if len(times) >= self.burst or sum(map(len, self._recent.values())) >= self.total:
+            return False
+        self._recent[node] = [*times, now]
+        return True
