@@ -102,7 +102,7 @@ class ScriptCache:
         self.manifests = manifests
         self._table = None
         self._scripts = LruCache(size)  # mac -> (manifest, text, token binding)
-        self._key: bytes | None = None
+        self._key = tokens.SigningKey(config)
 
     def script(self, table, entry: BootEntry) -> str:
         if table is not self._table:
@@ -120,9 +120,7 @@ class ScriptCache:
     def _with_token(self, text: str, binding: tokens.Binding | None) -> str:
         if binding is None or TOKEN_MARK not in text:
             return text
-        if self._key is None:
-            self._key = tokens.load_key(self.config)
-        return text.replace(TOKEN_MARK, tokens.mint(self._key, binding))
+        return text.replace(TOKEN_MARK, tokens.mint(self._key.get(), binding))
 
     def _manifest(self, image: str | None) -> dict | None:
         try:

@@ -115,6 +115,32 @@ def load_key(config: Config) -> bytes:
     return key
 
 
+class SigningKey:
+    """The key as a long-lived process (a server minting tokens) holds it: read again
+    when its file was replaced or deleted (then made anew), as every exchange reads it. A
+    stat per use; a key kept for good would sign tokens no exchange accepts any more."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._key: bytes | None = None
+        self._stamp: tuple | None = None
+
+    def get(self) -> bytes:
+        stamp = _stamp(key_path(self.config))
+        if self._key is None or stamp is None or stamp != self._stamp:
+            self._key = load_key(self.config)
+            self._stamp = _stamp(key_path(self.config))
+        return self._key
+
+
+def _stamp(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def _make_key(path: Path) -> bytes:
     """Write a new key to a temp file and link it into place only if no key is there
     (link fails on an existing name: the file is never seen half-written)."""

@@ -141,6 +141,22 @@ def test_a_token_for_a_mac_the_node_no_longer_has_is_invalid(client, config):
     assert response.status_code == 401 and refusals(config)[0][1] == "invalid"
 
 
+def test_a_token_key_made_anew_signs_the_next_scripts(client, config):
+    """A damaged token.key is to be deleted to make a new one (load_key says so), and an
+    admin may replace a leaked one: the running server's next scripts carry tokens of the
+    key on disk, which the exchange verifies. Held in memory, the old key signed tokens
+    that every exchange refused as invalid until a restart."""
+    old = script_token(client)  # the key is in use
+    tokens.key_path(config).unlink()
+    bearer(exchange(client, 1, script_token(client)))
+    assert exchange(client, 1, old).status_code == 401  # the old key's tokens end
+    replaced = tokens.key_path(config)
+    replaced.unlink()
+    replaced.write_bytes(b"k" * tokens.KEY_BYTES)
+    replaced.chmod(0o600)
+    bearer(exchange(client, 2, script_token(client, 2)))
+
+
 def test_a_later_exchange_ends_the_credential_and_supersedes_older_tokens(client, config):
     first, second = script_token(client), script_token(client)  # iPXE asked twice
     old = bearer(exchange(client, 1, first))
