@@ -97,9 +97,14 @@ def _connect(address: str, port: int, deadline: float) -> socket.socket:
 
 
 def _first_line(sock: socket.socket, deadline: float) -> bytes:
+    """The first line the listener says, read until the deadline (TimeoutError after it:
+    a listener saying a byte at a time holds the request no longer)."""
     data = b""
     while b"\n" not in data and len(data) <= 130:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        sock.settimeout(left)
         chunk = sock.recv(130)
         if not chunk:
             break

@@ -322,3 +322,34 @@ def test_a_callback_listener_that_does_not_say_the_key_gets_nothing(client, conf
     assert callback_exchange(client, token, 700, key="short").status_code == 400
     good = Listener(b"k" * 20)
     assert callback_exchange(client, token, good.port).status_code == 200
+
+
+class Trickle(Listener):
+    """A listener that says its key one byte every 10 ms and never ends the line: the
+    server must give up at its deadline, not read on (0.1 s a byte allowed) to 130."""
+
+    def _serve(self):
+        self.sock.settimeout(30)
+        conn, _ = self.sock.accept()
+        self.sent = 0
+        with conn:
+            try:
+                while self.sent < 200:
+                    conn.sendall(b"k")
+                    self.sent += 1
+                    threading.Event().wait(0.01)
+            except OSError:
+                pass
+        self.sock.close()
+
+
+def test_a_callback_listener_is_given_up_at_the_deadline(client, config, loopback_node,
+                                                         monkeypatch):
+    from provisiond.api.v1 import credentials
+
+    monkeypatch.setattr(credentials, "CALLBACK_SECONDS", 0.3)
+    slow = Trickle(b"")
+    response = callback_exchange(client, loopback_node(), slow.port)
+    slow.thread.join(30)
+    assert response.status_code == 400 and "timed out" in message(response)
+    assert slow.sent < 100  # the server hung up at 0.3 s, some 30 bytes in
