@@ -73,16 +73,27 @@ def render_template(template, context: dict, overlay: str, rel: str, node: str) 
 
 
 def _without_secrets(message: str, secrets) -> str:
-    """The message with every line of a secret blanked (a failing filter may quote its
-    input, and errors go to the CLI and the server's log)."""
-    if isinstance(secrets, dict):
-        for value in secrets.values():
-            message = _without_secrets(message, value)
-    elif isinstance(secrets, str):
-        for line in secrets.splitlines():
-            if len(line.strip()) >= 8:
-                message = message.replace(line.strip(), "<secret>")
+    """The message with every line of a secret blanked, as it is and as repr() shows it
+    (a failing filter may quote its input; errors go to the CLI, the API and the server's
+    log). Longest first, so that a line inside another goes with it."""
+    for line in sorted(_secret_lines(secrets), key=len, reverse=True):
+        for shown in (line, repr(line)[1:-1], line.replace("\\", "\\\\")):
+            message = message.replace(shown, "<secret>")
     return message
+
+
+SHORTEST_BLANKED = 4
+"""Lines of a secret shorter than this (a JSON key file's "}") are left: they are in most
+messages, and blanking them would leave nothing to read."""
+
+
+def _secret_lines(secrets) -> set[str]:
+    if isinstance(secrets, dict):
+        return set().union(*(_secret_lines(value) for value in secrets.values()))
+    if isinstance(secrets, str):
+        return {line.strip() for line in secrets.splitlines()
+                if len(line.strip()) >= SHORTEST_BLANKED}
+    return set()
 
 
 def _template_line(error: Exception, filename: str | None) -> int | None:

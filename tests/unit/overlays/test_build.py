@@ -226,6 +226,27 @@ def test_a_template_reading_the_bmc_password_fails(state_dir):
     assert "bmc_password" in str(caught.value) and "hunter2" not in str(caught.value)
 
 
+@pytest.mark.parametrize("value", ["hunter2", "s3cr\\et-with-backslash", "it's \"quoted\" text",
+                                   "-----BEGIN KEY-----\nshort\nb3BlbnNzaC1rZXk\\tdjEAAAA\n"])
+def test_a_failing_filter_never_quotes_a_secret_in_its_error(state_dir, value):
+    """A filter's error may quote its input (repr: quotes and backslashes escaped, line
+    ends as \\n): no line of the secret, short or escaped, reaches the message, which goes
+    to the CLI, the API and the server's log."""
+    folder = state_dir / "overlays" / "pin" / "etc"
+    folder.mkdir(parents=True)
+    (folder / "pin.j2").write_text('{{ secrets["pin"] | prefixlen }}\n')
+    write_inventory(state_dir, runtime=["pin"])
+    cfg = load_config(state_dir)
+    SecretStore(cfg).set("nodes", ["n1"], "pin", value)
+    with pytest.raises(BuildFailed) as caught:
+        ensure_overlay(cfg, "n1", "runtime")
+    message = str(caught.value)
+    assert "etc/pin.j2, line 1, node n1" in message and "<secret>" in message
+    for line in value.splitlines():
+        for shown in (line, repr(line)[1:-1], line.replace("\\", "\\\\")):
+            assert shown not in message
+
+
 def _site_overlay(state: Path, text: str) -> None:
     folder = state / "overlays" / "broken" / "etc"
     folder.mkdir(parents=True, exist_ok=True)
