@@ -73,7 +73,7 @@ class Builder:
             return [self.overlay(name) for name in record.runtime_overlays or []]
         overlays = [self.overlay(name) for name in record.system_overlays or []]
         for overlay in overlays:
-            if overlay.secret or overlay.secret_files:
+            if overlay.runtime_only:
                 what = f"file {overlay.secret_files[0]} reads secrets" if \
                     overlay.secret_files else "holds secrets"
                 raise OverlayTemplateError(

@@ -61,6 +61,12 @@ class Overlay:
     dir_modes: dict[str, int] = field(default_factory=dict)
 
     @property
+    def runtime_only(self) -> bool:
+        """Whether it holds secrets: its overlay.yaml says so (`secret: true`) or one of
+        its templates reads `secrets`. Such an overlay is never a system overlay."""
+        return self.secret or bool(self.secret_files)
+
+    @property
     def node_specific(self) -> bool:
         """Whether its rendering differs from node to node."""
         return bool(self.uses & {"node", "secrets"})

@@ -20,7 +20,7 @@ def list_overlays(config: Config) -> list[dict]:
         found.append({"name": name, "path": str(root), "shadows": [str(p) for p in shadowed],
                       "files": sum(f.kind != "dir" for f in overlay.files),
                       "templates": sum(f.kind == "template" for f in overlay.files),
-                      "kind": "runtime only" if overlay.secret else "any",
+                      "kind": "runtime only" if overlay.runtime_only else "any",
                       "description": overlay.description})
     return found
 
@@ -29,7 +29,7 @@ def show_overlay(config: Config, name: str) -> dict:
     overlay = overlays.load_overlay(config, name)
     _, shadowed = overlays.list_overlay_dirs(config).get(name, (None, []))
     return {"name": overlay.name, "path": str(overlay.root),
-            "shadows": [str(p) for p in shadowed], "secret": overlay.secret,
+            "shadows": [str(p) for p in shadowed], "secret": overlay.runtime_only,
             "variables": sorted(overlay.uses), "description": overlay.description,
             "files": [{"path": "/" + f.target, "kind": f.kind, "mode": f"{f.mode:04o}",
                        "source": f.rel} for f in overlay.files]}
@@ -43,7 +43,7 @@ def render_file(config: Config, node: str, name: str, path: str) -> bytes:
     overlay = overlays.load_overlay(config, name)
     builder = RedactingBuilder(config, snapshot)
     wanted = path.strip("/")
-    for entry in builder.render(overlay, node, "runtime" if overlay.secret else "system"):
+    for entry in builder.render(overlay, node, "runtime" if overlay.runtime_only else "system"):
         if entry.path == wanted and not entry.is_dir:
             return entry.data
     raise InvalidInput(f"overlay {name} has no file {path} for node {node}", field="path")

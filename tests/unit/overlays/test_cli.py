@@ -34,6 +34,23 @@ def test_render_prints_one_file_and_hides_secrets(cli, state_dir):
     assert missing.code == 2 and "has no file /etc/nothing" in missing.err
 
 
+def test_an_overlay_reading_secrets_is_runtime_only_without_saying_so(cli, state_dir, config):
+    """Templates reading `secrets` make an overlay runtime-only (its overlay.yaml need not
+    say `secret: true`): listed, shown and rendered (secrets as placeholders) as one."""
+    from provisiond.inventory.secrets import SecretStore
+
+    folder = state_dir / "overlays" / "munge" / "etc" / "munge"
+    folder.mkdir(parents=True)
+    (folder / "munge.key.j2").write_text('{{ secrets["munge.key"] }}\n')
+    write_inventory(state_dir, runtime=["ssh", "munge"])
+    SecretStore(config).set("nodes", ["n1"], "munge.key", "the-munge-key-itself")
+    listed = {o["name"]: o for o in json.loads(cli("overlay", "list", "--json").out)}
+    assert listed["munge"]["kind"] == "runtime only"
+    assert "(runtime only: holds secrets)" in cli("overlay", "show", "munge").out
+    rendered = cli("overlay", "render", "n1", "munge", "/etc/munge/munge.key")
+    assert (rendered.code, rendered.out) == (0, "<secrets.munge.key>\n"), rendered.err
+
+
 def test_build_summary_then_reuse(cli, state_dir):
     write_inventory(state_dir)
     first = cli("overlay", "build", "n[1-2]")
