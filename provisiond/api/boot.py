@@ -39,6 +39,7 @@ def node_ipxe(mac: str):
         return Response(text, content_type=IPXE_TYPE)
     text = svc.scripts.script(table, entry)
     response = Response(text, content_type=IPXE_TYPE)
+    response.headers["Cache-Control"] = "no-store"  # its token is good for one boot
     svc.phases.record(entry.node, NodePhase.IPXE)
     log_step(entry.node, "ipxe-script", started)
     return response

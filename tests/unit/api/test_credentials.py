@@ -63,6 +63,14 @@ def bearer(response) -> dict:
     return {"Authorization": f"Bearer {response.get_data(as_text=True).strip()}"}
 
 
+def test_a_script_carrying_a_token_is_stored_by_no_cache(client):
+    """A cache in front of the server (blobs may have one) must not hand one boot's token to
+    the next: the second would be refused as used."""
+    first = client.get(f"/boot/ipxe/{mac_of(1)}")
+    assert first.headers.get("Cache-Control") == "no-store"
+    assert token_in(first.get_data(as_text=True)) != script_token(client)
+
+
 def test_a_token_is_exchanged_once_a_second_use_is_refused_as_an_event(client, config):
     token = script_token(client)
     auth = bearer(exchange(client, 1, token))
