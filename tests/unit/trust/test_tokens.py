@@ -74,3 +74,35 @@ def test_credentials_are_stored_hashed_0600_and_the_token_is_used_once(config, n
     assert revoke(config, ["n1", "n2"]) == ["n1"]
     with pytest.raises(ProvisiondError, match="not the node's current credential"):
         authenticate(config, node, f"Bearer {credential}", "10.0.0.1")
+
+
+def test_one_token_sent_at_once_by_many_gives_one_credential(config, node):
+    """Two exchanges of one token racing (both past the first check, both delivering a
+    credential by callback at the same time): one wins, the other is `reused`, and only
+    the winner's credential opens anything."""
+    text = tokens.mint(tokens.load_key(config), tokens.binding_for(node, MAC))
+    both_delivering = threading.Barrier(2, timeout=30)
+    delivered: list[str] = []
+    results: list = []
+
+    def deliver(credential: str) -> None:
+        delivered.append(credential)
+        both_delivering.wait()
+
+    def attempt() -> None:
+        try:
+            results.append(exchange(config, node, text, "10.0.0.1", 700, deliver))
+        except ProvisioningTokenRefused as refused:
+            results.append(refused.reason)
+
+    threads = [threading.Thread(target=attempt) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    winners = [r for r in results if not isinstance(r, Refusal)]
+    assert len(delivered) == 2 and len(winners) == 1 and Refusal.REUSED in results
+    authenticate(config, node, f"Bearer {winners[0]}", "10.0.0.1")
+    loser = next(c for c in delivered if c != winners[0])
+    with pytest.raises(ProvisiondError, match="not the node's current credential"):
+        authenticate(config, node, f"Bearer {loser}", "10.0.0.1")
