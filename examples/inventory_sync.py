@@ -212,7 +212,7 @@ def token_from(env: str, path: str | None) -> str | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("csv", help="the inventory export (see inventory_sync.csv)")
     parser.add_argument("--url", default=os.environ.get("PROVISIOND_URL",
                                                         "http://127.0.0.1:9873"))

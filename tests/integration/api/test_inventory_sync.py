@@ -192,6 +192,5 @@ def test_bad_input_exits_2_in_one_line(served, tmp_path):
         assert done.returncode == 2, (expected, done.stdout, done.stderr)
         assert expected in done.stderr and done.stderr.count("\n") == 1, done.stderr
         assert "Traceback" not in done.stderr
-    assert "--token" not in subprocess.run([sys.executable, str(EXAMPLE), "--help"],
-                                           capture_output=True, text=True).stdout.replace(
-        "--token-file", "").replace("--operator-token-file", "")
+    done = sync(served, csv, "--token", "secret")  # no token in argv: not even an option
+    assert done.returncode == 2 and "unrecognized arguments: --token secret" in done.stderr
