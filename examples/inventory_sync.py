@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from urllib.parse import quote
 
 import requests
 
@@ -127,14 +128,15 @@ def error_of(answer: requests.Response) -> str:
 def sync_node(api: Api, name: str, desired: dict) -> str:
     """Create the node or patch what differs; returns what was done."""
     for attempt in range(2):
-        answer = api.call("GET", f"/nodes/{name}", ok=(200, 404))
+        answer = api.call("GET", f"/nodes/{quote(name, safe='')}", ok=(200, 404))
         if answer.status_code == 404:
             api.call("POST", "/nodes", ok=(201,), json={"names": name, "record": desired})
             return "created"
         patch = merge_patch(answer.json()["record"], desired)
         if not patch:
             return "unchanged"
-        answer = api.call("PATCH", f"/nodes/{name}", ok=(200, 412), data=json.dumps(patch),
+        answer = api.call("PATCH", f"/nodes/{quote(name, safe='')}", ok=(200, 412),
+                          data=json.dumps(patch),
                           headers={"If-Match": answer.headers["ETag"],
                                    "Content-Type": "application/merge-patch+json"})
         if answer.status_code == 200:
@@ -172,7 +174,10 @@ def follow_events(stream: requests.Response, names: set[str], job_id: int,
 def note_event(line: bytes, pending: set[str], job_id: int) -> bool:
     """Take one SSE line; False once no node is pending. Raises on a failure."""
     if line.startswith(b"data: "):
-        event = json.loads(line[6:])
+        try:
+            event = json.loads(line[6:])
+        except ValueError:
+            raise SyncError(f"event stream: not JSON: {line[:100]!r}") from None
         data = event.get("data") or {}
         if event.get("kind") == "node.phase" and event.get("subject") in pending:
             print(f"{event['subject']}: {data.get('phase')} {data.get('detail') or ''}".rstrip())
@@ -239,7 +244,7 @@ def run(args: argparse.Namespace) -> None:
     names = ",".join(nodes)
     if args.bmc_password_file:
         password = token_from("", args.bmc_password_file)
-        api.call("PUT", f"/secrets/nodes/{names}/bmc_password", ok=(204,),
+        api.call("PUT", f"/secrets/nodes/{quote(names, safe='')}/bmc_password", ok=(204,),
                  json={"value": password})
     ops = Api(args.url, operator, api.session)
     if args.build_overlays:

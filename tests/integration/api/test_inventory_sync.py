@@ -100,8 +100,10 @@ def test_sync_creates_builds_powers_and_waits_until_ready(served, tmp_path):
                                              "default,fake,bmc-s1",
                                              "s2,52:54:00:aa:00:02,10.5.0.2,255.255.0.0,"
                                              "default,fake,bmc-s2"])
+    (tmp_path / "bmc-pw").write_text("hunter2\n")
     player = play_nodes(served[0], ["s1", "s2"], BOOT)
-    done = sync(served, csv, "--build-overlays", "--power-on", "--wait", str(DEADLINE))
+    done = sync(served, csv, "--bmc-password-file", str(tmp_path / "bmc-pw"),
+                "--build-overlays", "--power-on", "--wait", str(DEADLINE))
     player.join(DEADLINE)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -110,6 +112,9 @@ def test_sync_creates_builds_powers_and_waits_until_ready(served, tmp_path):
     assert any(line.startswith("overlays built (job ") for line in lines), lines
     assert node(served, "s2")["netdevs"]["eth0"]["ipaddr"] == "10.5.0.2"
     assert node(served, "s1")["bmc"] == {"driver": "fake", "address": "bmc-s1"}
+    _, port, tokens = served
+    _, _, secrets = api_call(port, tokens["admin"], "GET", "/api/v1/secrets")
+    assert {s["name"] for s in secrets["items"] if "bmc_password" in s["keys"]} >= {"s1", "s2"}
 
 
 def test_a_second_sync_patches_only_what_differs(served, tmp_path):
