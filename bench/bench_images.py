@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from provisiond.config import load_config, write_default_config  # noqa: E402
+from provisiond.config import SHIPPED_DIR, load_config, write_default_config  # noqa: E402
 from provisiond.images import build_image  # noqa: E402
 
 TARGET = 0.10
@@ -35,7 +35,7 @@ TARGET = 0.10
 def prepare(work: Path, image: str) -> tuple[object, Path]:
     """A fresh state dir whose recipe dir holds a copy of the shipped recipe."""
     recipes = work / "recipes"
-    shutil.copytree(REPO / "images", recipes)
+    shutil.copytree(SHIPPED_DIR / "images", recipes)
     write_default_config(work / "state")
     (work / "state/provisiond.yaml").write_text(yaml.safe_dump({"image_dirs": [str(recipes)]}))
     return load_config(work / "state"), recipes / image

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from bench_boot_common import (REPO, add_blob, add_image, free_port, ip_of, mac_of, make_state,
+from bench_boot_common import (add_blob, add_image, free_port, ip_of, mac_of, make_state,
                                serve, start_nginx, stop, up, wait_for)
 
 NET = "127.1"  # the nodes' reserved addresses: loopback, so each node has its own source
@@ -40,10 +40,10 @@ BUFFER_SIZE = 256 << 10  # per connection: a buffer shared by all would mix thei
 
 def setup(nodes: int, port: int) -> Path:
     """The state dir: nodes with the `default` profile, a tiny image, system overlays built."""
-    from provisiond.config import load_config
+    from provisiond.config import SHIPPED_DIR, load_config
     from provisiond.overlays import build_overlays
 
-    profile = yaml.safe_load((REPO / "profiles" / "default.yaml").read_text())
+    profile = yaml.safe_load((SHIPPED_DIR / "profiles" / "default.yaml").read_text())
     state = make_state(nodes, net=NET, profiles={"default": profile},
                        server={"address": "127.0.0.1"}, http={"bind": "127.0.0.1", "port": port})
     add_image(state, kernel=add_blob(state, os.urandom(1 << 20), KERNEL_MIB),
@@ -62,7 +62,7 @@ def mirror(state: Path) -> Path:
     from provisiond.boot.artifacts import ManifestCache, OverlayFiles
     from provisiond.boot.ipxe import chain_script, node_script
     from provisiond.boot.table import build_table
-    from provisiond.config import load_config
+    from provisiond.config import SHIPPED_DIR, load_config
 
     config = load_config(state)
     table, manifests, overlays = build_table(config), ManifestCache(config), OverlayFiles(config)

@@ -23,7 +23,8 @@ from provisiond.states import Compression
 
 DEFAULT_STATE_DIR = "/var/lib/provisiond"
 CONFIG_NAME = "provisiond.yaml"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+"""The overlays, image recipes and profiles installed with the package (package data)."""
 # A DNS label, lowercase: a domain's labels here, and node, profile and image names
 # (provisiond.inventory.values). Use fullmatch: `$` also matches before a final newline.
 LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -326,11 +327,11 @@ class Config(_Section):
     @property
     def overlay_search_path(self) -> list[Path]:
         """Site overlays shadow shipped ones: the first dir holding a name wins."""
-        return [*self.overlay_dirs, self.state_dir / "overlays", REPO_ROOT / "overlays"]
+        return [*self.overlay_dirs, self.state_dir / "overlays", SHIPPED_DIR / "overlays"]
 
     @property
     def recipe_search_path(self) -> list[Path]:
-        return [*self.image_dirs, self.state_dir / "recipes", REPO_ROOT / "images"]
+        return [*self.image_dirs, self.state_dir / "recipes", SHIPPED_DIR / "images"]
 
 
 def resolve_state_dir(flag: str | None) -> Path:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import yaml
 
-from provisiond.config import CONFIG_NAME, REPO_ROOT, load_config, write_default_config
+from provisiond.config import CONFIG_NAME, SHIPPED_DIR, load_config, write_default_config
 from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
 
-SHIPPED_PROFILES = REPO_ROOT / "profiles"
+SHIPPED_PROFILES = SHIPPED_DIR / "profiles"
 
 
 def register(subparsers) -> None:

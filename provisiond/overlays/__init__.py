@@ -1,7 +1,8 @@
 """Overlays: Jinja2-templated directory trees rendered per node and packed as cpio.
 
 System overlays go into the node's boot (never secrets); runtime overlays may hold per-node
-secrets and are served only to that node. See overlays/README.md for the template context.
+secrets and are served only to that node. See provisiond/shipped/overlays/README.md for the
+template context.
 """
 
 from provisiond.overlays.batch import OverlayBuildFailed, build_overlays

@@ -7,6 +7,7 @@ symlinks stay symlinks. An optional `overlay.yaml` at the top (not packed) may s
     description: one line
     secret: true            # runtime overlays only (holds per-node secrets)
     modes: {path: "0600"}   # modes git cannot keep (files and directories)
+    links: {path: target}   # symlinks a wheel cannot carry (the shipped overlays use these)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import yaml
 from jinja2 import meta, nodes
 
-from provisiond.config import Config
+from provisiond.config import CONTROL_RE, Config
 from provisiond.errors import InvalidInput, OverlayNotFound
 from provisiond.overlays.templates import (ENVIRONMENT, compile_template, fields_read,
                                            reads_whole_context)
@@ -148,6 +149,7 @@ def _read_overlay(name: str, root: Path) -> Overlay:
     modes = _read_modes(root / META_FILE, meta_data.get("modes") or {})
     files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
              if rel != META_FILE]
+    files += _declared_links(root, meta_data.get("links") or {}, {f.rel for f in files})
     parsed = [(f.rel, _parse(f)) for f in files if f.kind == "template"]
     trees = [tree for _, tree in parsed]
     read = [(rel, _variables(tree)) for rel, tree in parsed]
@@ -175,6 +177,23 @@ def _read_modes(path: Path, raw) -> dict[str, int]:
             raise InvalidInput(f"{path}: modes: {key}: {value!r} is not an octal mode in "
                                f"quotes, such as \"0644\"") from None
     return modes
+
+
+def _declared_links(root: Path, raw, present: set[str]) -> list[SourceFile]:
+    """`links:` of overlay.yaml as symlink entries; a path outside the overlay, one the tree
+    holds too, or a target with a control character is one error line."""
+    where = root / META_FILE
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where}: links: expected a mapping of path to target")
+    links = []
+    for key, target in raw.items():
+        rel = str(key).strip("/")
+        if (not rel or ".." in rel.split("/") or rel in present or not isinstance(target, str)
+                or not target or CONTROL_RE.search(rel + target)):
+            raise InvalidInput(f"{where}: links: {key}: {target!r} is not a link the overlay "
+                               "can hold (a path inside it, not also a file, to a target)")
+        links.append(SourceFile(rel, rel, "symlink", 0o777, target.encode()))
+    return links
 
 
 def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> SourceFile:

@@ -17,7 +17,7 @@ import yaml
 
 from provisiond import events as journal
 from provisiond.cli import main
-from provisiond.config import load_config, write_default_config
+from provisiond.config import SHIPPED_DIR, load_config, write_default_config
 from provisiond.images import blob_path, build_image, load_manifest
 from provisiond.images.debs import deb_sha256, fetch_deb
 
@@ -171,7 +171,7 @@ def _stamps(config, manifest: dict) -> dict[Path, tuple[int, int]]:
 
 def test_top_layer_change_rebuilds_only_that_layer(lab):
     folder = lab["recipes"] / "tiny-changed"
-    shutil.copytree(REPO / "images/tiny", folder)
+    shutil.copytree(SHIPPED_DIR / "images/tiny", folder)
     with open(folder / "files/rcS", "a") as handle:
         handle.write("echo changed\n")
     events: list[dict] = []

@@ -1,4 +1,4 @@
-"""The node agent (overlays/agent) run for real on loopback.
+"""The node agent (provisiond/shipped/overlays/agent) run for real on loopback.
 
 Against provisiond itself (`provisiond serve --http`, a node whose address is 127.0.0.1, its
 overlays built by `provisiond overlay build`), under busybox sh with only busybox applets as
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from provisiond.config import REPO_ROOT, load_config
+from provisiond.config import SHIPPED_DIR, load_config
 from provisiond.overlays import ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
 from provisiond.status import read_status
@@ -39,7 +39,7 @@ from tests.tools import tool
 from tests.unit.boot.bootdata import add_image, token_in
 
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # a node's PATH: Debian's dirs, no venv
-AGENT = REPO_ROOT / "overlays/agent/usr/local/sbin/provisiond-agent"
+AGENT = SHIPPED_DIR / "overlays/agent/usr/local/sbin/provisiond-agent"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "overlays"
 
 

@@ -7,10 +7,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
-from provisiond.config import REPO_ROOT, Config, load_config
+from provisiond.config import Config, load_config
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Bmc, NetDev, Record
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
@@ -18,6 +19,8 @@ from pvlab import netns, process
 from pvlab.bmc import BMC_HOST, BMC_PASSWORD as LAB_BMC_PASSWORD, BMC_USER
 from pvlab.errors import LabError
 from pvlab.layout import BRIDGE, SERVER_ADDRESS, LabNode, LabState
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # provisiond runs from this checkout
 
 HTTP_PORT = 9873
 SETTINGS = {

@@ -83,6 +83,34 @@ def test_bad_overlay_yaml_is_one_line(cli, state_dir):
         assert words in result.err and "overlay.yaml" in result.err
 
 
+def test_declared_links_are_packed_as_symlinks_with_their_parents(cli, state_dir):
+    """`links:` in overlay.yaml: how the shipped overlays carry symlinks in a wheel."""
+    from provisiond.config import load_config
+    from provisiond.overlays.source import load_overlay
+
+    folder = state_dir / "overlays" / "linked"
+    (folder / "etc").mkdir(parents=True)
+    (folder / "etc/motd").write_text("hi\n")
+    (folder / "overlay.yaml").write_text("links: {etc/x.wants/a.service: ../a.service}\n")
+    overlay = load_overlay(load_config(state_dir), "linked")
+    links = [(f.target, f.kind, f.data) for f in overlay.files if f.kind == "symlink"]
+    assert links == [("etc/x.wants/a.service", "symlink", b"../a.service")]
+    shown = cli("overlay", "show", "linked")
+    assert shown.code == 0 and "etc/x.wants/a.service" in shown.out
+
+
+def test_bad_links_are_one_line(cli, state_dir):
+    folder = state_dir / "overlays" / "odd"
+    (folder / "etc").mkdir(parents=True)
+    (folder / "etc/motd").write_text("hi\n")
+    for meta in ("links: [etc/a]\n", "links: {../escape: /x}\n", "links: {etc/motd: /x}\n",
+                 "links: {etc/a: ''}\n", "links: {etc/a: 3}\n", 'links: {etc/a: "x\\ny"}\n'):
+        (folder / "overlay.yaml").write_text(meta)
+        result = cli("overlay", "show", "odd")
+        assert result.code == 2 and result.err.count("\n") == 1, (meta, result.err)
+        assert "links:" in result.err and "overlay.yaml" in result.err
+
+
 def test_a_failing_template_never_prints_a_secret(cli, state_dir):
     write_inventory(state_dir, runtime=("leaky",))
     folder = state_dir / "overlays" / "leaky"

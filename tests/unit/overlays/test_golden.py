@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from provisiond.config import REPO_ROOT, load_config
+from provisiond.config import SHIPPED_DIR, load_config
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
 from provisiond.overlays.source import list_overlay_dirs, load_overlay
@@ -20,7 +20,7 @@ from provisiond.overlays.source import list_overlay_dirs, load_overlay
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "overlays"
 GOLDEN = FIXTURES / "golden"
 NODES = ["n001", "n002", "svc1"]
-SHIPPED = sorted(p.name for p in (REPO_ROOT / "overlays").iterdir() if p.is_dir())
+SHIPPED = sorted(p.name for p in (SHIPPED_DIR / "overlays").iterdir() if p.is_dir())
 UPDATE = os.environ.get("PROVISIOND_UPDATE_GOLDEN") == "1"
 
 
