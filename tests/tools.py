@@ -24,3 +24,42 @@ def command(argv: list[str]) -> list[str]:
     if path is None:
         raise FileNotFoundError(f"{argv[0]}: not in {SEARCH_PATH}")
     return [path, *argv[1:]]
+
+
+SHARED_CACHE = "/var/tmp/provisiond-test-cache"
+TINY_DEBS = ("busybox-static", "linux-image-amd64")
+
+
+def private_deb_cache(folder: Path) -> Path:
+    """`folder` made a PROVISIOND_CACHE_DIR holding only the tiny image's downloaded .debs
+    (hard links into the machine-wide download cache, fetched there once), so a build with
+    it really unpacks them instead of reusing cached layer trees."""
+    from provisiond.config import load_config, write_default_config
+    from provisiond.images.debs import deb_sha256, fetch_deb
+
+    shared = Path(os.environ.get("PROVISIOND_CACHE_DIR") or SHARED_CACHE)
+    old = os.environ.get("PROVISIOND_CACHE_DIR")
+    os.environ["PROVISIOND_CACHE_DIR"] = str(shared)
+    try:
+        probe = folder / "probe"
+        write_default_config(probe)
+        for package in TINY_DEBS:
+            deb_sha256(fetch_deb(load_config(probe), package))
+    finally:
+        if old is None:
+            os.environ.pop("PROVISIOND_CACHE_DIR")
+        else:
+            os.environ["PROVISIOND_CACHE_DIR"] = old
+    shutil.rmtree(folder / "probe")
+    (folder / "debs").mkdir(parents=True)
+    for path in (shared / "debs").iterdir():
+        if path.name.endswith((".deb", ".sha256", ".json")):
+            _link_or_copy(path, folder / "debs" / path.name)
+    return folder
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)

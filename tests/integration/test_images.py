@@ -19,43 +19,24 @@ from provisiond import events as journal
 from provisiond.cli import main
 from provisiond.config import SHIPPED_DIR, load_config, write_default_config
 from provisiond.images import blob_path, build_image, load_manifest
-from provisiond.images.debs import deb_sha256, fetch_deb
+from tests.tools import private_deb_cache
 
 # Downloads Debian packages (busybox-static, the kernel) and mounts overlayfs (root).
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_CACHE = "/var/tmp/provisiond-test-cache"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def deb_cache(tmp_path_factory):
-    """A cache dir for this module holding only the downloaded .debs (hard links into the
-    machine-wide download cache), so the first tiny build below really unpacks them."""
-    shared = Path(os.environ.get("PROVISIOND_CACHE_DIR") or SHARED_CACHE)
+    """A cache dir for this module holding only the downloaded .debs, so the first tiny
+    build below really unpacks them."""
     old = os.environ.get("PROVISIOND_CACHE_DIR")
-    os.environ["PROVISIOND_CACHE_DIR"] = str(shared)
-    probe = tmp_path_factory.mktemp("probe")
-    write_default_config(probe)
-    for package in ("busybox-static", "linux-image-amd64"):
-        deb_sha256(fetch_deb(load_config(probe), package))
-    private = tmp_path_factory.mktemp("cache")
-    (private / "debs").mkdir()
-    for path in (shared / "debs").iterdir():
-        if path.name.endswith((".deb", ".sha256", ".json")):
-            _link_or_copy(path, private / "debs" / path.name)
-    os.environ["PROVISIOND_CACHE_DIR"] = str(private)
+    os.environ["PROVISIOND_CACHE_DIR"] = str(private_deb_cache(tmp_path_factory.mktemp("cache")))
     yield
     os.environ.pop("PROVISIOND_CACHE_DIR")
     if old is not None:
         os.environ["PROVISIOND_CACHE_DIR"] = old
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
 
 
 @pytest.fixture(scope="module")
