@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import ssl
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -154,6 +155,48 @@ class HttpSettings(_Section):
     """Unused since the gevent worker (no thread pool); accepted so older files still load."""
 
 
+class ApiSettings(_Section):
+    """The API's own listener (a management network), apart from the boot network's."""
+
+    bind: BindAddress | None = None
+    """None: /api/v1 is served by the boot listener (http.bind). An address: by a listener
+    of its own there, with TLS when tls_cert and tls_key are set; the boot listener then
+    serves only what nodes fetch (boot scripts, blobs, overlays, their status reports)."""
+    port: Port = 9874
+    workers: Annotated[int, bounded(1, 64)] = 1
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @field_validator("tls_cert", "tls_key")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"{value!r}: an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _tls(self) -> "ApiSettings":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both or neither")
+        if self.tls_cert and self.bind is None:
+            raise ValueError("TLS needs the API's own listener: set api.bind (the boot "
+                             "listener stays plain HTTP, which iPXE and the nodes speak)")
+        return self
+
+    @property
+    def url(self) -> str | None:
+        """Where the API answers, or None when it shares the boot listener."""
+        if self.bind is None:
+            return None
+        return f"{'https' if self.tls_cert else 'http'}://{url_host(self.bind)}:{self.port}"
+
+
+class LogSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+    """text: `time LEVEL logger message`; json: one object per line, for log shippers."""
+
+
 class DhcpSettings(_Section):
     enabled: bool = False
     interface: str | None = None
@@ -274,6 +317,8 @@ class Config(_Section):
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     server: ServerSettings = ServerSettings()
     http: HttpSettings = HttpSettings()
+    api: ApiSettings = ApiSettings()
+    log: LogSettings = LogSettings()
     dhcp: DhcpSettings = DhcpSettings()
     tftp: TftpSettings = TftpSettings()
     dns: DnsSettings = DnsSettings()
@@ -284,6 +329,14 @@ class Config(_Section):
     """Extra overlay search dirs, searched before the state dir's and the shipped ones."""
     image_dirs: list[Path] = []
     """Extra recipe dirs, searched before the state dir's and the shipped ones."""
+
+    @model_validator(mode="after")
+    def _listeners_apart(self) -> "Config":
+        api, http = self.api, self.http
+        if api.bind is not None and api.port == http.port and _overlap(api.bind, http.bind):
+            raise ValueError(f"api.port: {api.port} on {api.bind} is http.port on "
+                             f"{http.bind} too; give the API listener another port or address")
+        return self
 
     @property
     def server_url(self) -> str:
@@ -334,6 +387,11 @@ class Config(_Section):
         return [*self.image_dirs, self.state_dir / "recipes", SHIPPED_DIR / "images"]
 
 
+def _overlap(one: str, other: str) -> bool:
+    """Whether two bind addresses can clash on one port (the same, or one a wildcard)."""
+    return one == other or any(ipaddress.ip_address(a).is_unspecified for a in (one, other))
+
+
 def resolve_state_dir(flag: str | None) -> Path:
     """The state dir from the flag, else $PROVISIOND_STATE_DIR, else the default; absolute,
     so that no later cwd (Flask resolves relative files against its package) changes it."""
@@ -353,11 +411,11 @@ def load_config(state_dir: Path) -> Config:
         return Config(state_dir=state_dir, **data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+        where = "".join(f"{p}: " for p in (".".join(str(p) for p in err["loc"]),) if p)
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown setting"
-        raise InvalidConfig(f"{path}: {where}: {message}") from None
+        raise InvalidConfig(f"{path}: {where}{message}") from None
 
 
 def _read_text(path: Path) -> str:
@@ -379,6 +437,22 @@ def check_serving(config: Config, enabled: dict[str, bool]) -> None:
     if enabled.get("dhcp") and ":" in config.server.address:
         raise InvalidConfig(f"server.address: DHCP (v4) needs an IPv4 address, not "
                             f"{config.server.address}")
+    if enabled.get("api") and config.api.tls_cert:
+        check_tls(config.api)
+
+
+def check_tls(api: ApiSettings) -> None:
+    """The certificate and key load together (gunicorn would fail on each connection)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(api.tls_cert, api.tls_key)
+    except ssl.SSLError as exc:
+        raise InvalidConfig(f"api.tls_cert, api.tls_key: {api.tls_cert} and {api.tls_key} are "
+                            f"not a PEM certificate and its private key ({exc.reason or exc})"
+                            ) from None
+    except OSError as exc:
+        raise InvalidConfig(f"api.tls_cert, api.tls_key: cannot read {exc.filename or ''}: "
+                            f"{exc.strerror or exc}") from None
 
 
 CONFIG_TEMPLATE = """\
@@ -401,6 +475,21 @@ http:
   workers: 2             # 1-64
   connections: 1000      # open connections per worker, 10-100000 (idle ones close after 5 s)
   event_streams: 100     # /api/v1/events streams per worker, 1-10000 (more: 503)
+
+api:
+  # The HTTP API (/api/v1) on a listener of its own, e.g. on a management network.
+  # null: the API is served by the http listener above, beside the boot routes. An
+  # address: the API listens there, and the http listener serves only what nodes fetch.
+  bind: null
+  port: 9874
+  workers: 1             # 1-64
+  # TLS for the API listener: both paths (PEM), or neither for plain HTTP.
+  tls_cert: null
+  tls_key: null
+
+log:
+  level: INFO            # DEBUG, INFO, WARNING or ERROR (serve --log-level overrides)
+  format: text           # text, or json: one object per line for log shippers
 
 dhcp:
   # Answers known MACs with their reserved address and a boot file.

@@ -21,19 +21,23 @@ log = logging.getLogger("provisiond.api")
 MAX_BODY = 64 << 10  # the largest body any endpoint reads (a status report is ~100 bytes)
 
 
-def create_app(config: Config) -> Flask:
-    """The provisiond HTTP app for `config`: boot, blobs, overlays, status and /api/v1."""
-    from provisiond.api import blobs, boot, overlays, v1
+def create_app(config: Config, listener: str = "all") -> Flask:
+    """The provisiond HTTP app for `config`: boot, blobs, overlays, status and /api/v1.
+    `listener` boot or api answers only that listener's routes (provisiond.api.listeners)."""
+    from provisiond.api import blobs, boot, listeners, overlays, v1
     from provisiond.api.whole import WholeFiles
 
     app = Flask("provisiond", static_folder=None)
     app.config["PROVISIOND"] = config
+    app.config["PROVISIOND_LISTENER"] = listener
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # larger bodies: 413, never read
     app.extensions["provisiond"] = BootServices(config)
     for module in (boot, blobs, overlays):
         app.register_blueprint(module.bp)
     app.register_blueprint(v1.blueprint())
-    app.wsgi_app = WholeFiles(app.wsgi_app, app.extensions["provisiond"])
+    app.before_request(listeners.refuse_other_listeners_routes)
+    if listener != "api":  # it answers blobs and overlays ahead of the hook above
+        app.wsgi_app = WholeFiles(app.wsgi_app, app.extensions["provisiond"])
     app.register_error_handler(ProvisiondError, _provisiond_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
@@ -41,11 +45,13 @@ def create_app(config: Config) -> Flask:
 
 
 def create_app_from_env() -> Flask:
-    """For gunicorn: the state dir comes from $PROVISIOND_STATE_DIR."""
-    from provisiond.boot.logs import setup_logging
+    """For gunicorn: the state dir comes from $PROVISIOND_STATE_DIR, the listener's role
+    from $PROVISIOND_LISTENER (all, boot or api)."""
+    from provisiond.boot.logs import setup_logging_from_env
+    from provisiond.boot.supervisor import LISTENER_ENV
 
-    setup_logging(os.environ.get("PROVISIOND_LOG_LEVEL", "INFO"))
-    return create_app(load_config(resolve_state_dir(None)))
+    setup_logging_from_env()
+    return create_app(load_config(resolve_state_dir(None)), os.environ.get(LISTENER_ENV, "all"))
 
 
 # Slugs for HTTP errors werkzeug raises itself (routing, body size, parsing).

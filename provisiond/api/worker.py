@@ -17,6 +17,7 @@ import errno
 import json
 import os
 
+import gevent
 from gevent import socket as gsocket
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
@@ -112,8 +113,24 @@ class BootWorker(GeventWorker):
         except OSError:
             self.log.debug("Failed to send error message.")
 
+    def init_process(self):
+        # A greenlet's crash goes to the log as one line, not as a traceback on stderr.
+        gevent.get_hub().print_exception = self._greenlet_failed
+        if self.cfg.is_ssl:  # gevent's server does the TLS handshake before handle():
+            gsocket.setdefaulttimeout(SOCKET_TIMEOUT)  # a silent client must not hold it
+        super().init_process()
+
+    def _greenlet_failed(self, context, kind, value, tb) -> None:
+        """A client's fault (a failed or timed-out TLS handshake, plain HTTP on the TLS
+        port) is a debug line, as gunicorn logs its SSL errors; anything else is a bug."""
+        if kind is not None and issubclass(kind, OSError):
+            self.log.debug("connection ended before its request: %s: %s", kind.__name__, value)
+            return
+        self.log.error("greenlet %s failed: %s", context, value, exc_info=(kind, value, tb))
+
     def handle(self, listener, client, addr):
-        client.__class__ = SendfileSocket  # no new slots: the same object, other methods
+        if type(client) is gsocket.socket:  # with TLS (the API's listener), an SSLSocket
+            client.__class__ = SendfileSocket  # no new slots: the same object, other methods
         client.settimeout(SOCKET_TIMEOUT)
         # Not GeventWorker.handle: it makes the socket blocking, without a timeout.
         AsyncWorker.handle(self, listener, client, addr)

@@ -1,4 +1,5 @@
-"""`provisiond serve`: the enabled boot servers in one process, gunicorn as a child.
+"""`provisiond serve`: the enabled boot servers in one process, gunicorn as a child (two
+with the API on a listener of its own: the boot network's and the API's).
 
 DHCP, DNS and TFTP each run one loop in their own thread; the main thread stats the
 inventory once a second and swaps rebuilt tables in. SIGTERM stops everything cleanly.
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from provisiond.boot.logs import flush_logs
+from provisiond.boot.logs import FORMAT_ENV, LEVEL_ENV, flush_logs
 from provisiond.boot.phases import PHASE_FD_ENV, PhaseProcess
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config, check_serving, url_host
@@ -24,19 +25,39 @@ from provisiond.errors import ProvisiondError, ServeFailed
 
 log = logging.getLogger("provisiond.boot")
 T = TypeVar("T")
+_HTTP_NAMES = {"all": "http", "boot": "http", "api": "api"}  # as logs and errors name them
+LISTENER_ENV = "PROVISIOND_LISTENER"  # which routes a gunicorn answers (api/listeners.py)
 
 
-def gunicorn_command(config: Config) -> list[str]:
-    http = config.http
+def gunicorn_command(config: Config, listener: str = "all") -> list[str]:
+    """gunicorn for one HTTP listener: "all" or "boot" on http.bind, "api" on api.bind (with
+    TLS when a certificate is set)."""
+    bind, port, workers = _listener_address(config, listener)
     # One greenlet per connection (provisiond.api.worker): idle and slow clients hold no
     # thread; a request's headers must arrive within the keepalive timeout.
-    return [sys.executable, "-m", "gunicorn", "--bind", f"{url_host(http.bind)}:{http.port}",
-            "--workers", str(http.workers), "--worker-class", "provisiond.api.worker.BootWorker",
-            "--worker-connections", str(http.connections), "--keep-alive", "5",
-            "--graceful-timeout", "5",
-            "--no-control-socket",  # else every instance shares ~/.gunicorn/gunicorn.ctl
-            "--config", "python:provisiond.api.gunicorn_conf",
-            "provisiond.api:create_app_from_env()"]
+    command = [sys.executable, "-m", "gunicorn", "--bind", f"{url_host(bind)}:{port}",
+               "--workers", str(workers), "--worker-class", "provisiond.api.worker.BootWorker",
+               "--worker-connections", str(config.http.connections), "--keep-alive", "5",
+               "--graceful-timeout", "5",
+               "--no-control-socket",  # else every instance shares ~/.gunicorn/gunicorn.ctl
+               "--config", "python:provisiond.api.gunicorn_conf"]
+    if listener == "api" and config.api.tls_cert:
+        command += ["--certfile", config.api.tls_cert, "--keyfile", config.api.tls_key]
+    return [*command, "provisiond.api:create_app_from_env()"]
+
+
+def http_listeners(config: Config, enabled: dict[str, bool]) -> list[str]:
+    """The HTTP listeners to run: one for every route ("all"), or, with api.bind set, the
+    boot network's ("boot") and the API's ("api") apart."""
+    apart = config.api.bind is not None
+    listeners = ["boot" if apart else "all"] if enabled["http"] else []
+    return listeners + (["api"] if apart and enabled.get("api", True) else [])
+
+
+def _listener_address(config: Config, listener: str) -> tuple[str, int, int]:
+    if listener == "api":
+        return config.api.bind, config.api.port, config.api.workers
+    return config.http.bind, config.http.port, config.http.workers
 
 
 class Supervisor:
@@ -48,15 +69,16 @@ class Supervisor:
         self.stopping = threading.Event()
         self.udp: list = []
         self.tftp = None
-        self.gunicorn: subprocess.Popen | None = None
+        self.listeners = http_listeners(config, enabled)
+        self.gunicorns: dict[str, subprocess.Popen] = {}
         self.watcher = TableWatcher(config)
         self.phases: PhaseProcess | None = None
 
     def start(self) -> None:
-        if self.enabled["http"]:
-            http = self.config.http
-            _opening("http", http.bind, http.port, lambda: _probe_tcp(http.bind, http.port))
-        if self.enabled["dhcp"] or self.enabled["http"]:
+        for listener in self.listeners:
+            bind, port, _ = _listener_address(self.config, listener)
+            _opening(_HTTP_NAMES[listener], bind, port, lambda: _probe_tcp(bind, port))
+        if self.enabled["dhcp"] or self.listeners:
             self.phases = PhaseProcess(self.config)
         try:
             self._start_udp()
@@ -68,8 +90,8 @@ class Supervisor:
         except ProvisiondError:  # a port in use, a bad setting: stop what started
             self.stop()
             raise
-        if self.enabled["http"]:
-            self._start_http()
+        for listener in self.listeners:
+            self._start_http(listener)
         log.info("serving %s", ", ".join(name for name, on in self.enabled.items() if on))
 
     def _start_udp(self) -> None:
@@ -100,13 +122,17 @@ class Supervisor:
         threading.Thread(target=self.tftp.listen, name="tftp", daemon=True).start()
         log.info("tftp listening on %s:%s serving %s", tftp.bind, tftp.port, tftp.root)
 
-    def _start_http(self) -> None:
-        env = dict(os.environ, PROVISIOND_STATE_DIR=str(self.config.state_dir),
-                   **{PHASE_FD_ENV: str(self.phases.fd)})
-        self.gunicorn = subprocess.Popen(gunicorn_command(self.config), env=env,
-                                         pass_fds=(self.phases.fd,))
-        log.info("http (gunicorn pid %d) on %s:%s", self.gunicorn.pid,
-                 url_host(self.config.http.bind), self.config.http.port)
+    def _start_http(self, listener: str) -> None:
+        config = self.config
+        env = dict(os.environ, PROVISIOND_STATE_DIR=str(config.state_dir),
+                   **{PHASE_FD_ENV: str(self.phases.fd), LISTENER_ENV: listener,
+                      LEVEL_ENV: config.log.level, FORMAT_ENV: config.log.format})
+        self.gunicorns[listener] = subprocess.Popen(gunicorn_command(config, listener), env=env,
+                                                    pass_fds=(self.phases.fd,))
+        bind, port, _ = _listener_address(config, listener)
+        scheme = "https" if listener == "api" and config.api.tls_cert else "http"
+        log.info("%s (gunicorn pid %d) on %s://%s:%s", _HTTP_NAMES[listener],
+                 self.gunicorns[listener].pid, scheme, url_host(bind), port)
 
     def _node_for(self, address: str) -> str | None:
         entry = self.watcher.table.by_ip.get(address)
@@ -116,9 +142,11 @@ class Supervisor:
         """Reload tables when the inventory changes until stopped; the exit code (the caller
         stops the services)."""
         while not self.stopping.wait(1.0):
-            if self.gunicorn and self.gunicorn.poll() is not None:
-                log.error("gunicorn exited with %s; stopping", self.gunicorn.returncode)
-                return 1
+            for listener, gunicorn in self.gunicorns.items():
+                if gunicorn.poll() is not None:
+                    log.error("%s: gunicorn exited with %s; stopping", _HTTP_NAMES[listener],
+                              gunicorn.returncode)
+                    return 1
             if self.watcher.changed():
                 self._update_tables()
         return 0
@@ -142,13 +170,15 @@ class Supervisor:
             server.close()
         if self.tftp:
             self.tftp.stop(now=True)  # also before its loop began: it then ends at once
-        if self.gunicorn and self.gunicorn.poll() is None:
-            self.gunicorn.terminate()
+        running = [g for g in self.gunicorns.values() if g.poll() is None]
+        for gunicorn in running:
+            gunicorn.terminate()
+        for gunicorn in running:
             try:
-                self.gunicorn.wait(10)
+                gunicorn.wait(10)
             except subprocess.TimeoutExpired:
-                self.gunicorn.kill()
-                self.gunicorn.wait()
+                gunicorn.kill()
+                gunicorn.wait()
         if self.phases:
             self.phases.close()
 

@@ -36,7 +36,7 @@ def test_gunicorn_exit_ends_serve_with_code_1_and_one_stop(config, monkeypatch, 
     """A gunicorn that dies (e.g. its port is taken) ends serve with 1, not an OSError from
     stopping the phase writer twice."""
     monkeypatch.setattr(supervisor, "gunicorn_command",
-                        lambda config: [sys.executable, "-c", "raise SystemExit(3)"])
+                        lambda config, listener: [sys.executable, "-c", "raise SystemExit(3)"])
     config.http.bind, config.http.port = "127.0.0.1", free_tcp_port()  # serve probes it
     assert serve(config, {**NONE, "http": True}) == 1
 
@@ -72,12 +72,13 @@ from pathlib import Path
 from provisiond.boot import supervisor
 from provisiond.config import load_config
 
-supervisor.gunicorn_command = lambda config: [sys.executable, "-c", "import time; time.sleep(60)"]
+supervisor.gunicorn_command = lambda config, listener: [
+    sys.executable, "-c", "import time; time.sleep(60)"]
 started = supervisor.Supervisor._start_http
 
-def start_http(self):
-    started(self)
-    Path(sys.argv[2]).write_text(str(self.gunicorn.pid))
+def start_http(self, listener):
+    started(self, listener)
+    Path(sys.argv[2]).write_text(str(self.gunicorns[listener].pid))
     os.kill(os.getpid(), signal.SIGTERM)  # as if sent while serve was still starting
 
 supervisor.Supervisor._start_http = start_http
@@ -162,6 +163,6 @@ def test_an_http_port_in_use_is_one_line_before_anything_starts(config):
             with pytest.raises(ServeFailed, match=f"cannot start http on 127.0.0.1:"
                                f"{config.http.port}: Address already in use"):
                 server.start()
-            assert server.gunicorn is None and server.udp == []
+            assert server.gunicorns == {} and server.udp == []
         finally:
             server.stop()
