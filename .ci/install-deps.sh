@@ -12,8 +12,8 @@ APT_PACKAGES=(
   debootstrap busybox-static dpkg-dev
   # boot: iPXE binaries served over TFTP/HTTP
   ipxe
-  # tests: real DHCP/TFTP/DNS clients
-  dnsutils isc-dhcp-client tftp-hpa atftp
+  # tests: real DHCP/TFTP/DNS clients; bwrap for the systemd unit's file system sandbox
+  dnsutils isc-dhcp-client tftp-hpa atftp bubblewrap
   # bench: peers measured in the same run, and the HTTP load generator
   tftpd-hpa nginx-light wrk
   # lab: QEMU, firmware, libvirt, RA sender

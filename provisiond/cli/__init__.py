@@ -71,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     """The verb's exit code; errors become one line on stderr and their exit code."""
     from provisiond.cli.context import Context
+    from provisiond.cli.ownership import as_state_owner, verb_kind
 
     try:
-        return args.func(args, Context(args.state_dir)) or ExitCode.OK
+        ctx = Context(args.state_dir)
+        with as_state_owner(ctx.state_dir, verb_kind(args)):  # root: as the dir's owner
+            return args.func(args, ctx) or ExitCode.OK
     except ProvisiondError as exc:
         return _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from provisiond.cli import unit
+from provisiond.cli.ownership import hand_back
 from provisiond.config import CONFIG_NAME, SHIPPED_DIR, load_config, write_default_config
 from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
@@ -20,10 +22,19 @@ def register(subparsers) -> None:
     parser.add_argument("--address", help="server.address to write into a new provisiond.yaml")
     parser.add_argument("--no-profiles", action="store_true",
                         help="do not import the shipped example profiles")
+    parser.add_argument("--systemd", action="store_true",
+                        help="as root: also write the systemd unit that runs `provisiond serve` "
+                        "as --user, and give the state directory to that user")
+    parser.add_argument("--user", default="provisiond",
+                        help="the service's user for --systemd; must exist (default: provisiond)")
+    parser.add_argument("--unit-dir", default=str(unit.UNIT_DIR), type=Path,
+                        help=f"where --systemd writes {unit.UNIT_NAME} (default: %(default)s)")
     parser.set_defaults(func=run)
 
 
 def run(args, ctx) -> None:
+    # Before anything is written: root, a user to give the directory to, a unit to write.
+    unit_text = unit.unit_text(ctx.state_dir, args.user) if args.systemd else None
     existed = (ctx.state_dir / CONFIG_NAME).exists()
     path = write_default_config(ctx.state_dir)
     if args.address and not existed:
@@ -36,6 +47,14 @@ def run(args, ctx) -> None:
     print(f"{'kept' if existed else 'wrote'} {path}")
     if imported:
         print(f"imported profiles: {', '.join(imported)}")
+    if unit_text:
+        uid, gid, _ = unit.service_user(args.user)
+        hand_back(ctx.state_dir, uid, gid)
+        written = unit.write_unit(unit_text, args.unit_dir)
+        print(f"wrote {written}: `provisiond serve` as {args.user}, who now owns "
+              f"{ctx.state_dir}\n"
+              "next: systemctl daemon-reload && systemctl enable --now provisiond; then, as "
+              "root, `provisiond image build NAME` for the nodes' images")
 
 
 def import_profiles(config, folder: Path) -> list[str]:

@@ -15,6 +15,7 @@ from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.images.blobs import blob_path
+from provisiond.images.chroot import require_build_privileges
 from provisiond.images.build import build_image
 from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
                                          list_images, load_manifest)
@@ -30,6 +31,7 @@ def import_archive(config: Config, archive: Path, name: str, progress=None,
     folder back, so the image it built can still be rebuilt.
     """
     check_name(name)  # before anything is written under recipes/<name>
+    require_build_privileges("an image import")
     archive = Path(archive)
     if not archive.exists():
         raise InvalidInput(f"no such archive: {archive}")

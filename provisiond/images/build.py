@@ -29,6 +29,7 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
     """Build (or reuse) every layer of recipe `name` and publish its manifest.
 
     `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap)."""
+    chroot.require_build_privileges()
     started = time.monotonic()
     with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
         recipe = load_recipe(config, name)

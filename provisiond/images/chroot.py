@@ -10,13 +10,38 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from provisiond.errors import BuildFailed
+from provisiond.errors import BuildFailed, Forbidden
 
 CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "HOME": "/root",
               "INITRD": "No"}
 POLICY_RC = "usr/sbin/policy-rc.d"
 RESOLV = Path("/etc/resolv.conf")
+
+
+# Capability bits (linux/capability.h) a build needs: mounts (overlayfs, /proc, /sys, /dev)
+# and chroot; the unprivileged `provisiond serve` of the systemd unit has neither.
+BUILD_CAPABILITIES = {21: "CAP_SYS_ADMIN (mounts)", 18: "CAP_SYS_CHROOT"}
+
+
+def require_build_privileges(what: str = "an image build") -> None:
+    """Refuse before anything is written where the process cannot mount and chroot (a
+    build would fail half-way): image builds are root's work, done by the CLI."""
+    missing = [name for bit, name in BUILD_CAPABILITIES.items()
+               if not effective_capabilities() >> bit & 1]
+    if missing:
+        raise Forbidden(f"{what} needs root ({', '.join(missing)} missing in this process, "
+                        f"uid {os.geteuid()}): run `provisiond image ...` as root on the head "
+                        "node; `provisiond serve` runs unprivileged and builds no image")
+
+
+def effective_capabilities() -> int:
+    """This process's effective capability set (CapEff of /proc/self/status) as a bit mask."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
 
 
 def mount(*argv: str, cwd: Path | None = None) -> None:
