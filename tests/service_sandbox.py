@@ -56,8 +56,9 @@ def sandbox_argv(uid: int, gid: int, writable: list[Path], readable: list[Path] 
     for key, known in EMULATED.items():
         assert set(options.get(key, [])) <= known, f"{key}={options[key]} is not emulated"
     caps = ",".join(["-all", *(f"+{c}" for c in capabilities(options))])
-    fs = [tool("bwrap"), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-          "--tmpfs", "/dev/shm", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    fs = [tool("bwrap"), "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+          "--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "1777", "--tmpfs", "/tmp",
+          "--perms", "1777", "--tmpfs", "/var/tmp"]  # as PrivateTmp's and /dev/shm are
     for hidden in ("/home", "/root", "/run/user"):
         if os.path.isdir(hidden):
             fs += ["--tmpfs", hidden, "--remount-ro", hidden]
