@@ -12,6 +12,7 @@ import ipaddress
 import os
 import re
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,6 +25,7 @@ from provisiond.states import Compression
 
 DEFAULT_STATE_DIR = "/var/lib/provisiond"
 CONFIG_NAME = "provisiond.yaml"
+CACHE_NAME = "cache"  # <state>/cache: downloads and image layer trees (root file systems)
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 """The overlays, image recipes and profiles installed with the package (package data)."""
 # A DNS label, lowercase: a domain's labels here, and node, profile and image names
@@ -390,6 +392,16 @@ class Config(_Section):
 def _overlap(one: str, other: str) -> bool:
     """Whether two bind addresses can clash on one port (the same, or one a wildcard)."""
     return one == other or any(ipaddress.ip_address(a).is_unspecified for a in (one, other))
+
+
+def service_paths(state_dir: Path) -> Iterator[str]:
+    """Every path under the state dir that the service's user must own (serve writes
+    status, overlay builds, the journal...): all but the image layer cache, whose trees
+    are root file systems owned as on a node."""
+    for folder, dirs, files in os.walk(state_dir):
+        if Path(folder) == Path(state_dir) and CACHE_NAME in dirs:
+            dirs.remove(CACHE_NAME)
+        yield from (os.path.join(folder, name) for name in [*dirs, *files])
 
 
 def resolve_state_dir(flag: str | None) -> Path:

@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     FORBIDDEN = 6
     BMC_FAILED = 7
     SERVE_FAILED = 8
+    PREFLIGHT_FAILED = 9
     INTERRUPTED = 130
     STDOUT_CLOSED = 141
 
@@ -39,6 +40,7 @@ EXIT_CODE_MEANINGS = {
     ExitCode.BMC_FAILED: "a BMC failed or did not answer for at least one node (power, "
                          "bootdev, firmware, slurm); the others were done",
     ExitCode.SERVE_FAILED: "serve: a boot service could not start",
+    ExitCode.PREFLIGHT_FAILED: "doctor: a check found something that would stop a boot",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
     ExitCode.STDOUT_CLOSED: "the reader closed the output early (piped into head): the "
                             "command ends quietly, as one that SIGPIPE ends",

@@ -18,7 +18,7 @@ from provisiond.errors import ExitCode, ProvisiondError, exit_code_table
 # Each module has register(subparsers) that adds its noun(s) and sets `func` on the leaf
 # parsers; func(args, ctx) returns an exit code (None means 0). Listed in `--help` order.
 NOUN_MODULES = [
-    "init", "node", "profile", "apply", "image", "overlay", "serve",
+    "init", "node", "profile", "apply", "image", "overlay", "serve", "doctor",
     "power", "firmware", "slurm", "secret", "token", "audit",
 ]
 

@@ -17,9 +17,8 @@ import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
+from provisiond.config import service_paths
 from provisiond.errors import Forbidden
-
-LAYER_CACHE = "cache"  # <state>/cache: downloads and image layer trees (root file systems)
 
 
 def verb_kind(args) -> str:
@@ -58,12 +57,7 @@ def as_state_owner(state_dir: Path, kind: str) -> Iterator[None]:
 def hand_back(state_dir: Path, uid: int, gid: int) -> int:
     """chown to uid:gid what root owns under the state dir, the layer cache excepted;
     returns how many entries changed. Symlinks themselves are changed, never followed."""
-    changed = 0
-    for folder, dirs, files in os.walk(state_dir):
-        if Path(folder) == Path(state_dir) and LAYER_CACHE in dirs:
-            dirs.remove(LAYER_CACHE)
-        for name in [*dirs, *files]:
-            changed += _chown_if_root(os.path.join(folder, name), uid, gid)
+    changed = sum(_chown_if_root(path, uid, gid) for path in service_paths(state_dir))
     return changed + _chown_if_root(str(state_dir), uid, gid)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from provisiond.archive import TRUSTED
 from provisiond.atomic import write_atomic
-from provisiond.config import Config
+from provisiond.config import CACHE_NAME, Config
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import file_sha256
 
@@ -28,7 +28,7 @@ SOURCES = [Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d")]
 def cache_dir(config: Config) -> Path:
     """Where downloads and layer trees are cached (a shared dir may be set by env)."""
     shared = os.environ.get("PROVISIOND_CACHE_DIR")
-    return Path(shared) if shared else config.state_dir / "cache"
+    return Path(shared) if shared else config.state_dir / CACHE_NAME
 
 
 def run_tool(argv: list[str], what: str, **kwargs) -> str:
