@@ -72,6 +72,12 @@ def apart(tmp_path_factory):
     add_image(config, "tiny")
     SecretStore(config).set("nodes", ["n1", "n2"], BMC_PASSWORD, BMC_SECRET)
     digest = add_blob(config, b"a layer").split(":")[1]
+    made = subprocess.run([sys.executable, "-m", "provisiond", "--state-dir", str(state),
+                           "token", "create", "--role", "reader", "--name", "dashboard"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    token = made.stdout.strip()
+    assert made.returncode == 0 and token, made.stderr
     log_path = root / "serve.log"
     proc = start_serve(state, log_path=log_path)
     boot = f"http://127.0.0.1:{ports['http']}"
@@ -79,9 +85,9 @@ def apart(tmp_path_factory):
     tls = ssl.create_default_context(cafile=cert)
     try:
         wait_http(f"{boot}/boot/ipxe", proc)
-        _wait_tls(f"{api}/api/v1/status", tls, proc)
+        _wait_tls(f"{api}/api/v1/openapi.json", tls, proc)
         yield {"boot": boot, "api": api, "tls": tls, "log": log_path, "proc": proc,
-               "digest": digest, "config": config}
+               "digest": digest, "config": config, "token": token}
     finally:
         stop_serve(proc)
 
@@ -110,8 +116,9 @@ def fetch(url: str, tls=None, method: str = "GET", data: bytes | None = None,
 
 
 def test_the_api_answers_over_tls_with_the_configured_certificate(apart):
-    status, body = fetch(f"{apart['api']}/api/v1/status", apart["tls"])
-    assert status == 200 and isinstance(json.loads(body), dict)
+    status, body = fetch(f"{apart['api']}/api/v1/status", apart["tls"],
+                         headers={"Authorization": f"Bearer {apart['token']}"})
+    assert status == 200 and "items" in json.loads(body), body
     host, port = apart["api"].removeprefix("https://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as raw:
         with apart["tls"].wrap_socket(raw, server_hostname=host) as conn:
@@ -123,7 +130,7 @@ def test_the_api_listener_speaks_no_plain_http(apart):
     host, port = apart["api"].removeprefix("https://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=5)
     try:
-        conn.request("GET", "/api/v1/status")
+        conn.request("GET", "/api/v1/openapi.json")
         answer = conn.getresponse()
         assert answer.status == 400  # gunicorn refuses a plain request on a TLS port
     except (ConnectionError, http.client.HTTPException):
@@ -139,7 +146,7 @@ def test_a_client_silent_in_the_tls_handshake_is_disconnected(apart):
     host, port = apart["api"].removeprefix("https://").split(":")
     with socket.create_connection((host, int(port)), timeout=90) as sock:
         assert sock.recv(100) == b""  # closed by the server (a timeout here raises)
-    assert fetch(f"{apart['api']}/api/v1/status", apart["tls"])[0] == 200
+    assert fetch(f"{apart['api']}/api/v1/openapi.json", apart["tls"])[0] == 200
 
 
 def test_boot_routes_stay_on_the_boot_listener(apart):
@@ -154,7 +161,7 @@ def test_boot_routes_stay_on_the_boot_listener(apart):
 
 def test_the_api_is_not_on_the_boot_network_but_node_reports_are(apart):
     boot = apart["boot"]
-    status, body = fetch(f"{boot}/api/v1/status")
+    status, body = fetch(f"{boot}/api/v1/openapi.json")
     assert status == 404 and apart["api"].encode() in body, body
     assert fetch(f"{boot}/")[0] == 404
     report = fetch(f"{boot}/api/v1/status/n2", method="POST", data=b"phase=booted",
@@ -163,10 +170,11 @@ def test_the_api_is_not_on_the_boot_network_but_node_reports_are(apart):
 
 
 def test_every_log_line_is_json_with_a_level_and_none_holds_a_secret(apart):
-    fetch(f"{apart['api']}/api/v1/nodes?token={TOKEN}", apart["tls"],
-          headers={"Authorization": f"Bearer {TOKEN}"})
-    fetch(f"{apart['boot']}/boot/ipxe/{mac_of(2)}?token={TOKEN}",
-          headers={"Authorization": f"Bearer {TOKEN}"})
+    for token in (TOKEN, apart["token"]):  # an unknown token and a real one
+        fetch(f"{apart['api']}/api/v1/nodes?token={token}", apart["tls"],
+              headers={"Authorization": f"Bearer {token}"})
+        fetch(f"{apart['boot']}/boot/ipxe/{mac_of(2)}?token={token}",
+              headers={"Authorization": f"Bearer {token}"})
     stop_serve(apart["proc"])  # every buffered line written
     lines = apart["log"].read_text().splitlines()
     entries = [json.loads(line) for line in lines]  # gunicorn's own lines too
@@ -176,7 +184,7 @@ def test_every_log_line_is_json_with_a_level_and_none_holds_a_secret(apart):
     assert not [e for e in entries if e["level"] == "ERROR"], lines
     assert any(e["message"].startswith("n2 ipxe-script 200") for e in entries), lines
     text = apart["log"].read_text()
-    assert TOKEN not in text and BMC_SECRET not in text
+    assert TOKEN not in text and apart["token"] not in text and BMC_SECRET not in text
 
 
 @pytest.mark.parametrize("change, words", [
