@@ -118,8 +118,18 @@ def descendants(pid: int) -> list[int]:
     while todo:
         parent = todo.pop()
         for task in Path(f"/proc/{parent}/task").glob("*"):
-            children = (task / "children").read_text().split() if (task / "children").exists() else []
-            for child in map(int, children):
-                found.append(child)
-                todo.append(child)
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:  # the task ended meanwhile
+                continue
+            found += children
+            todo += children
     return found
+
+
+def argv_of(pid: int) -> list[bytes]:
+    """A process's argv ([] once it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []

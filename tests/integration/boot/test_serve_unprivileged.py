@@ -21,8 +21,8 @@ from bootdata import add_image, add_nodes, ip_of, mac_of
 from provisiond.cli.ownership import hand_back
 from provisiond.config import load_config, write_default_config
 from servers import stop_serve, write_config
-from tests.service_sandbox import (UNIT, descendants, effective_capabilities, process_uid,
-                                   sandbox_argv, service_python)
+from tests.service_sandbox import (UNIT, argv_of, descendants, effective_capabilities,
+                                   process_uid, sandbox_argv, service_python)
 from tests.tools import command
 
 UID = 64123  # no passwd entry needed: the unit's `provisiond` stands for any such user
@@ -165,8 +165,8 @@ def _serve_pid(proc: subprocess.Popen) -> int:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for pid in descendants(proc.pid):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"provisiond" in cmdline and b"serve" in cmdline:
+            argv = argv_of(pid)
+            if b"provisiond" in argv and b"serve" in argv:
                 return pid
         time.sleep(0.1)
     raise AssertionError("no provisiond serve process under the sandbox")
