@@ -26,6 +26,7 @@ from provisiond.errors import ProvisiondError, ServeFailed
 log = logging.getLogger("provisiond.boot")
 T = TypeVar("T")
 _HTTP_NAMES = {"all": "http", "boot": "http", "api": "api"}  # as logs and errors name them
+SERVICES = ("http", "dhcp", "tftp", "dns")
 LISTENER_ENV = "PROVISIOND_LISTENER"  # which routes a gunicorn answers (api/listeners.py)
 
 
@@ -44,6 +45,30 @@ def gunicorn_command(config: Config, listener: str = "all") -> list[str]:
     if listener == "api" and config.api.tls_cert:
         command += ["--certfile", config.api.tls_cert, "--keyfile", config.api.tls_key]
     return [*command, "provisiond.api:create_app_from_env()"]
+
+
+def enabled_services(config: Config, overrides: dict[str, bool | None] | None = None
+                     ) -> dict[str, bool]:
+    """What serve runs: each service's `enabled` setting, the API's own listener when
+    api.bind is set, then `overrides` (serve's --X/--no-X flags; None keeps the setting)."""
+    enabled = {name: getattr(config, name).enabled for name in SERVICES}
+    enabled["api"] = config.api.bind is not None
+    enabled.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return enabled
+
+
+def service_sockets(config: Config, enabled: dict[str, bool]) -> list[tuple[str, str, str, int]]:
+    """(service, tcp|udp, bind, port) of every socket serve opens (doctor probes them)."""
+    from provisiond.boot.dhcp import PROXY_PORT
+
+    found = [(_HTTP_NAMES[listener], "tcp", *_listener_address(config, listener)[:2])
+             for listener in http_listeners(config, enabled)]
+    dhcp = config.dhcp
+    if enabled["dhcp"]:
+        found += [("dhcp", "udp", dhcp.bind, dhcp.port)]
+        found += [("dhcp", "udp", dhcp.bind, PROXY_PORT)] if dhcp.proxy else []
+    return found + [(name, "udp", getattr(config, name).bind, getattr(config, name).port)
+                    for name in ("tftp", "dns") if enabled[name]]
 
 
 def http_listeners(config: Config, enabled: dict[str, bool]) -> list[str]:

@@ -6,7 +6,7 @@ import argparse
 
 from provisiond.boot.logs import FORMATS, LEVELS
 
-SERVICES = ("http", "dhcp", "tftp", "dns")
+SERVICES = ("http", "dhcp", "tftp", "dns")  # as provisiond.boot.supervisor.SERVICES
 
 
 def register(subparsers) -> None:
@@ -34,18 +34,16 @@ def register(subparsers) -> None:
 
 def handler(args, ctx) -> int:
     from provisiond.boot.logs import setup_logging
-    from provisiond.boot.supervisor import serve
+    from provisiond.boot.supervisor import enabled_services, serve
     from provisiond.errors import InvalidInput
 
     config = ctx.config
     log = config.log.model_copy(update={"level": args.log_level or config.log.level,
                                         "format": args.log_format or config.log.format})
     config = config.model_copy(update={"log": log})
-    setup_logging(log.level, log.format)
-    enabled = {name: getattr(config, name).enabled if getattr(args, name) is None
-               else getattr(args, name) for name in SERVICES}
     if args.api and config.api.bind is None:
         raise InvalidInput("--api: the API has no listener of its own until api.bind is set "
                            "in provisiond.yaml (it is served on the http listener)")
-    enabled["api"] = config.api.bind is not None if args.api is None else args.api
-    return serve(config, enabled)
+    setup_logging(log.level, log.format)
+    flags = {name: getattr(args, name) for name in (*SERVICES, "api")}
+    return serve(config, enabled_services(config, flags))

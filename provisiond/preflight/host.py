@@ -10,6 +10,7 @@ import platform
 import socket
 from pathlib import Path
 
+from provisiond.boot.supervisor import enabled_services, service_sockets
 from provisiond.config import Config, check_serving, service_paths, url_host
 from provisiond.errors import InvalidConfig
 from provisiond.preflight import Finding, fail, ok, warn
@@ -17,13 +18,6 @@ from provisiond.preflight.sockets import is_provisiond_serve, port_owner
 
 IPXE_FILES = ("undionly.kpxe", "snponly.efi", "ipxe.efi")  # BIOS, UEFI, UEFI HTTP boot
 SHOWN = 3  # paths named in one finding
-
-
-def enabled_services(config: Config) -> dict[str, bool]:
-    """What `provisiond serve` would start with these settings and no flags."""
-    enabled = {name: getattr(config, name).enabled for name in ("http", "dhcp", "tftp", "dns")}
-    enabled["api"] = config.api.bind is not None
-    return enabled
 
 
 def check_host(config: Config) -> list[Finding]:
@@ -47,29 +41,9 @@ def check_settings(config: Config) -> list[Finding]:
     return findings
 
 
-def listeners(config: Config) -> list[tuple[str, str, str, int]]:
-    """(service, protocol, bind, port) of every socket serve would open."""
-    from provisiond.boot.dhcp import PROXY_PORT
-
-    enabled = enabled_services(config)
-    found = []
-    if enabled["http"]:
-        found.append(("http", "tcp", config.http.bind, config.http.port))
-    if enabled["api"]:
-        found.append(("api", "tcp", config.api.bind, config.api.port))
-    if enabled["dhcp"]:
-        found.append(("dhcp", "udp", config.dhcp.bind, config.dhcp.port))
-        if config.dhcp.proxy:
-            found.append(("dhcp", "udp", config.dhcp.bind, PROXY_PORT))
-    for name in ("tftp", "dns"):
-        if enabled[name]:
-            section = getattr(config, name)
-            found.append((name, "udp", section.bind, section.port))
-    return found
-
-
 def check_listeners(config: Config) -> list[Finding]:
-    return [_check_listener(*listener) for listener in listeners(config)]
+    return [_check_listener(*socket_) for socket_ in
+            service_sockets(config, enabled_services(config))]
 
 
 def _check_listener(service: str, protocol: str, bind: str, port: int) -> Finding:
