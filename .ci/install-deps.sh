@@ -14,6 +14,8 @@ APT_PACKAGES=(
   ipxe
   # tests: real DHCP/TFTP/DNS clients; bwrap for the systemd unit's file system sandbox
   dnsutils isc-dhcp-client tftp-hpa atftp bubblewrap
+  # tests: the zsh completion script
+  zsh
   # bench: peers measured in the same run, and the HTTP load generator
   tftpd-hpa nginx-light wrk
   # lab: QEMU, firmware, libvirt, RA sender
