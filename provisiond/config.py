@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 
-from provisiond.documents import load_yaml_mapping
+from provisiond.documents import Schema, load_yaml_mapping
 from provisiond.errors import InvalidConfig
 from provisiond.states import Compression
 
@@ -153,8 +153,6 @@ class HttpSettings(_Section):
     """Open connections per worker (each a greenlet); beyond it, new ones wait in the backlog."""
     event_streams: Annotated[int, bounded(1, 10_000)] = 100
     """`GET /api/v1/events` streams per worker (each holds a connection); beyond it, 503."""
-    threads: int | None = None
-    """Unused since the gevent worker (no thread pool); accepted so older files still load."""
 
 
 class ApiSettings(_Section):
@@ -410,14 +408,34 @@ def resolve_state_dir(flag: str | None) -> Path:
     return Path(flag or os.environ.get("PROVISIOND_STATE_DIR") or DEFAULT_STATE_DIR).absolute()
 
 
+def _drop_http_threads(data: dict) -> dict:
+    """Settings 1 -> 2: http.threads went with gunicorn's thread worker (gevent has none)."""
+    http = data.get("http")
+    if isinstance(http, dict) and "threads" in http:
+        data = {**data, "http": {k: v for k, v in http.items() if k != "threads"}}
+    return data
+
+
+SETTINGS_SCHEMA = Schema("settings", 2, {1: _drop_http_threads})
+
+
+def read_settings(path: Path) -> tuple[str, dict, int]:
+    """(the file's text, its settings at the current schema, the schema it was written in);
+    a missing file is ("", {}, current)."""
+    if not path.exists():
+        return "", {}, SETTINGS_SCHEMA.current
+    text = _read_text(path)
+    data = load_yaml_mapping(text, str(path), InvalidConfig, "a mapping at the top level")
+    data, version = SETTINGS_SCHEMA.upgrade(data, str(path), InvalidConfig)
+    return text, data, version
+
+
 def load_config(state_dir: Path) -> Config:
-    """Read `<state_dir>/provisiond.yaml`; a missing file means all defaults."""
+    """Read `<state_dir>/provisiond.yaml` (an older schema migrated in memory; the CLI
+    rewrites the file, see provisiond.cli.context); a missing file means all defaults."""
     state_dir = Path(state_dir).absolute()
     path = state_dir / CONFIG_NAME
-    data: dict = {}
-    if path.exists():
-        data = load_yaml_mapping(_read_text(path), str(path), InvalidConfig,
-                                 "a mapping at the top level")
+    _, data, _ = read_settings(path)
     data.pop("state_dir", None)
     try:
         return Config(state_dir=state_dir, **data)
@@ -467,9 +485,13 @@ def check_tls(api: ApiSettings) -> None:
                             f"{exc.strerror or exc}") from None
 
 
-CONFIG_TEMPLATE = """\
+CONFIG_TEMPLATE = f"""\
 # provisiond settings. Every key is optional; the values shown are the defaults
 # unless noted. Changes take effect when `provisiond serve` restarts.
+
+# The format of this file: a newer provisiond migrates an older one (keeping the
+# original as provisiond.yaml.schema-N.bak), an older one refuses a newer one.
+schema: {SETTINGS_SCHEMA.current}
 
 server:
   # The address nodes use to reach this server: it goes into DHCP answers and

@@ -1,7 +1,12 @@
 """Reading the YAML documents provisiond is driven by (settings, inventory, recipes,
-overlay metadata, apply files): libyaml when present, one clear line on any error."""
+overlay metadata, apply files): libyaml when present, one clear line on any error; and the
+schema versions of the two it writes (settings, inventory)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
@@ -110,3 +115,38 @@ def load_yaml_mapping(text: str | bytes, origin: str, error: type[InvalidInput] 
     if not isinstance(data, dict):
         raise error(f"{origin}: expected {expected}")
     return data
+
+
+SCHEMA_KEY = "schema"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A document's format version and the steps bringing older ones up to it: a file
+    without the key is version 1 (written before versions were); a newer one than this
+    provisiond knows is refused, never half-read."""
+
+    name: str
+    current: int
+    migrations: dict[int, Callable[[dict], dict]] = field(default_factory=dict)
+    """version N -> the function turning an N document into an N+1 one"""
+
+    def upgrade(self, data: dict, origin: str, error: type[InvalidInput] = InvalidInput
+                ) -> tuple[dict, int]:
+        """(the document at the current version, without the key; the version it had)."""
+        data = dict(data)
+        version = data.pop(SCHEMA_KEY, 1)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise error(f"{origin}: {SCHEMA_KEY}: {version!r} is not a version (1, 2, ...)")
+        if version > self.current:
+            raise error(f"{origin}: written by a newer provisiond ({self.name} schema "
+                        f"{version}; this one reads up to {self.current}): upgrade provisiond "
+                        "(or put back the backup the newer one made when it migrated it)")
+        for step in range(version, self.current):
+            data = self.migrations[step](data)
+        return data, version
+
+
+def backup_path(path: Path, version: int) -> Path:
+    """Where the file as it was at `version` is kept when it is migrated."""
+    return path.with_name(f"{path.name}.schema-{version}.bak")

@@ -6,14 +6,22 @@ printer here passes it through `printable`, so no escape sequence reaches the te
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
+import re
 import shutil
 import sys
 import unicodedata
 from functools import cached_property
+from pathlib import Path
 
-from provisiond.config import CONFIG_NAME, Config, load_config, resolve_state_dir
+import yaml
+
+from provisiond.atomic import write_atomic
+from provisiond.config import (CONFIG_NAME, SETTINGS_SCHEMA, Config, load_config, read_settings,
+                               resolve_state_dir)
+from provisiond.documents import SCHEMA_KEY, backup_path, load_yaml_mapping
 from provisiond.errors import InvalidInput, StateDirNotFound
 from provisiond.service.secrets import MAX_VALUE as MAX_SECRET
 
@@ -30,7 +38,8 @@ class Context:
     def config(self) -> Config:
         """The state dir's settings; a dir `init` never made is StateDirNotFound, so a
         mistyped path never becomes a new, empty cluster."""
-        config = load_config(self.state_dir)
+        config = load_config(self.state_dir)  # valid, so migrating its file is safe
+        migrate_settings(self.state_dir / CONFIG_NAME)
         if not (self.state_dir / CONFIG_NAME).is_file() and not config.inventory_path.is_file():
             raise StateDirNotFound(
                 f"no provisiond state in {self.state_dir} (no {CONFIG_NAME}, no inventory): "
@@ -78,6 +87,27 @@ class Context:
         print(_format_row(columns, widths))
         for row in cells:
             print(_format_row(row, widths))
+
+
+def migrate_settings(path: Path) -> None:
+    """Rewrite a provisiond.yaml of an older schema in the current one, the original kept
+    beside it. A migration that changed no value only gets the `schema:` line (comments
+    kept); otherwise the file is written anew (the backup has the comments). Best effort:
+    a reader who may not write it still gets the migrated settings (load_config)."""
+    text, data, version = read_settings(path)
+    if version == SETTINGS_SCHEMA.current:
+        return
+    before = {k: v for k, v in load_yaml_mapping(text, str(path)).items() if k != SCHEMA_KEY}
+    stamp = f"{SCHEMA_KEY}: {SETTINGS_SCHEMA.current}\n"
+    if before == data:
+        migrated = stamp + re.sub(rf"(?m)^{SCHEMA_KEY}:.*\n?", "", text)
+    else:
+        migrated = (f"# provisiond settings, migrated from schema {version}; as it was: "
+                    f"{backup_path(path, version).name}\n{stamp}"
+                    + yaml.safe_dump(data, sort_keys=False))
+    with contextlib.suppress(OSError):
+        write_atomic(backup_path(path, version), text)
+        write_atomic(path, migrated)
 
 
 def printable(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterator
 
 import yaml
@@ -12,13 +13,15 @@ from pydantic import ValidationError
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.documents import load_yaml_mapping
+from provisiond.documents import SCHEMA_KEY, Schema, backup_path, load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.values import CONTROL_RE, check_text
 from provisiond.inventory.validate import validate_inventory
 
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
+# The file's format (`schema:`): no older one to migrate yet (Schema's migrations go here).
+INVENTORY_SCHEMA = Schema("inventory", 1)
 
 
 class InventoryStore:
@@ -37,6 +40,8 @@ class InventoryStore:
         self.path = config.inventory_path
         self.lock_path = config.state_dir / "inventory.lock"
         self.cache_path = config.state_dir / ".inventory.cache.json"
+        self.read_schema = INVENTORY_SCHEMA.current
+        """The schema of the file last read (an older one is migrated on read)."""
 
     def read(self) -> Inventory:
         try:
@@ -48,6 +53,7 @@ class InventoryStore:
         if data is None:
             data = load_inventory_yaml(raw, str(self.path))
             self._write_cache(digest, data)
+        data, self.read_schema = INVENTORY_SCHEMA.upgrade(data, str(self.path), InvalidInventory)
         return validate_inventory_data(data, str(self.path))
 
     def _cached(self, digest: str) -> dict | None:
@@ -90,14 +96,18 @@ class InventoryStore:
             if data | {"revision": 0} == before | {"revision": 0} or not write:
                 return
             draft.revision = data["revision"] = current.revision + 1
-            text = (HEADER + dump_yaml(data)).encode()
+            text = (HEADER + dump_yaml({SCHEMA_KEY: INVENTORY_SCHEMA.current, **data})).encode()
+            if self.read_schema < INVENTORY_SCHEMA.current:  # migrated: keep the original
+                shutil.copy2(self.path, backup_path(self.path, self.read_schema))
             write_atomic(self.path, text)
             self._write_cache(hashlib.sha256(text).hexdigest(), data)
 
 
 def parse_inventory(text: str, origin: str) -> Inventory:
     """Parse and schema-check inventory YAML; errors name the record and field."""
-    return validate_inventory_data(load_inventory_yaml(text, origin), origin)
+    data, _ = INVENTORY_SCHEMA.upgrade(load_inventory_yaml(text, origin), origin,
+                                       InvalidInventory)
+    return validate_inventory_data(data, origin)
 
 
 def load_inventory_yaml(text: str | bytes, origin: str) -> dict:

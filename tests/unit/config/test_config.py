@@ -152,3 +152,38 @@ def test_a_relative_state_dir_is_made_absolute(tmp_path, monkeypatch):
     write_default_config(Path("state"))
     assert load_config(Path("state")).state_dir == tmp_path / "state"
     assert resolve_state_dir("state") == tmp_path / "state"
+
+
+def test_older_settings_are_migrated_with_a_backup_and_comments_kept(tmp_path, capsys):
+    """Schema 1 (no `schema:` key) had http.threads; a file that used it is rewritten
+    without it, one that did not only gets the schema line; the original stays beside."""
+    from provisiond.cli import main
+
+    path = tmp_path / "provisiond.yaml"
+    plain = "# my site\nhttp:\n  port: 9999   # our port\n"
+    path.write_text(plain)
+    assert main(["--state-dir", str(tmp_path), "node", "list"]) == 0
+    assert path.read_text() == "schema: 2\n" + plain
+    assert (tmp_path / "provisiond.yaml.schema-1.bak").read_text() == plain
+    old = "http:\n  threads: 8\n  port: 9998\n"
+    path.write_text(old)
+    assert load_config(tmp_path).http.port == 9998  # in memory, by any reader
+    assert main(["--state-dir", str(tmp_path), "node", "list"]) == 0
+    assert "threads" not in path.read_text() and "schema: 2" in path.read_text()
+    assert (tmp_path / "provisiond.yaml.schema-1.bak").read_text() == old
+    assert load_config(tmp_path).http.port == 9998
+
+
+@pytest.mark.parametrize("schema, words", [(3, "written by a newer provisiond (settings "
+                                               "schema 3; this one reads up to 2)"),
+                                           ("two", "is not a version"), (0, "is not a version")])
+def test_a_newer_or_bad_settings_schema_is_refused_untouched(tmp_path, capsys, schema, words):
+    from provisiond.cli import main
+
+    path = tmp_path / "provisiond.yaml"
+    path.write_text(f"schema: {schema}\nhttp: {{port: 9999}}\n")
+    before = path.read_bytes()
+    assert main(["--state-dir", str(tmp_path), "node", "list"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+    assert path.read_bytes() == before and not list(tmp_path.glob("*.bak"))

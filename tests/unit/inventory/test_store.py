@@ -66,3 +66,37 @@ def test_json_cache_follows_the_yaml(config):
     assert store.read().nodes["n1"].image == "other"
     cache.write_text("{not json")
     assert store.read().nodes["n1"].image == "other"
+
+
+def test_the_inventory_carries_its_schema_and_a_newer_one_is_refused(config):
+    with InventoryStore(config).edit() as inventory:
+        inventory.nodes["n1"] = Record()
+    assert config.inventory_path.read_text().splitlines()[1] == "schema: 1"
+    text = config.inventory_path.read_text().replace("schema: 1", "schema: 2")
+    config.inventory_path.write_text(text)
+    with pytest.raises(InvalidInventory, match="written by a newer provisiond \\(inventory "
+                       "schema 2; this one reads up to 1\\)"):
+        InventoryStore(config).read()
+    with pytest.raises(InvalidInventory):
+        with InventoryStore(config).edit():
+            pass
+    assert config.inventory_path.read_text() == text
+
+
+def test_an_older_inventory_is_migrated_on_its_next_write_with_a_backup(config, monkeypatch):
+    """No older inventory format exists yet: a migration 1 -> 2 stands in for the first."""
+    from provisiond.documents import Schema
+    from provisiond.inventory import store
+
+    with InventoryStore(config).edit() as inventory:
+        inventory.nodes["n1"] = Record(comment="old")
+    old = config.inventory_path.read_text()
+    monkeypatch.setattr(store, "INVENTORY_SCHEMA", Schema("inventory", 2, {1: lambda data: {
+        **data, "nodes": {n: {**r, "comment": "migrated"} for n, r in data["nodes"].items()}}}))
+    assert InventoryStore(config).read().nodes["n1"].comment == "migrated"
+    assert config.inventory_path.read_text() == old  # reading writes nothing
+    with InventoryStore(config).edit() as inventory:
+        inventory.nodes["n2"] = Record()
+    assert (config.state_dir / "inventory.yaml.schema-1.bak").read_text() == old
+    assert config.inventory_path.read_text().splitlines()[1] == "schema: 2"
+    assert InventoryStore(config).read().nodes["n1"].comment == "migrated"
