@@ -3,8 +3,9 @@
 The boot listener, on the boot network, answers only what nodes fetch: iPXE scripts, boot
 files, blobs, overlays and their own status reports. The API listener (a management
 network, TLS when configured) answers everything else: /api/v1, /metrics, the status page.
-With `api.bind` unset one listener answers both ("all"). A route nodes need (a new
-node-facing endpoint) must be named in BOOT_ROUTES, or nodes on the boot network lose it.
+With `api.bind` unset one listener answers both ("all"). An /api/v1 route nodes call
+while they boot (the credential exchange, status reports) says so in its registration
+(`route(..., nodes=True)`), and the boot listener answers it.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from flask import current_app, request
 from provisiond.errors import NotFound
 
 BOOT_PREFIXES = ("/boot/", "/blobs/", "/overlays/")
-# (method, path prefix) of the node-facing routes outside BOOT_PREFIXES.
-BOOT_ROUTES = (("POST", "/api/v1/status/"),)
 
 
-def is_boot_route(method: str, path: str) -> bool:
-    """Whether nodes on the boot network use this route."""
-    return path.startswith(BOOT_PREFIXES) or any(
-        method == m and path.startswith(prefix) for m, prefix in BOOT_ROUTES)
+def is_boot_route(path: str, endpoint: str | None) -> bool:
+    """Whether nodes on the boot network use this route (`endpoint`: Flask's, None when
+    no route matched)."""
+    from provisiond.api.v1 import node_endpoints
+
+    return path.startswith(BOOT_PREFIXES) or endpoint in node_endpoints()
 
 
 def refuse_other_listeners_routes() -> None:
@@ -29,7 +30,7 @@ def refuse_other_listeners_routes() -> None:
     listener = current_app.config["PROVISIOND_LISTENER"]
     if listener == "all":
         return
-    boot = is_boot_route(request.method, request.path)
+    boot = is_boot_route(request.path, request.endpoint)
     if listener == "boot" and not boot:
         api = current_app.config["PROVISIOND"].api.url
         raise NotFound(f"{request.path[:200]} is not served on the boot network; the API "

@@ -29,7 +29,7 @@ from provisiond.inventory.store import describe_validation_error
 from provisiond.service import journal
 
 __all__ = ["bp", "route", "reply", "config", "if_match", "Page", "Role",
-           "Principal", "OPERATIONS", "blueprint"]
+           "Principal", "OPERATIONS", "blueprint", "node_endpoints"]
 
 PREFIX = "/api/v1"
 bp = Blueprint("api_v1", __name__, url_prefix=PREFIX)
@@ -58,6 +58,7 @@ class Operation:
     also: tuple[int, ...] = ()
     forms: bool = False
     errors: tuple[int, ...] = ()
+    nodes: bool = False
 
 
 OPERATIONS: list[Operation] = []
@@ -76,20 +77,23 @@ def route(rule: str, method: str, *, role: Role | None, summary: str,
           body: type[BaseModel] | None = None, query: type[BaseModel] | None = None,
           response: type[BaseModel] | None = None, status: int = 200, tags=(),
           operation_id: str | None = None, produces: str = "application/json",
-          also: tuple[int, ...] = (), forms: bool = False, errors: tuple[int, ...] = ()):
+          also: tuple[int, ...] = (), forms: bool = False, errors: tuple[int, ...] = (),
+          nodes: bool = False):
     """Register the decorated view at `PREFIX + rule` for `method` (see the module doc).
     The operation id is MODULE_FUNCTION unless given (views made by a factory); `produces`
     is the media type of a view answering other than JSON (with its own Response); `also`
     other success statuses it may answer (a PUT that creates: 201); `forms`: the body may
     also come as an HTML form (the node agent's reports); `errors` error statuses beyond
-    those every operation of its kind may answer (503 of a bounded stream)."""
+    those every operation of its kind may answer (503 of a bounded stream); `nodes`: nodes
+    call it while they boot, so the boot listener answers it (provisiond.api.listeners)."""
 
     def decorate(view):
         module = view.__module__.rsplit(".", 1)[-1]
         endpoint = operation_id or f"{module}_{view.__name__}"
         op = Operation(rule, method.upper(), endpoint, role, summary,
                        (view.__doc__ or "").strip(), body, query, response, status,
-                       tuple(tags) or (module,), produces, tuple(also), forms, tuple(errors))
+                       tuple(tags) or (module,), produces, tuple(also), forms, tuple(errors),
+                       nodes)
 
         @functools.wraps(view)
         def wrapper(**path_args):
@@ -100,6 +104,11 @@ def route(rule: str, method: str, *, role: Role | None, summary: str,
         return view
 
     return decorate
+
+
+def node_endpoints() -> frozenset[str]:
+    """The Flask endpoints of the routes registered with `nodes=True`."""
+    return frozenset(f"{bp.name}.{op.endpoint}" for op in OPERATIONS if op.nodes)
 
 
 def blueprint() -> Blueprint:

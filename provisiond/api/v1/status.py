@@ -64,7 +64,7 @@ class PhaseReport(BaseModel):
 
 @route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (with its "
        "node credential: Authorization: Bearer)", body=PhaseReport, forms=True,
-       response=NodeStatus)
+       response=NodeStatus, nodes=True)
 def report(principal, body: PhaseReport, query, node: str):
     """booted, runtime, configured, ready or failed; dhcp, ipxe and kernel are recorded from
     what the server sees, never from a report."""

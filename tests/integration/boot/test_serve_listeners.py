@@ -168,6 +168,10 @@ def test_the_api_is_not_on_the_boot_network_but_node_reports_are(apart):
                    headers={"Content-Type": "application/x-www-form-urlencoded"})
     # the node-report route answers there (it wants the node's credential), not a 404
     assert report[0] == 401 and b"node's credential" in report[1], report
+    exchange = fetch(f"{boot}/api/v1/credentials/n2", method="POST", data=b"token=forged",
+                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    # the credential exchange too: a node boots on this network (refused here: no token)
+    assert exchange[0] == 401 and b"token" in exchange[1], exchange
 
 
 def test_every_log_line_is_json_with_a_level_and_none_holds_a_secret(apart):
