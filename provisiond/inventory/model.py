@@ -240,6 +240,12 @@ class Inventory(BaseModel):
         }
 
 
+_DIGITS_RE = re.compile(r"([0-9]+)")
+
+
 def node_sort_key(name: str) -> tuple:
-    """Natural order: n2 before n10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+    """Natural order: n2 before n10. Only ASCII digits count as numbers: '²' or '٣' (which
+    `\\d` and str.isdigit take for digits) stay text, so any string has a key (a forged
+    continue token or range holds anything)."""
+    parts = _DIGITS_RE.split(name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))

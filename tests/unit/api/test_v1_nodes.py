@@ -2,6 +2,7 @@
 ETags and If-Match, merge-patch, ranges with consecutive addresses, pages, selectors, the
 merged view, audit records and events, and the error shape for each kind of bad input."""
 
+import base64
 import json
 
 import pytest
@@ -235,6 +236,29 @@ def test_pages_over_2500_nodes_have_no_repeats_and_no_gaps(api, config):
             break
     assert pages == 8 and len(seen) == len(set(seen)) == 2500
     assert seen == [f"n{i}" for i in range(1, 2501)]  # natural order
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nodes", "/api/v1/profiles", "/api/v1/status"])
+@pytest.mark.parametrize("after", ["\u00b2", "n\u0663", "zzz", "", "n2"])
+def test_a_forged_continue_token_naming_any_text_is_no_server_error(api, path, after):
+    """A continue token is ours, but a client can forge one naming any string: '²' was a
+    ValueError in the natural sort key (500)."""
+    create(api, "n[1-3]")
+    cursor = base64.urlsafe_b64encode(json.dumps({"after": after}).encode()).decode()
+    response = api.call(Role.READER, "GET", f"{path}?limit=1&continue={cursor.rstrip('=')}")
+    assert response.status_code == 200, response.data
+    expected = {"n2": ["n3"], "": ["n1"]}.get(after, [])  # after every ASCII name
+    assert [item.get("name", item.get("node")) for item in response.json["items"]] == (
+        [] if path == "/api/v1/profiles" else expected)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nodes", "/api/v1/status"])
+@pytest.mark.parametrize("names", ["\u00b2", "n\u00b2", "x[1-2],\u00b2"])
+def test_a_range_of_unicode_digits_selects_nothing(api, path, names):
+    create(api, "n[1-3]")
+    response = api.call(Role.READER, "GET", f"{path}?names={names}")
+    assert response.status_code == 200, response.data
+    assert response.json["items"] == []
 
 
 def test_pages_stay_whole_while_other_nodes_come_and_go(api, config):

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from provisiond.errors import InvalidInput, InvalidInventory
-from provisiond.inventory.model import Inventory, Record
+from provisiond.inventory.model import Inventory, Record, node_sort_key
 from provisiond.inventory.ranges import (MAX_RANGE_NODES, consecutive, expand, fold,
                                          spread_addresses)
 from provisiond.inventory.validate import validate_inventory
@@ -17,6 +17,22 @@ def test_expand_and_fold_ranges():
     assert expand("n[1-2],gpu[1-2]") == ["gpu1", "gpu2", "n1", "n2"]
     assert expand("n[9-10]") == ["n9", "n10"]
     assert fold(["n001", "n002", "n003"]) == "n[001-003]"
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "n\u00b2", "n1\u00b2", "\u0663", "n\u0663x1", ""])
+def test_every_string_has_a_natural_sort_key(text):
+    """'²' is str.isdigit() but no int(); '٣' is \\d: a forged continue token or a range
+    naming them was a ValueError (a 500). Only ASCII digits are numbers."""
+    key = node_sort_key(text)
+    assert all(isinstance(part, int) == (i % 2 == 1) for i, part in enumerate(key))
+    assert sorted(["n10", text, "n9", "n1"], key=node_sort_key).index("n9") < sorted(
+        ["n10", text, "n9", "n1"], key=node_sort_key).index("n10")
+
+
+def test_natural_order_of_ascii_names():
+    names = ["n10", "n9", "gpu2", "n1", "10", "9", "n01", "a-b1"]
+    assert sorted(names, key=node_sort_key) == ["9", "10", "a-b1", "gpu2", "n1", "n01",
+                                                "n9", "n10"]
 
 
 def test_bad_range_is_invalid_input():
