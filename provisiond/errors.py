@@ -80,6 +80,13 @@ class UnsupportedMediaType(InvalidInput):
     http_status = 415
 
 
+class TooLarge(InvalidInput):
+    """A request body is larger than the server reads."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class InvalidInventory(InvalidInput):
     """A change would leave the inventory invalid; nothing was written."""
 

@@ -3,11 +3,13 @@ ETags and If-Match, merge-patch, ranges with consecutive addresses, pages, selec
 merged view, audit records and events, and the error shape for each kind of bad input."""
 
 import base64
+import io
 import json
 
 import pytest
 
 from provisiond import audit, events
+from provisiond.api import MAX_BODY
 from provisiond.auth import Role
 from provisiond.inventory import InventoryStore
 from provisiond.status import record_phase
@@ -222,6 +224,25 @@ def test_oversize_and_malformed_bodies(api, config):
     assert_error(api.call(Role.ADMIN, "PATCH", "/api/v1/nodes/n001", data=b"comment=x",
                           content_type="text/plain"), 415, "unsupported_media_type")
     assert config.inventory_path.read_bytes() == before
+
+
+def chunked(api, body: bytes):
+    """POST /api/v1/nodes with `body` sent chunked (no Content-Length), as gunicorn hands it
+    to the app (wsgi.input_terminated)."""
+    return api.call(Role.ADMIN, "POST", "/api/v1/nodes", input_stream=io.BytesIO(body),
+                    content_type="application/json", headers={"Transfer-Encoding": "chunked"},
+                    environ_overrides={"wsgi.input_terminated": True})
+
+
+def test_a_chunked_body_over_the_limit_is_413_not_its_first_64_kib(api, config):
+    """werkzeug cuts a chunked body at MAX_CONTENT_LENGTH without an error: a valid record
+    padded to 64 KiB and followed by more was stored from its first 64 KiB."""
+    doc = json.dumps({"names": "n1", "record": {"comment": "x"}})
+    padded = doc + " " * (MAX_BODY - len(doc)) + '{"names": "n2"}'
+    assert_error(chunked(api, padded.encode()), 413, "too_large")
+    assert stored(config).nodes == {}
+    assert chunked(api, doc.encode()).status_code == 201  # a small chunked body is read
+    assert list(stored(config).nodes) == ["n1"]
 
 
 def test_pages_over_2500_nodes_have_no_repeats_and_no_gaps(api, config):
