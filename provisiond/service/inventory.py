@@ -26,6 +26,10 @@ from provisiond.inventory.store import InventoryStore
 SNAPSHOTS_KEPT = 4  # state dirs one process reads (tests make many)
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
+# Records one API write may name: the largest cluster the design targets. A write of
+# 100,000 new nodes held a gevent worker (and the inventory lock) for over 30 s, and
+# gunicorn killed the worker with every boot it was serving. The CLI has no such bound.
+MAX_API_NAMES = 10_000
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,13 @@ class Kind:
     def records(self, inventory: Inventory) -> dict[str, Record]:
         return getattr(inventory, self.key)
 
-    def names(self, pattern: str) -> list[str]:
-        """The names `pattern` gives: a node range, or one profile name; each a valid name."""
+    def names(self, pattern: str, most: int | None = None) -> list[str]:
+        """The names `pattern` gives: a node range, or one profile name; each a valid name,
+        and (given `most`) at most that many."""
         names = expand_names(pattern) if self.noun == "node" else [pattern]
+        if most is not None and len(names) > most:
+            raise InvalidInput(f"{pattern[:40]!r} names {len(names)} {self.key}; one request "
+                               f"may name at most {most}: split it", field="names")
         for name in names:
             self.check_name(name)
         return names
@@ -58,9 +66,10 @@ class Kind:
         except ValueError as exc:
             raise InvalidInput(str(exc), field=field) from None
 
-    def existing(self, inventory: Inventory, pattern: str) -> list[str]:
-        """The names of `pattern`, each of which must exist."""
-        names = self.names(pattern)
+    def existing(self, inventory: Inventory, pattern: str, most: int | None = None
+                 ) -> list[str]:
+        """The names of `pattern` (at most `most`), each of which must exist."""
+        names = self.names(pattern, most)
         records = self.records(inventory)
         missing = [n for n in names if n not in records]
         if missing:

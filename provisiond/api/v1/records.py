@@ -17,8 +17,8 @@ from provisiond.api.v1 import Page, Role, config, if_match, reply, route
 from provisiond.errors import PreconditionFailed
 from provisiond.inventory.model import Record
 from provisiond.service import records
-from provisiond.service.inventory import (DEFAULT_LIMIT, MAX_LIMIT, Kind, Snapshot,
-                                          expand_names, revision_etag)
+from provisiond.service.inventory import (DEFAULT_LIMIT, MAX_API_NAMES, MAX_LIMIT, Kind,
+                                          Snapshot, expand_names, revision_etag)
 from provisiond.states import NodePhase
 
 
@@ -39,9 +39,9 @@ class Created(BaseModel):
 class NewRecords(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    names: str = Field(description="a name, or for nodes a range such as n[001-064]: "
-                                   "MACs and addresses count up from the ones given",
-                       max_length=1000)
+    names: str = Field(description="a name, or for nodes a range such as n[001-064] (at "
+                                   f"most {MAX_API_NAMES:,} names): MACs and addresses "
+                                   "count up from the ones given", max_length=1000)
     record: Record
 
 
@@ -53,7 +53,8 @@ class MergePatch(RootModel[dict[str, Any]]):
 class Names(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    names: str = Field(description="a name or node range", max_length=1000)
+    names: str = Field(description=f"a name or node range (at most {MAX_API_NAMES:,} names)",
+                       max_length=1000)
 
 
 class ProfileQuery(BaseModel):
@@ -93,7 +94,7 @@ def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
                      etag=revision_etag(revision))
 
     def create(principal, body: NewRecords, query):
-        names = kind.names(body.names)
+        names = kind.names(body.names, MAX_API_NAMES)
         written = records.create_records(config(), principal.actor, kind, names,
                                          body.record.to_data(),
                                          expected_revision=_revision(if_match()))
@@ -160,7 +161,7 @@ def _one(written, kind: Kind, name: str, status: int = 200):
 
 
 def _existing(kind: Kind, pattern: str) -> list[str]:
-    return kind.existing(records.snapshot(config()).inventory, pattern)
+    return kind.existing(records.snapshot(config()).inventory, pattern, MAX_API_NAMES)
 
 
 def _selector(query) -> records.Selector:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from provisiond.api.v1 import Page, Role, config, route
 from provisiond.errors import NotFound
 from provisiond.service import secrets
-from provisiond.service.inventory import NODES, PROFILES, snapshot
+from provisiond.service.inventory import MAX_API_NAMES, NODES, PROFILES, snapshot
 
 RULE = "/secrets/<kind>/<names>/<key>"
 
@@ -51,4 +51,5 @@ def _records(kind: str, names: str):
     record_kind = {"nodes": NODES, "profiles": PROFILES}.get(kind)
     if record_kind is None:
         raise NotFound(f"no secrets of {kind[:20]!r}: use nodes or profiles", field="kind")
-    return record_kind, record_kind.existing(snapshot(config()).inventory, names)
+    return record_kind, record_kind.existing(snapshot(config()).inventory, names,
+                                             MAX_API_NAMES)

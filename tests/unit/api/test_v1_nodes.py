@@ -10,6 +10,8 @@ import pytest
 
 from provisiond import audit, events
 from provisiond.api import MAX_BODY
+from provisiond.errors import InvalidInput
+from provisiond.service.inventory import MAX_API_NAMES, NODES
 from provisiond.auth import Role
 from provisiond.inventory import InventoryStore
 from provisiond.status import record_phase
@@ -243,6 +245,31 @@ def test_a_chunked_body_over_the_limit_is_413_not_its_first_64_kib(api, config):
     assert stored(config).nodes == {}
     assert chunked(api, doc.encode()).status_code == 201  # a small chunked body is read
     assert list(stored(config).nodes) == ["n1"]
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "/api/v1/nodes", {"names": "m[1-10001]", "record": {}}),
+    ("POST", "/api/v1/nodes", {"names": "a[1-5000],b[1-5001]", "record": {}}),
+    ("PATCH", "/api/v1/nodes?names=n[1-10001]", {"comment": "x"}),
+    ("DELETE", "/api/v1/nodes?names=n[0-10000]", None),
+    ("PUT", "/api/v1/secrets/nodes/n[1-10001]/k", {"value": "v"}),
+])
+def test_one_api_write_names_at_most_max_api_names(api, config, method, path, body):
+    """POST of n[1-100000] held a gunicorn worker for 30 s until it was killed (and with it
+    every boot it served); the CLI stays unbounded."""
+    create(api, "n1")
+    before = config.inventory_path.read_bytes()
+    error = assert_error(api.call(Role.ADMIN, method, path, json=body), 400, "invalid_input",
+                         "names")
+    assert "at most 10000" in error["message"]
+    assert config.inventory_path.read_bytes() == before
+
+
+def test_the_bound_on_names_counts_the_expanded_range():
+    assert NODES.names("n[1-3]", most=3) == ["n1", "n2", "n3"]
+    with pytest.raises(InvalidInput, match="names 3 nodes; one request may name at most 2"):
+        NODES.names("n[1-3]", most=2)
+    assert len(NODES.names(f"n[1-{MAX_API_NAMES + 1}]")) == MAX_API_NAMES + 1  # the CLI's
 
 
 def test_pages_over_2500_nodes_have_no_repeats_and_no_gaps(api, config):
