@@ -122,8 +122,10 @@ def validate_inventory_data(data: dict, origin: str) -> Inventory:
         raise InvalidInventory(f"{origin}: {describe_validation_error(exc)}") from None
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line from pydantic's first error: 'node n001: netdevs.eth0.mac: invalid ...'."""
+def describe_validation_error(exc: ValidationError, from_yaml: bool = True) -> str:
+    """One line from pydantic's first error: 'node n001: netdevs.eth0.mac: invalid ...'.
+    `from_yaml`: the data was YAML, and a value YAML read as no string gets a hint quoting
+    it (never for JSON: the hint would be wrong there, and would echo a secret's value)."""
     err = exc.errors()[0]
     loc = [_loc_part(p) for p in err["loc"] if p != "[key]"]
     message = err["msg"].removeprefix("Value error, ")
@@ -131,7 +133,7 @@ def describe_validation_error(exc: ValidationError) -> str:
         message = "unknown field"
     if err["type"] == "string_pattern_mismatch":  # the Text pattern: a control character
         message = _control_message(err["input"])
-    message += _yaml_hint(err)
+    message += _yaml_hint(err) if from_yaml else ""
     if len(loc) >= 2 and loc[0] in ("nodes", "profiles"):
         kind = loc[0].rstrip("s")
         field = ".".join(loc[2:])

@@ -239,7 +239,7 @@ def parse_record(data, what: str) -> Record:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"] if p != "[key]") or None
-        raise InvalidInventory(f"{what}: {describe_validation_error(exc)}",
+        raise InvalidInventory(f"{what}: {describe_validation_error(exc, from_yaml=False)}",
                                field=field) from None
 
 

@@ -255,7 +255,8 @@ def _invalid(exc: ValidationError, where: str) -> InvalidInput:
     """A pydantic error as InvalidInput naming the field (dotted) and the problem."""
     err = exc.errors()[0]
     field = ".".join(str(part) for part in err["loc"] if part != "[key]") or None
-    return InvalidInput(f"{where}: {describe_validation_error(exc)}", field=field)
+    return InvalidInput(f"{where}: {describe_validation_error(exc, from_yaml=False)}",
+                        field=field)
 
 
 def if_match() -> list[str] | None:

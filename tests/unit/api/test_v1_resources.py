@@ -100,6 +100,23 @@ def test_bad_secret_writes_store_nothing(api, config, path, body, status, code, 
     assert SecretStore(config).read() == {}
 
 
+@pytest.mark.parametrize("value, shown", [(918273645, b"918273645"), (True, b"True"),
+                                          (27.1828, b"27.1828")])
+def test_a_secret_value_of_the_wrong_type_is_not_echoed(api, config, value, shown):
+    """The YAML hint ('YAML read the value as a number, 918273645: put it in quotes') quoted
+    the value in the answer; in a JSON body it was wrong anyway."""
+    response = api.call(Role.ADMIN, "PUT", "/api/v1/secrets/nodes/n1/k", json={"value": value})
+    assert_error(response, 400, "invalid_input", "value")
+    assert shown not in response.data and b"YAML" not in response.data
+    assert SecretStore(config).read() == {}
+
+
+def test_no_yaml_hint_in_answers_to_json_bodies(api, config):
+    response = api.call(Role.ADMIN, "PATCH", "/api/v1/nodes/n1", json={"comment": 12345})
+    error = assert_error(response, 422, "invalid_inventory", "comment")
+    assert "YAML" not in error["message"] and "12345" not in error["message"]
+
+
 def test_images_list_show_delete(api, config):
     add_image(config, "tiny")
     api.call(Role.ADMIN, "PATCH", "/api/v1/nodes/n1", json={"image": "tiny"})
