@@ -137,6 +137,14 @@ def read_host_keys(config: Config, node: str) -> dict[str, dict[str, str]]:
             for private, public in [_key_names(t)]}
 
 
+def host_key_types(config: Config, node: str) -> list[str]:
+    """The types of key the node's build offers (ensure_host_keys), found without making
+    any: the wanted types and the older ones it has on disk, in offering order."""
+    folder = host_key_dir(config, node)
+    wanted = wanted_types(config)
+    return [t for t in KEY_TYPES if t in wanted or _has_key(folder, t)]
+
+
 def ensure_host_keys(config: Config, node: str, durable: bool = True
                      ) -> dict[str, dict[str, str]]:
     """The node's keys (read_host_keys), making missing wanted types first."""

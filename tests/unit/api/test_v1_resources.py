@@ -10,6 +10,7 @@ from bootdata import add_image
 from provisiond.auth import Role, TokenStore
 from provisiond.boot.discovery import DiscoveryLog
 from provisiond.inventory.secrets import SecretStore
+from provisiond.overlays.hostkeys import host_key_dir, make_host_keys
 from provisiond.status import record_phase
 from provisiond.states import NodePhase
 from v1helpers import Api, assert_error
@@ -151,6 +152,22 @@ def test_overlays_list_show_and_render_one_file_for_one_node(api, config):
     assert_error(api.call(Role.READER, "GET", "/api/v1/overlays/hostname/render?node=n2"),
                  400, "invalid_input", "path")
     assert_error(api.call(Role.READER, "GET", "/api/v1/overlays/nope"), 404, "not_found")
+
+
+def test_rendering_a_secret_file_shows_placeholders_and_makes_no_key(api, config):
+    """A reader's GET of a rendered host key file made the node's private keys on disk."""
+    api.call(Role.ADMIN, "PATCH", "/api/v1/nodes/n1", json={"runtime_overlays": ["ssh"]})
+    url = "/api/v1/overlays/ssh/render?node=n1&path=/etc/ssh/ssh_host_{}_key"
+    rendered = api.call(Role.READER, "GET", url.format("ed25519"))
+    assert rendered.status_code == 200, rendered.data
+    assert rendered.data.strip() == b"<secrets.ssh_host_keys.ed25519.private>"
+    assert not host_key_dir(config, "n1").exists()
+    make_host_keys(config, "n1")  # as a build makes them
+    for key_type in ("ed25519", "ecdsa"):
+        private = (host_key_dir(config, "n1") / f"ssh_host_{key_type}_key").read_bytes()
+        shown = api.call(Role.READER, "GET", url.format(key_type)).data
+        assert shown.strip() == f"<secrets.ssh_host_keys.{key_type}.private>".encode()
+        assert private.splitlines()[1] not in shown
 
 
 def test_audit_needs_admin_and_pages(api, config):
