@@ -6,12 +6,15 @@ from pathlib import Path
 
 import yaml
 
+from provisiond.audit import cli_actor
 from provisiond.cli import unit
 from provisiond.cli.ownership import hand_back
 from provisiond.config import CONFIG_NAME, SHIPPED_DIR, load_config, write_default_config
 from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
+from provisiond.service import records
+from provisiond.service.inventory import PROFILES
 
 SHIPPED_PROFILES = SHIPPED_DIR / "profiles"
 
@@ -58,16 +61,19 @@ def run(args, ctx) -> None:
 
 
 def import_profiles(config, folder: Path) -> list[str]:
-    """Add each `<folder>/<name>.yaml` as a profile unless one of that name exists."""
-    imported = []
-    with InventoryStore(config).edit() as inventory:
-        for path in sorted(folder.glob("*.yaml")):
-            if path.stem in inventory.profiles:
-                continue
-            try:
-                data = yaml.safe_load(path.read_text()) or {}
-                inventory.profiles[path.stem] = Record.model_validate(data)
-            except (yaml.YAMLError, ValueError) as exc:
-                raise InvalidInput(f"{path}: {' '.join(str(exc).split())}") from None
-            imported.append(path.stem)
-    return imported
+    """Add each `<folder>/<name>.yaml` as a profile unless one of that name exists, through
+    the service layer (audited as profile.create, announced as inventory.changed)."""
+    stored = InventoryStore(config).read().profiles
+    found: dict[str, Record] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        if path.stem in stored:
+            continue
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+            found[path.stem] = Record.model_validate(data)
+        except (yaml.YAMLError, ValueError) as exc:
+            raise InvalidInput(f"{path}: {' '.join(str(exc).split())}") from None
+    if found:
+        records.write_records(config, cli_actor(), PROFILES, "create", list(found),
+                              lambda name, _: found[name], create=True)
+    return list(found)

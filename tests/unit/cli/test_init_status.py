@@ -2,6 +2,8 @@
 
 import json
 
+from provisiond import audit, events
+from provisiond.audit import cli_actor
 from provisiond.cli import main
 from provisiond.config import load_config
 from provisiond.states import NodePhase
@@ -18,6 +20,20 @@ def test_init_writes_config_and_profiles_once(tmp_path, capsys):
     assert main(["--state-dir", str(fresh), "init"]) == 0
     out = capsys.readouterr().out
     assert "kept" in out and "imported" not in out
+
+
+def test_profiles_init_imports_are_audited_and_announced(tmp_path, capsys):
+    """Every CLI write is audited: init's profile import wrote the inventory directly."""
+    fresh = tmp_path / "fresh"
+    assert main(["--state-dir", str(fresh), "init"]) == 0
+    config = load_config(fresh)
+    entries = audit.read(config, action="profile.create")
+    assert len(entries) == 1 and entries[0]["actor"] == cli_actor()
+    assert entries[0]["target"] == "profile:compute,default,gpu,service"
+    changed = [e for e in events.read_since(config, 0) if e.kind == "inventory.changed"]
+    assert [e.data["names"] for e in changed] == [["compute", "default", "gpu", "service"]]
+    assert main(["--state-dir", str(fresh), "init"]) == 0  # nothing new: nothing recorded
+    assert len(audit.read(config, action="profile.create")) == 1
 
 
 def test_status_shows_phases_and_a_new_boot_resets_them(cli, config):
