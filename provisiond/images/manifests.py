@@ -20,7 +20,7 @@ MANIFEST = "manifest.json"
 
 # What image names were before they became DNS labels (debian_12): a build under such a
 # name can still be shown and deleted, never made.
-_OLD_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+OLD_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def check_name(name: str) -> str:
@@ -29,7 +29,7 @@ def check_name(name: str) -> str:
 
 def _built_name(config: Config, name: str) -> str:
     """`name` if it is an image name or names an existing build under the older rule."""
-    if (isinstance(name, str) and _OLD_NAME_RE.fullmatch(name)
+    if (isinstance(name, str) and OLD_NAME_RE.fullmatch(name)
             and (config.images_dir / name / MANIFEST).is_file()):
         return name
     return check_name(name)

@@ -132,7 +132,7 @@ def describe_validation_error(exc: ValidationError, from_yaml: bool = True) -> s
     if err["type"] == "extra_forbidden":
         message = "unknown field"
     if err["type"] == "string_pattern_mismatch":  # the Text pattern: a control character
-        message = _control_message(err["input"])
+        message = _control_message(err["input"]) or message
     message += _yaml_hint(err) if from_yaml else ""
     if len(loc) >= 2 and loc[0] in ("nodes", "profiles"):
         kind = loc[0].rstrip("s")
@@ -147,12 +147,13 @@ def _loc_part(part) -> str:
     return repr(text) if CONTROL_RE.search(text) else text
 
 
-def _control_message(value: str) -> str:
+def _control_message(value: str) -> str | None:
+    """check_text's message for a value holding a control character, else None."""
     try:
         check_text(value)
     except ValueError as exc:
         return str(exc)
-    return "invalid value"
+    return None
 
 
 def _yaml_hint(err: dict) -> str:

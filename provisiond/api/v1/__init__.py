@@ -17,26 +17,41 @@ import json
 import pkgutil
 import re
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
 
 from flask import Blueprint, Response, current_app, jsonify, request
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from provisiond.auth import Principal, Role, TokenRefused, TokenStore
-from provisiond.config import Config
+from provisiond.config import LABEL_RE, Config
 from provisiond.errors import (Forbidden, InvalidInput, TooLarge, Unauthenticated,
                                UnsupportedMediaType)
 from provisiond.inventory.store import describe_validation_error
 from provisiond.service import journal
 
 __all__ = ["bp", "route", "reply", "config", "if_match", "Page", "Role",
-           "Principal", "OPERATIONS", "blueprint", "node_endpoints"]
+           "Principal", "OPERATIONS", "blueprint", "node_endpoints", "Name", "NodeRange",
+           "NameCursor", "SeqCursor"]
 
 PREFIX = "/api/v1"
 bp = Blueprint("api_v1", __name__, url_prefix=PREFIX)
 JSON_TYPES = ("application/json", "application/merge-patch+json")
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 _ETAG_RE = re.compile(r'\s*(W/)?"([^"]*)"\s*(,|$)')
+
+# What the API takes, declared once so that the OpenAPI document says it (a value of the
+# right type that the API would refuse makes the document lie) and pydantic checks it.
+Name = Annotated[str, StringConstraints(pattern=f"^{LABEL_RE.pattern}$")]
+"""A node, profile or token name: a DNS label."""
+_ITEM = r"[0-9]+(-[0-9]+(/[0-9]+)?)?"
+_PART = rf"([a-z0-9-]|\[{_ITEM}(,{_ITEM})*\])+"
+NodeRange = Annotated[str, StringConstraints(pattern=f"^{_PART}([,!&^]{_PART})*$",
+                                             max_length=1000)]
+"""A node name or range (n[001-064], a[1-4],b[1-2]; ! & ^ as ClusterShell's NodeSet)."""
+NameCursor = Annotated[str, Field(pattern=f"^{LABEL_RE.pattern}$",
+                                  description="the `continue` of the previous page")]
+SeqCursor = Annotated[str, Field(pattern="^[0-9]{1,18}$",
+                                 description="the `continue` of the previous page")]
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,7 @@ class Operation:
     body: type[BaseModel] | None
     query: type[BaseModel] | None
     response: type[BaseModel] | None
+    path: type[BaseModel] | None
     status: int
     tags: tuple[str, ...]
     produces: str = "application/json"
@@ -79,20 +95,22 @@ def route(rule: str, method: str, *, role: Role | None, summary: str,
           response: type[BaseModel] | None = None, status: int = 200, tags=(),
           operation_id: str | None = None, produces: str = "application/json",
           also: tuple[int, ...] = (), forms: bool = False, errors: tuple[int, ...] = (),
-          nodes: bool = False):
+          nodes: bool = False, path: type[BaseModel] | None = None):
     """Register the decorated view at `PREFIX + rule` for `method` (see the module doc).
     The operation id is MODULE_FUNCTION unless given (views made by a factory); `produces`
     is the media type of a view answering other than JSON (with its own Response); `also`
     other success statuses it may answer (a PUT that creates: 201); `forms`: the body may
     also come as an HTML form (the node agent's reports); `errors` error statuses beyond
     those every operation of its kind may answer (503 of a bounded stream); `nodes`: nodes
-    call it while they boot, so the boot listener answers it (provisiond.api.listeners)."""
+    call it while they boot, so the boot listener answers it (provisiond.api.listeners);
+    `path` a model of the rule's parameters (a field per <name>; without it each is any
+    string)."""
 
     def decorate(view):
         module = view.__module__.rsplit(".", 1)[-1]
         endpoint = operation_id or f"{module}_{view.__name__}"
         op = Operation(rule, method.upper(), endpoint, role, summary,
-                       (view.__doc__ or "").strip(), body, query, response, status,
+                       (view.__doc__ or "").strip(), body, query, response, path, status,
                        tuple(tags) or (module,), produces, tuple(also), forms, tuple(errors),
                        nodes)
 
@@ -121,6 +139,8 @@ def blueprint() -> Blueprint:
 
 def _handle(op: Operation, view, path_args: dict):
     principal = authorize(op.role)
+    if op.path:
+        path_args = _validated(op.path, path_args, "path").model_dump()
     query = _parse_query(op.query) if op.query else None
     body = _parse_body(op.body, op.forms) if op.body else None
     result = view(principal=principal, body=body, query=query, **path_args)
@@ -193,10 +213,14 @@ def _parse_query(model: type[BaseModel]) -> BaseModel:
             raise InvalidInput(f"query parameter {key!r} is given {len(values)} times",
                                field=key)
         data[key] = values[0]
+    return _validated(model, data, "query")
+
+
+def _validated(model: type[BaseModel], data: dict, where: str) -> BaseModel:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _invalid(exc, "query") from None
+        raise _invalid(exc, where) from None
 
 
 def _parse_body(model: type[BaseModel], forms: bool = False) -> BaseModel:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisiond.api.v1 import Page, Role, config, route
+from provisiond.api.v1 import Page, Role, SeqCursor, config, route
 from provisiond.service.audit import read_audit
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT
 
@@ -26,7 +26,7 @@ class AuditQuery(BaseModel):
     target: str | None = Field(None, max_length=1000)
     action: str | None = Field(None, max_length=100)
     limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-    continue_: str | None = Field(None, alias="continue", max_length=500)
+    continue_: SeqCursor | None = Field(None, alias="continue")
 
 
 @route("/audit", "GET", role=Role.ADMIN, summary="The audit log, oldest first",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisiond.api.v1 import Page, Role, config, route
+from provisiond.api.v1 import Page, Role, SeqCursor, config, route
 from provisiond.service.discovery import list_discovery
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT
 
@@ -19,9 +19,10 @@ class Discovered(BaseModel):
 class DiscoveryQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    mac: str | None = Field(None, max_length=40)
+    mac: str | None = Field(None, pattern="^[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}$",
+                            description="only this MAC's records")
     limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-    continue_: str | None = Field(None, alias="continue", max_length=500)
+    continue_: SeqCursor | None = Field(None, alias="continue")
 
 
 @route("/discovery", "GET", role=Role.READER, summary="Unknown MACs seen asking for DHCP",

@@ -68,7 +68,7 @@ def openapi_document() -> dict:
 def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], str]]:
     found = {(ErrorAnswer, "serialization")}
     for op in operations:
-        found |= {(op.body, "validation"), (op.query, "validation"),
+        found |= {(op.body, "validation"), (op.query, "validation"), (op.path, "validation"),
                   (op.response, "serialization")}
     return sorted(((m, mode) for m, mode in found if m is not None),
                   key=lambda pair: (pair[0].__module__, pair[0].__qualname__, pair[1]))
@@ -76,7 +76,8 @@ def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], str]]:
 
 def _operation(op: Operation, refs: dict, schemas: dict) -> dict:
     item = {"operationId": op.endpoint, "summary": op.summary, "tags": list(op.tags),
-            "parameters": _path_parameters(op.rule) + _query_parameters(op, refs, schemas),
+            "parameters": _path_parameters(op, refs, schemas) + _query_parameters(
+                op, refs, schemas),
             "responses": _responses(op, refs),
             "security": [{"bearer": []}] if op.role else [],
             "x-provisiond-role": op.role.label if op.role else None}
@@ -92,20 +93,33 @@ def _operation(op: Operation, refs: dict, schemas: dict) -> dict:
     return item
 
 
-def _path_parameters(rule: str) -> list[dict]:
-    return [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in _PARAM_RE.findall(rule)]
+def _path_parameters(op: Operation, refs: dict, schemas: dict) -> list[dict]:
+    """The rule's parameters, each with its field's schema in `op.path` (any string
+    without one)."""
+    fields = _properties(op.path, refs, schemas)[0] if op.path else {}
+    return [{"name": name, "in": "path", "required": True,
+             "schema": _schema(fields.get(name, {"type": "string"}))}
+            for name in _PARAM_RE.findall(op.rule)]
 
 
 def _query_parameters(op: Operation, refs: dict, schemas: dict) -> list[dict]:
     if not op.query:
         return []
-    model = schemas[refs[(op.query, "validation")]["$ref"].rsplit("/", 1)[1]]
-    required = set(model.get("required", []))
+    properties, required = _properties(op.query, refs, schemas)
     return [{"name": name, "in": "query", "required": name in required,
-             "schema": {k: v for k, v in prop.items() if k != "title"},
+             "schema": _schema(prop),
              **({"description": prop["description"]} if "description" in prop else {})}
-            for name, prop in model.get("properties", {}).items()]
+            for name, prop in properties.items()]
+
+
+def _properties(model: type[BaseModel], refs: dict, schemas: dict) -> tuple[dict, set]:
+    """A parameter model's properties and the names of the required ones."""
+    found = schemas[refs[(model, "validation")]["$ref"].rsplit("/", 1)[1]]
+    return found.get("properties", {}), set(found.get("required", []))
+
+
+def _schema(prop: dict) -> dict:
+    return {k: v for k, v in prop.items() if k != "title"}
 
 
 def _responses(op: Operation, refs: dict) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from provisiond.api.v1 import Page, Role, config, reply, route
+from provisiond.images.manifests import OLD_NAME_RE
 from provisiond.service import images
 
 
@@ -39,6 +40,11 @@ class Image(BaseModel):
     total_size: int
 
 
+class ImageName(BaseModel):
+    name: str = Field(pattern=f"^{OLD_NAME_RE.pattern}$",
+                      description="a DNS label (or the name of a build of an older rule)")
+
+
 class DeleteQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -51,12 +57,13 @@ def list_images(principal, body, query):
 
 
 @route("/images/<name>", "GET", role=Role.READER, summary="An image's manifest",
-       response=Image)
+       response=Image, path=ImageName)
 def show_image(principal, body, query, name: str):
     return images.show_image(config(), name)
 
 
 @route("/images/<name>", "DELETE", role=Role.ADMIN, query=DeleteQuery, status=204,
+       path=ImageName,
        summary="Delete an image (409 while nodes use it, unless force); gc frees blobs")
 def delete_image(principal, body, query: DeleteQuery, name: str):
     images.delete_image(config(), principal.actor, name, force=query.force)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from flask import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisiond.api.v1 import Page, Role, config, route
+from provisiond.api.v1 import Name, Page, Role, config, route
+from provisiond.inventory.values import OVERLAY_RE
 from provisiond.service import overlays
 
 
@@ -40,9 +41,13 @@ class OverlayDetail(BaseModel):
 class RenderQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    node: str = Field(max_length=63)
+    node: Name
     path: str = Field(description="the file's path on the node, e.g. /etc/hosts",
                       max_length=4096)
+
+
+class OverlayName(BaseModel):
+    name: str = Field(pattern=f"^{OVERLAY_RE.pattern}$", max_length=255)
 
 
 @route("/overlays", "GET", role=Role.READER, summary="Overlays on the search path",
@@ -52,14 +57,14 @@ def list_overlays(principal, body, query):
 
 
 @route("/overlays/<name>", "GET", role=Role.READER, summary="An overlay's files",
-       response=OverlayDetail)
+       response=OverlayDetail, path=OverlayName)
 def show_overlay(principal, body, query, name: str):
     return overlays.show_overlay(config(), name)
 
 
 @route("/overlays/<name>/render", "GET", role=Role.READER, query=RenderQuery,
        summary="One file of the overlay as rendered for a node (secrets as placeholders)",
-       produces="application/octet-stream")
+       produces="application/octet-stream", path=OverlayName)
 def render_file(principal, body, query: RenderQuery, name: str):
     data = overlays.render_file(config(), query.node, name, query.path)
     return Response(data, content_type="application/octet-stream")

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from provisiond.api.v1 import Page, Role, config, if_match, reply, route
+from provisiond.api.v1 import (Name, NameCursor, NodeRange, Page, Role, config, if_match,
+                               reply, route)
 from provisiond.errors import PreconditionFailed
 from provisiond.inventory.model import Record
 from provisiond.service import records
@@ -36,13 +37,17 @@ class Created(BaseModel):
     items: list[RecordDocument]
 
 
-class NewRecords(BaseModel):
+class NewNodes(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    names: str = Field(description="a name, or for nodes a range such as n[001-064] (at "
-                                   f"most {MAX_API_NAMES:,} names): MACs and addresses "
-                                   "count up from the ones given", max_length=1000)
+    names: NodeRange = Field(description=f"a name or a range such as n[001-064] (at most "
+                                         f"{MAX_API_NAMES:,} names): MACs and addresses "
+                                         "count up from the ones given")
     record: Record
+
+
+class NewProfiles(NewNodes):
+    names: Name = Field(description="the profile's name")
 
 
 class MergePatch(RootModel[dict[str, Any]]):
@@ -50,22 +55,30 @@ class MergePatch(RootModel[dict[str, Any]]):
     other value replaces."""
 
 
-class Names(BaseModel):
+class NodeNames(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    names: str = Field(description=f"a name or node range (at most {MAX_API_NAMES:,} names)",
-                       max_length=1000)
+    names: NodeRange = Field(description=f"a name or range (at most {MAX_API_NAMES:,})")
+
+
+class ProfileNames(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    names: Name = Field(description="a profile's name")
+
+
+class RecordName(BaseModel):
+    name: Name
 
 
 class ProfileQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    names: str | None = Field(None, description="a name or range: only these", max_length=1000)
+    names: NodeRange | None = Field(None, description="a name or range: only these")
     tag: str | None = Field(None, description="KEY or KEY=VALUE", max_length=200)
     image: str | None = Field(None, max_length=63)
     limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-    continue_: str | None = Field(None, alias="continue", max_length=500,
-                                  description="from the previous page")
+    continue_: NameCursor | None = Field(None, alias="continue")
 
 
 class NodeQuery(ProfileQuery):
@@ -81,7 +94,8 @@ class GetQuery(BaseModel):
     merged: bool = Field(False, description="the effective record, with provenance")
 
 
-def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
+def register(kind: Kind, query_model: type[ProfileQuery], new_model: type[NewNodes],
+             names_model: type[BaseModel]) -> None:
     """The routes of one record kind under /<kind>s."""
     base, noun, tags = f"/{kind.key}", kind.noun, (kind.key,)
 
@@ -93,7 +107,7 @@ def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
         return reply({"items": [item.to_data() for item in found], "continue": cursor},
                      etag=revision_etag(revision))
 
-    def create(principal, body: NewRecords, query):
+    def create(principal, body: NewNodes, query):
         names = kind.names(body.names, MAX_API_NAMES)
         written = records.create_records(config(), principal.actor, kind, names,
                                          body.record.to_data(),
@@ -103,7 +117,7 @@ def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
         etag = items[0]["etag"] if len(items) == 1 else None
         return reply({"revision": written.revision, "items": items}, status=201, etag=etag)
 
-    def patch_many(principal, body: MergePatch, query: Names):
+    def patch_many(principal, body: MergePatch, query: NodeNames):
         names = _existing(kind, query.names)
         written = records.patch_records(config(), principal.actor, kind, names, body.root,
                                         expected_revision=_revision(if_match()))
@@ -111,7 +125,7 @@ def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
         return reply({"revision": written.revision,
                       "items": [records.view_of(view, kind, n).to_data() for n in names]})
 
-    def delete_many(principal, body, query: Names):
+    def delete_many(principal, body, query: NodeNames):
         records.delete_records(config(), principal.actor, kind, _existing(kind, query.names),
                                expected_revision=_revision(if_match()))
 
@@ -137,19 +151,20 @@ def register(kind: Kind, query_model: type[ProfileQuery]) -> None:
             (list_records, base, "GET", Role.READER, f"List {kind.key} (selectors, pages)",
              {"query": query_model, "response": Page[RecordDocument]}),
             (create, base, "POST", Role.ADMIN, f"Create {kind.key}",
-             {"body": NewRecords, "response": Created, "status": 201}),
+             {"body": new_model, "response": Created, "status": 201}),
             (patch_many, base, "PATCH", Role.ADMIN, f"Merge-patch several {kind.key}",
-             {"body": MergePatch, "query": Names, "response": Created}),
+             {"body": MergePatch, "query": names_model, "response": Created}),
             (delete_many, base, "DELETE", Role.ADMIN, f"Delete several {kind.key}",
-             {"query": Names, "status": 204}),
+             {"query": names_model, "status": 204}),
             (get, f"{base}/<name>", "GET", Role.READER, f"Get a {noun}",
-             {"query": GetQuery, "response": RecordDocument}),
+             {"query": GetQuery, "response": RecordDocument, "path": RecordName}),
             (replace, f"{base}/<name>", "PUT", Role.ADMIN, f"Replace (or create) a {noun}",
-             {"body": Record, "response": RecordDocument, "also": (201,)}),
+             {"body": Record, "response": RecordDocument, "also": (201,),
+              "path": RecordName}),
             (patch, f"{base}/<name>", "PATCH", Role.ADMIN, f"Merge-patch a {noun}",
-             {"body": MergePatch, "response": RecordDocument}),
+             {"body": MergePatch, "response": RecordDocument, "path": RecordName}),
             (delete, f"{base}/<name>", "DELETE", Role.ADMIN, f"Delete a {noun}",
-             {"status": 204})):
+             {"status": 204, "path": RecordName})):
         view.__doc__ = None
         route(rule, method, role=role, summary=summary, tags=tags,
               operation_id=f"{noun}_{view.__name__}", **extra)(view)

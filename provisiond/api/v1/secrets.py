@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisiond.api.v1 import Page, Role, config, route
+from provisiond.api.v1 import NodeRange, Page, Role, config, route
 from provisiond.errors import NotFound
 from provisiond.service import secrets
 from provisiond.service.inventory import MAX_API_NAMES, NODES, PROFILES, snapshot
@@ -19,6 +19,12 @@ class SecretKeys(BaseModel):
     kind: Literal["node", "profile"]
     name: str
     keys: list[str]
+
+
+class SecretPath(BaseModel):
+    kind: Literal["nodes", "profiles"]
+    names: NodeRange = Field(description="a node range or a profile's name")
+    key: str = Field(pattern=f"^{secrets.KEY_RE.pattern}$")
 
 
 class SecretValue(BaseModel):
@@ -35,13 +41,14 @@ def list_secrets(principal, body, query):
 
 
 @route(RULE, "PUT", role=Role.ADMIN, summary="Set a secret of nodes (a range) or a profile",
-       body=SecretValue, status=204)
+       body=SecretValue, status=204, path=SecretPath)
 def set_secret(principal, body: SecretValue, query, kind: str, names: str, key: str):
     record_kind, found = _records(kind, names)
     secrets.set_secret(config(), principal.actor, record_kind, found, key, body.value)
 
 
-@route(RULE, "DELETE", role=Role.ADMIN, summary="Remove a secret", status=204)
+@route(RULE, "DELETE", role=Role.ADMIN, summary="Remove a secret", status=204,
+       path=SecretPath)
 def unset_secret(principal, body, query, kind: str, names: str, key: str):
     record_kind, found = _records(kind, names)
     secrets.set_secret(config(), principal.actor, record_kind, found, key, None)

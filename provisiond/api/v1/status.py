@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from provisiond.api.services import require_credential, services
-from provisiond.api.v1 import Page, Role, config, route
+from provisiond.api.v1 import Name, NameCursor, NodeRange, Page, Role, config, route
 from provisiond.errors import InvalidInput
 from provisiond.service import status
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT
@@ -32,10 +32,14 @@ class NodeStatus(BaseModel):
 class StatusQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    names: str | None = Field(None, description="a node range: only these", max_length=1000)
+    names: NodeRange | None = Field(None, description="a node range: only these")
     phase: NodePhase | None = Field(None, description="only nodes in this phase")
     limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-    continue_: str | None = Field(None, alias="continue", max_length=500)
+    continue_: NameCursor | None = Field(None, alias="continue")
+
+
+class NodeName(BaseModel):
+    node: Name
 
 
 @route("/status", "GET", role=Role.READER, summary="Nodes' boot status", query=StatusQuery,
@@ -48,7 +52,7 @@ def list_status(principal, body, query: StatusQuery):
 
 
 @route("/status/<node>", "GET", role=Role.READER, summary="A node's boot status",
-       response=NodeStatus)
+       response=NodeStatus, path=NodeName)
 def node_status(principal, body, query, node: str):
     return status.node_status(config(), node)
 
@@ -64,7 +68,7 @@ class PhaseReport(BaseModel):
 
 @route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (with its "
        "node credential: Authorization: Bearer)", body=PhaseReport, forms=True,
-       response=NodeStatus, nodes=True)
+       response=NodeStatus, nodes=True, path=NodeName)
 def report(principal, body: PhaseReport, query, node: str):
     """booted, runtime, configured, ready or failed; dhcp, ipxe and kernel are recorded from
     what the server sees, never from a report."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisiond.api.v1 import Page, Role, config, route
+from provisiond.api.v1 import Name, Page, Role, config, route
 from provisiond.service import tokens
 
 
@@ -20,7 +20,7 @@ class TokenInfo(BaseModel):
 class NewToken(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="a DNS label, unique among tokens", max_length=63)
+    name: Name = Field(description="a DNS label, unique among tokens")
     role: Literal["reader", "operator", "admin"]
     expires_in: float | None = Field(None, gt=0, le=10 * 365 * 86400,
                                      description="seconds until it expires; null: never")
@@ -44,6 +44,11 @@ def create_token(principal, body: NewToken, query):
     return {**record, "token": token}
 
 
-@route("/tokens/<name>", "DELETE", role=Role.ADMIN, summary="Revoke a token", status=204)
+class TokenName(BaseModel):
+    name: Name
+
+
+@route("/tokens/<name>", "DELETE", role=Role.ADMIN, summary="Revoke a token", status=204,
+       path=TokenName)
 def revoke_token(principal, body, query, name: str):
     tokens.revoke_token(config(), principal.actor, name)

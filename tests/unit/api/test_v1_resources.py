@@ -87,7 +87,7 @@ def test_secrets_are_write_only(api, config):
 
 @pytest.mark.parametrize("path,body,status,code,field", [
     ("/api/v1/secrets/nodes/n9/k", {"value": "x"}, 404, "not_found", None),
-    ("/api/v1/secrets/racks/n1/k", {"value": "x"}, 404, "not_found", "kind"),
+    ("/api/v1/secrets/racks/n1/k", {"value": "x"}, 400, "invalid_input", "kind"),
     ("/api/v1/secrets/nodes/n1/a%20b", {"value": "x"}, 400, "invalid_input", "key"),
     ("/api/v1/secrets/nodes/n1/k", {"value": ""}, 400, "invalid_input", "value"),
     ("/api/v1/secrets/nodes/n1/k", {"value": "a\x1bb"}, 400, "invalid_input", "value"),

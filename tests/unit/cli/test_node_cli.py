@@ -42,6 +42,17 @@ def test_list_table_and_range_filter(cluster):
     assert [line.split()[0] for line in out[1:]] == ["n002", "n003"]
 
 
+@pytest.mark.parametrize("names", ["\u00b2", "n[1-2],\u00b2"])
+def test_a_range_of_unicode_digits_is_one_line_not_a_traceback(cli, names):
+    """'²' is str.isdigit() but no int(): the natural sort key raised ValueError."""
+    cli("node", "add", "n1")
+    for verb in ("list", "delete"):
+        result = cli("node", verb, names, "--yes") if verb == "delete" else cli(
+            "node", verb, names)
+        assert result.code == 2 and "invalid node name" in result.err, result
+        assert "Traceback" not in result.err
+
+
 def test_show_all_names_the_source_of_each_field(cluster):
     result = cluster("node", "show", "n001", "--all", "--json")
     data = json.loads(result.out)
