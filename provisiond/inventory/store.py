@@ -83,19 +83,20 @@ class InventoryStore:
                 raise StaleRevision(
                     f"inventory revision is {current.revision}, not {expected_revision}: "
                     "reload and retry")
-            draft = current.model_copy(deep=True)
+            before = current.to_data()
+            draft = current  # read() made it for this edit alone: no copy (2 s for 10,000)
             yield draft
             validate_inventory(draft, self.config)
-            data, before = draft.to_data(), current.to_data()
+            data = draft.to_data()
             changed = [(kind, name) for kind in ("profiles", "nodes")
                        for name, record in data[kind].items()
                        if before[kind].get(name) != record]
             if check is not None:
                 check(draft, changed)
-            draft.revision = current.revision
+            draft.revision = before["revision"]
             if data | {"revision": 0} == before | {"revision": 0} or not write:
                 return
-            draft.revision = data["revision"] = current.revision + 1
+            draft.revision = data["revision"] = before["revision"] + 1
             text = (HEADER + dump_yaml({SCHEMA_KEY: INVENTORY_SCHEMA.current, **data})).encode()
             if self.read_schema < INVENTORY_SCHEMA.current:  # migrated: keep the original
                 shutil.copy2(self.path, backup_path(self.path, self.read_schema))
@@ -176,7 +177,11 @@ def yaml_read_as(value) -> str | None:
     return "a number" if isinstance(value, (int, float)) else None
 
 
-class _Dumper(yaml.SafeDumper):
+# libyaml's emitter when PyYAML has it: 3x faster for 10,000 nodes (the largest part of a
+# write). It writes the same data; only its text may differ from the Python emitter's in
+# rare places (a character beyond the BMP escaped, a closing "..." after an open-ended
+# plain scalar).
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
     pass
 
 
@@ -188,7 +193,7 @@ def _str_presenter(dumper, value: str):
 _Dumper.add_representer(str, _str_presenter)
 
 
-def dump_yaml(data) -> str:
+def dump_yaml(data, dumper: type = _Dumper) -> str:
     """YAML in the order given (callers sort), block style, for clean git diffs."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True, width=100)
