@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import logging
 import pkgutil
 import re
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from provisiond.auth import Principal, Role, TokenRefused, TokenStore
 from provisiond.config import LABEL_RE, Config
-from provisiond.errors import (Forbidden, InvalidInput, TooLarge, Unauthenticated,
-                               UnsupportedMediaType)
+from provisiond.errors import (Forbidden, InvalidInput, ProvisiondError, TooLarge,
+                               Unauthenticated, UnsupportedMediaType)
 from provisiond.inventory.store import describe_validation_error
 from provisiond.service import journal
 
@@ -33,6 +34,7 @@ __all__ = ["bp", "route", "reply", "config", "if_match", "Page", "Role",
            "Principal", "OPERATIONS", "blueprint", "node_endpoints", "Name", "NodeRange",
            "NameCursor", "SeqCursor"]
 
+log = logging.getLogger("provisiond.api")
 PREFIX = "/api/v1"
 bp = Blueprint("api_v1", __name__, url_prefix=PREFIX)
 JSON_TYPES = ("application/json", "application/merge-patch+json")
@@ -191,6 +193,10 @@ def authorize(role: Role | None) -> Principal | None:
         journal.emit(config(), "auth.denied", exc.name, {"reason": exc.reason,
                                                        "token": exc.name, **_where()})
         raise
+    except InvalidInput as exc:  # tokens.json cannot be read: the server's fault, not the
+        log.error("%s", exc)     # client's, and its path is no business of the client's
+        raise ProvisiondError("the server cannot read its token store (see its log)") \
+            from None
     if principal.role < role:
         journal.emit(config(), "auth.denied", principal.name, {
             "reason": "role", "token": principal.name, "role": principal.role.label,

@@ -46,6 +46,18 @@ def test_unknown_revoked_and_expired_tokens_are_401(api, config):
                                      401, "unauthenticated")["message"]
 
 
+@pytest.mark.parametrize("content", [b"{not json", b'{"tokens": 5}'])
+def test_an_unreadable_token_store_is_the_servers_error_not_the_clients(api, config, caplog,
+                                                                        content):
+    """It was a 400 invalid_input naming the server's state dir to every client."""
+    (config.state_dir / "tokens.json").write_bytes(content)
+    response = api.call(Role.READER, "GET", "/api/v1/nodes")
+    error = assert_error(response, 500, "internal")
+    assert str(config.state_dir) not in error["message"] and "token store" in error["message"]
+    assert "tokens.json: not a token file" in caplog.text
+    assert api.call(None, "GET", "/api/v1/openapi.json").status_code == 200  # open routes
+
+
 def test_tokens_need_the_admin_role(api):
     for role in (Role.READER, Role.OPERATOR):
         assert_error(api.call(role, "GET", "/api/v1/tokens"), 403, "forbidden")
