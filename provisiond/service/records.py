@@ -273,12 +273,21 @@ def create_records(config: Config, actor: str, kind: Kind, names: list[str], dat
 
 
 def replace_record(config: Config, actor: str, kind: Kind, name: str, data: dict, *,
-                   etags: list[str] | None = None, create: bool | None = None) -> Inventory:
+                   etags: list[str] | None = None, create: bool | None = None
+                   ) -> tuple[Inventory, bool]:
     """PUT: the record becomes `data` exactly; created if absent (create=None) unless
-    `etags` were given."""
+    `etags` were given. Returns the written inventory and whether the record was new (as
+    seen under the lock)."""
     record = parse_record(data, f"{kind.noun} {name}")
-    return write_records(config, actor, kind, "replace", [name], lambda *_: record,
-                         create=create, etags=etags)
+    created: list[bool] = []
+
+    def change(_, stored: Record | None) -> Record:
+        created.append(stored is None)
+        return record
+
+    written = write_records(config, actor, kind, "replace", [name], change, create=create,
+                            etags=etags)
+    return written, created[-1]
 
 
 def patch_records(config: Config, actor: str, kind: Kind, names: list[str], patch: dict,

@@ -134,10 +134,9 @@ def register(kind: Kind, query_model: type[ProfileQuery], new_model: type[NewNod
         return reply(found.to_data(), etag=found.etag)
 
     def replace(principal, body: Record, query, name: str):
-        existed = name in kind.records(records.snapshot(config()).inventory)
-        written = records.replace_record(config(), principal.actor, kind, name,
-                                         body.to_data(), etags=if_match(), create=None)
-        return _one(written, kind, name, 200 if existed else 201)
+        written, created = records.replace_record(config(), principal.actor, kind, name,
+                                                  body.to_data(), etags=if_match())
+        return _one(written, kind, name, 201 if created else 200)
 
     def patch(principal, body: MergePatch, query, name: str):
         written = records.patch_records(config(), principal.actor, kind, [name], body.root,

@@ -118,6 +118,18 @@ def test_etags_and_if_match(api, config):
     assert gone.status_code == 204 and "n001" not in stored(config).nodes
 
 
+def test_put_answers_201_only_for_a_record_it_created_under_the_lock(api, config,
+                                                                    monkeypatch):
+    """The view decided 200 or 201 from a read before the locked write: a PUT racing a
+    create said 201 for a record it replaced."""
+    stale = records.snapshot(config)  # read before n1 exists: as a request racing the POST
+    create(api, "n1")
+    monkeypatch.setattr(records, "snapshot", lambda config: stale)
+    response = api.call(Role.ADMIN, "PUT", "/api/v1/nodes/n1", json={"comment": "x"})
+    assert response.status_code == 200, response.data
+    assert api.call(Role.ADMIN, "PUT", "/api/v1/nodes/n9", json={}).status_code == 201
+
+
 def test_collection_writes_take_the_inventory_revision(api, config):
     create(api, "n[001-003]")
     listing = api.call(Role.READER, "GET", "/api/v1/nodes")
