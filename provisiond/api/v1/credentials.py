@@ -46,7 +46,7 @@ class Exchange(BaseModel):
 
 @route("/credentials/<node>", "POST", role=None, summary="A node trades its provisioning "
        "token for its node credential (open to nodes; root only)", body=Exchange, forms=True,
-       produces="text/plain", nodes=True)
+       produces="text/plain", nodes=True, errors=(401, 403))
 def exchange_token(principal, body: Exchange, query, node: str):
     """Answers the credential as one line of text (a shell reads it without a JSON parser),
     or `delivered` once sent to the callback; a refused token is a 401 and a

@@ -68,7 +68,7 @@ class PhaseReport(BaseModel):
 
 @route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (with its "
        "node credential: Authorization: Bearer)", body=PhaseReport, forms=True,
-       response=NodeStatus, nodes=True, path=NodeName)
+       response=NodeStatus, nodes=True, path=NodeName, errors=(401, 403))
 def report(principal, body: PhaseReport, query, node: str):
     """booted, runtime, configured, ready or failed; dhcp, ipxe and kernel are recorded from
     what the server sees, never from a report."""
