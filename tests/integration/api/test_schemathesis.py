@@ -5,9 +5,15 @@ picks another) so a failure reproduces.
 
 Asserted: no answer is a 5xx, every answer's status, content type and body are the ones
 the document declares for the operation, and no write is accepted without the admin (or
-operator) role: every write by no token or a reader is a 4xx, and the inventory, tokens,
-secrets and audit log are byte for byte what they were. `POST /api/v1/status/{node}` is the
-node agent's report, open to nodes by contract (it writes a status file, no inventory).
+operator) role: every write by no token or a reader is a 4xx (the node's own routes, a
+phase report and a token exchange, refuse a request without the node's credential), and
+the inventory, tokens, secrets, jobs and audit log are byte for byte what they were.
+
+Left out: `GET /events` with a token (a stream that ends only with the worker, each case
+would wait for the request timeout), and with the admin token the operations that start
+jobs (power, boot device, firmware, reprovision, builds: a node's BMC address or a firmware
+URL made up by the fuzzer is outside loopback, an image build runs debootstrap); their role
+checks are in the runs without a token and with the reader's.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ SEED = os.environ.get("PROVISIOND_SCHEMATHESIS_SEED", "12")
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance," \
          "response_schema_conformance"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
-OPEN_WRITES = {("POST", "/api/v1/status/{node}")}
-STATE_FILES = ("inventory.yaml", "tokens.json", "secrets.yaml", "audit/audit.jsonl")
+STATE_FILES = ("inventory.yaml", "tokens.json", "secrets.yaml", "audit/audit.jsonl", "jobs")
+STREAMS = ("events_stream_events",)
+JOB_STARTS = ("power_power", "power_bootdev", "power_firmware_update", "power_reprovision",
+              "builds_build_image", "builds_build_overlays")
 
 
 @pytest.fixture(scope="module")
@@ -90,28 +98,34 @@ def _exchanges(report: Path):
                    "status": answer["status_code"] if answer else None}
 
 
-def state_of(state: Path) -> dict[str, bytes | None]:
-    return {name: (state / name).read_bytes() if (state / name).exists() else None
-            for name in STATE_FILES}
+def state_of(state: Path) -> dict[str, bytes | list | None]:
+    """The bytes of each state file (a directory: its files' names and bytes)."""
+    found: dict[str, bytes | list | None] = {}
+    for name in STATE_FILES:
+        path = state / name
+        if path.is_dir():
+            found[name] = sorted((str(p), p.read_bytes()) for p in path.rglob("*")
+                                 if p.is_file())
+        else:
+            found[name] = path.read_bytes() if path.exists() else None
+    return found
 
 
-def accepted_writes(exchanges: list[dict]) -> list[dict]:
-    """Writes answered with a 2xx, but for the open ones (a node's phase report)."""
-    return [e for e in exchanges if e["method"] in WRITES and e["status"] is not None
-            and e["status"] < 300 and tuple(e["operation"].split(" ", 1)) not in OPEN_WRITES]
+def excluded(*operation_ids: str) -> list[str]:
+    return [arg for op in operation_ids for arg in ("--exclude-operation-id", op)]
 
 
 @pytest.mark.parametrize("who", ["nobody", "reader"])
 def test_no_write_is_accepted_without_a_writing_role(served, tmp_path, who):
     state, url, tokens = served
     before = state_of(state)
-    exchanges = fuzz(url, tokens.get(who), tmp_path / "report.ndjson")
+    exchanges = fuzz(url, tokens.get(who), tmp_path / "report.ndjson",
+                     *(excluded(*STREAMS) if who == "reader" else []))
     assert [e for e in exchanges if e["status"] is None or e["status"] >= 500] == []
-    assert accepted_writes(exchanges) == []
-    writes = {e["status"] for e in exchanges if e["method"] in WRITES and tuple(
-        e["operation"].split(" ", 1)) not in OPEN_WRITES}
-    assert (401 if who == "nobody" else 403) in writes
-    assert writes <= {400, 401, 403, 404, 405, 413, 414, 415, 431}, writes
+    writes = [e for e in exchanges if e["method"] in WRITES]
+    assert [e for e in writes if e["status"] < 300] == []
+    assert (401 if who == "nobody" else 403) in {e["status"] for e in writes}
+    assert {e["status"] for e in writes} <= {400, 401, 403, 404, 405, 413, 414, 415, 431}
     assert state_of(state) == before  # nothing stored, not even an audit line
 
 
@@ -121,7 +135,7 @@ def test_an_admin_gets_no_server_error_and_only_documented_answers(served, tmp_p
     `ignored_auth` also sends each operation without the token and with a wrong one."""
     state, url, tokens = served
     exchanges = fuzz(url, tokens["admin"], tmp_path / "report.ndjson",
-                     "--exclude-operation-id", "tokens_revoke_token",
+                     *excluded("tokens_revoke_token", *STREAMS, *JOB_STARTS),
                      checks=CHECKS + ",ignored_auth")
     assert [e for e in exchanges if e["status"] is None or e["status"] >= 500] == []
     statuses = {e["status"] for e in exchanges}
