@@ -7,7 +7,7 @@ from flask import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from provisiond import jobs
-from provisiond.api.v1 import PREFIX, Page, Role, config, reply, route
+from provisiond.api.v1 import PREFIX, Page, Role, SeqCursor, config, reply, route
 from provisiond.errors import JobNotFound
 from provisiond.jobs.model import Job
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
@@ -18,8 +18,7 @@ class JobsQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
-    continue_: str | None = Field(None, alias="continue", max_length=100,
-                                  description="from the previous page")
+    continue_: SeqCursor | None = Field(None, alias="continue")
     kind: JobKind | None = None
     state: JobState | None = None
 
