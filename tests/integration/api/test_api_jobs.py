@@ -289,7 +289,7 @@ def test_streams_per_worker_are_bounded(served):
 def test_serve_stops_with_a_stream_open(tmp_path):
     """The stream ends, whole (the chunked body's end, no reset), and serve exits 0."""
     state = tmp_path / "state"
-    cli(state, "init")
+    cli(state, "init", "--no-profiles")  # the profiles' import is an inventory.changed event
     token = make_token(state, "reader")
     proc, port = serve_on(state)
     try:
