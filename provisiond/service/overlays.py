@@ -58,7 +58,8 @@ class RedactingBuilder(Builder):
     def secrets(self, node: str) -> tuple[dict, str]:
         keys = {t: {"private": None, "public": None}
                 for t in host_key_types(self.config, node)}
-        return _redact({"ssh_host_keys": keys}, "secrets"), "redacted"
+        found = {**self.stored_secrets(node), "ssh_host_keys": keys}
+        return _redact(found, "secrets"), "redacted"
 
 
 def _redact(value, path: str):
