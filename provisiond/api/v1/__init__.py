@@ -15,6 +15,7 @@ import functools
 import importlib
 import json
 import logging
+import time
 import pkgutil
 import re
 from dataclasses import dataclass
@@ -190,17 +191,15 @@ def authorize(role: Role | None) -> Principal | None:
     try:
         principal = token_store().authenticate(token.strip())
     except TokenRefused as exc:
-        journal.emit(config(), "auth.denied", exc.name, {"reason": exc.reason,
-                                                       "token": exc.name, **_where()})
+        _denied(exc.name, {"reason": exc.reason, "token": exc.name})
         raise
     except InvalidInput as exc:  # tokens.json cannot be read: the server's fault, not the
         log.error("%s", exc)     # client's, and its path is no business of the client's
         raise ProvisiondError("the server cannot read its token store (see its log)") \
             from None
     if principal.role < role:
-        journal.emit(config(), "auth.denied", principal.name, {
-            "reason": "role", "token": principal.name, "role": principal.role.label,
-            "needed": role.label, **_where()})
+        _denied(principal.name, {"reason": "role", "token": principal.name,
+                                 "role": principal.role.label, "needed": role.label})
         raise Forbidden(f"token {principal.name!r} has the role {principal.role.label}; "
                         f"{request.method} {request.path} needs {role.label}")
     return principal
@@ -209,6 +208,40 @@ def authorize(role: Role | None) -> Principal | None:
 def _where() -> dict:
     return {"method": request.method, "path": request.path[:200],
             "address": request.remote_addr}
+
+
+def _denied(subject: str | None, data: dict) -> None:
+    """An `auth.denied` event, unless this address had DENIED_EVENTS of them in the last
+    DENIED_WINDOW seconds (per worker): a client looping over bad tokens would otherwise
+    fill the bounded journal and push every other event out of it."""
+    where = _where()
+    limiter = current_app.extensions.setdefault("provisiond.denied", DeniedEvents())
+    if limiter.allow(where["address"] or "", time.monotonic()):
+        journal.emit(config(), "auth.denied", subject, {**data, **where})
+
+
+DENIED_EVENTS = 20
+DENIED_WINDOW = 60.0
+DENIED_ADDRESSES = 4096  # remembered at once; the oldest go first
+
+
+class DeniedEvents:
+    """How many auth.denied events each address had in its current window."""
+
+    def __init__(self):
+        self.windows: dict[str, tuple[float, int]] = {}
+
+    def allow(self, address: str, now: float) -> bool:
+        start, count = self.windows.pop(address, (now, 0))
+        if now - start >= DENIED_WINDOW:
+            start, count = now, 0
+        self.windows[address] = (start, count + 1)
+        if len(self.windows) > DENIED_ADDRESSES:
+            self.windows.pop(next(iter(self.windows)))
+        if count == DENIED_EVENTS:
+            log.warning("auth.denied from %s: over %d in %.0f s, not journaled for the rest "
+                        "of that time", address, DENIED_EVENTS, DENIED_WINDOW)
+        return count < DENIED_EVENTS
 
 
 def _parse_query(model: type[BaseModel]) -> BaseModel:

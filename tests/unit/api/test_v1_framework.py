@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from provisiond import events
+from provisiond.api.v1 import DENIED_EVENTS, DENIED_WINDOW, DeniedEvents
 from provisiond.auth import Role, TokenStore
 from v1helpers import Api, assert_error
 
@@ -56,6 +58,27 @@ def test_an_unreadable_token_store_is_the_servers_error_not_the_clients(api, con
     assert str(config.state_dir) not in error["message"] and "token store" in error["message"]
     assert "tokens.json: not a token file" in caplog.text
     assert api.call(None, "GET", "/api/v1/openapi.json").status_code == 200  # open routes
+
+
+def test_a_loop_of_bad_tokens_does_not_fill_the_event_journal(api, config):
+    """Each refused token was an auth.denied event: any client could push every inventory
+    and phase event out of the bounded journal (SSE clients then resume into a gap)."""
+    bad = {"Authorization": "Bearer not-a-token"}
+    for _ in range(DENIED_EVENTS + 30):
+        assert_error(api.client.get("/api/v1/nodes", headers=bad), 401, "unauthenticated")
+    other = api.client.get("/api/v1/nodes", headers=bad,
+                           environ_base={"REMOTE_ADDR": "127.0.0.9"})
+    assert other.status_code == 401
+    denied = [e for e in events.read_since(config, 0) if e.kind == "auth.denied"]
+    addresses = [e.data["address"] for e in denied]
+    assert addresses.count("127.0.0.1") == DENIED_EVENTS and addresses.count("127.0.0.9") == 1
+
+
+def test_denied_events_start_again_after_their_window():
+    limiter = DeniedEvents()
+    assert all(limiter.allow("a", 0.0) for _ in range(DENIED_EVENTS))
+    assert not limiter.allow("a", 1.0) and limiter.allow("b", 1.0)
+    assert limiter.allow("a", DENIED_WINDOW + 0.5)
 
 
 def test_tokens_need_the_admin_role(api):
