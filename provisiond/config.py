@@ -378,6 +378,16 @@ class Config(_Section):
         return self.state_dir / "jobs"
 
     @property
+    def run_dir(self) -> Path:
+        """What lives only while `provisiond serve` runs (cleared by the next serve)."""
+        return self.state_dir / "run"
+
+    @property
+    def metrics_path(self) -> Path:
+        """Build and BMC call outcomes any process records (provisiond.metrics)."""
+        return self.state_dir / "metrics.json"
+
+    @property
     def overlay_search_path(self) -> list[Path]:
         """Site overlays shadow shipped ones: the first dir holding a name wins."""
         return [*self.overlay_dirs, self.state_dir / "overlays", SHIPPED_DIR / "overlays"]
