@@ -276,8 +276,10 @@ class FileCollector:
 
 
 def _cumulative(buckets: tuple, counts: list[int]) -> list[tuple[str, int]]:
+    from prometheus_client.utils import floatToGoString  # "le" as the library's histograms
+
     total, result = 0, []
-    for bound, n in zip((*map(str, buckets), "+Inf"), counts):
+    for bound, n in zip((*map(floatToGoString, buckets), "+Inf"), counts):
         total += n
         result.append((bound, total))
     return result

@@ -278,6 +278,7 @@
           if (error.name === "AbortError") continue;
           if (error.status === 404 || error.status === 405 || error.status === 415) {
             state.eventsApi = false;
+            renderEvents();
           } else {
             if (!refused(error)) setMode("offline", "events: " + error.message + ", retrying");
             await sleep(RETRY_MS);
@@ -379,9 +380,12 @@
       }));
     });
     bar.setAttribute("aria-label", parts.join(", "));
-    const total = span.end - span.start;
-    const label = span.running ? seconds(total) + "…" : status.phase + " in " + seconds(total);
-    return el("div", { class: "timeline" }, bar, el("span", { class: "total", text: label }));
+    const total = span.end - span.start; // the badge beside says which phase it ended in
+    const label = seconds(total) + (span.running ? "…" : "");
+    return el("div", { class: "timeline" }, bar, el("span", {
+      class: "total", text: label,
+      title: span.running ? "booting for " + seconds(total) : status.phase + " after " + seconds(total),
+    }));
   }
 
   function matches(name, status, filter) {
