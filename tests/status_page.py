@@ -12,6 +12,7 @@ background services (updates, sync, safe browsing...) are off.
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -66,8 +67,9 @@ class StatusPage:
 
     @classmethod
     def open(cls, base_url: str, token: str | None = None, width: int = 1280,
-             height: int = 900) -> "StatusPage":
-        """Start the browser, load the page, give it `token` if one is given."""
+             height: int = 900, phone: bool = False) -> "StatusPage":
+        """Start the browser, load the page, give it `token` if one is given. `phone`: a
+        touch screen `width` CSS pixels wide (a desktop window is at least 500)."""
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
@@ -78,6 +80,9 @@ class StatusPage:
                          *only_to(urlsplit(base_url).hostname)):
             options.add_argument(argument)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        if phone:
+            options.add_experimental_option("mobileEmulation", {"deviceMetrics": {
+                "width": width, "height": height, "pixelRatio": 2, "touch": True}})
         driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER),
                                   options=options)
         page = cls(driver, base_url)
@@ -141,13 +146,9 @@ class StatusPage:
 
         return self.driver.find_element(By.CSS_SELECTOR, css).text
 
-    def resize(self, width: int, height: int) -> None:
-        self.driver.set_window_size(width, height)
-
     def screenshot(self, path: Path) -> Path:
-        """A PNG of the whole page (not just the window) at `path`."""
-        height = self.driver.execute_script("return document.documentElement.scrollHeight;")
-        width = self.driver.get_window_size()["width"]
-        self.driver.set_window_size(width, max(height + 150, 400))
-        self.driver.save_screenshot(str(path))
+        """A PNG of the whole page (beyond the window too) at `path`."""
+        shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True})
+        path.write_bytes(base64.b64decode(shot["data"]))
         return path

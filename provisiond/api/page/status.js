@@ -371,11 +371,13 @@
     span.list.forEach(([phase, at], i) => {
       const until = i + 1 < span.list.length ? span.list[i + 1][1] : span.end;
       const offset = at - span.start;
+      const left = (100 * offset / axis).toFixed(3) + "%";
       parts.push(phase + " +" + seconds(offset));
       bar.append(el("span", {
         class: "segment phase-" + phase + (i + 1 === span.list.length ? " last" : ""),
-        style: { left: (100 * offset / axis).toFixed(3) + "%",
-                 width: (100 * Math.max(0, until - at) / axis).toFixed(3) + "%" },
+        // A boot's last phase has no length: a mark ending where the phase was reached.
+        style: until > at ? { left, width: (100 * (until - at) / axis).toFixed(3) + "%" }
+          : { left: "calc(" + left + " - 3px)", width: "3px" },
         title: phase + " at +" + seconds(offset) + (until > at ? ", " + seconds(until - at) : ""),
       }));
     });
@@ -402,7 +404,7 @@
       else none += 1;
     }
     const list = $("summary");
-    list.replaceChildren(el("li", { class: "total" },
+    list.replaceChildren(el("li", { class: "count" },
       el("strong", { text: String(state.nodes.size) }), " nodes"));
     for (const [phase, n] of counts) {
       if (!n) continue;

@@ -1,0 +1,85 @@
+"""The status page at `/` in a real headless Chromium, against a real `provisiond serve` on
+loopback: a phase a node reports reaches the page without a reload, node text stays text,
+and the page fits a phone's width. Screenshots go to test-artifacts/ (printed)."""
+
+from __future__ import annotations
+
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from bootdata import add_image, add_nodes
+from provisiond.config import load_config
+from servers import loopback_services, start_serve, stop_serve, wait_http
+from tests.status_page import StatusPage, artifact_path, missing
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
+PHASE_WAIT = 20  # seconds: the page polls every 2 s or follows the event stream
+HOSTILE = '<img src=x onerror="document.title=\'owned\'">'
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The base URL of a serve with nodes n1-n3 and image tiny."""
+    state = tmp_path_factory.mktemp("page") / "state"
+    ports = loopback_services(state)
+    config = load_config(state)
+    add_nodes(config, 3)
+    add_image(config, "tiny")
+    proc = start_serve(state)
+    base = f"http://127.0.0.1:{ports['http']}"
+    try:
+        wait_http(f"{base}/boot/ipxe", proc)
+        yield base
+    finally:
+        stop_serve(proc)
+
+
+def report(base: str, node: str, phase: str, detail: str = "") -> None:
+    """What the node agent does: POST /api/v1/status/<node>."""
+    body = urllib.parse.urlencode({"phase": phase, "detail": detail}).encode()
+    with urllib.request.urlopen(f"{base}/api/v1/status/{node}", data=body, timeout=10) as answer:
+        assert answer.status == 200
+
+
+def test_the_page_shows_a_phase_change_without_a_reload(served):
+    for node, phase in (("n1", "dhcp"), ("n2", "dhcp"), ("n3", "dhcp")):
+        report(served, node, phase)
+    with StatusPage.open(served) as page:
+        page.wait_for_phase("n1", "dhcp", PHASE_WAIT)
+        page.mark()
+        for phase in ("ipxe", "kernel", "booted", "ready"):
+            report(served, "n1", phase)
+            page.wait_for_phase("n1", phase, PHASE_WAIT)
+        report(served, "n2", "ipxe")
+        report(served, "n3", "failed", "ansible-pull: exit 2")
+        page.wait_for_phase("n3", "failed", PHASE_WAIT)
+        assert not page.reloaded(), "the page was reloaded to show the change"
+        assert page.connection() in ("live", "polling")
+        assert page.text("#summary [data-phase=ready]") == "1 ready"
+        assert len(page.driver.find_elements("css selector",
+                                              "tr[data-node=n1] .segment")) == 5
+        assert page.script_errors() == []
+        print(f"\nscreenshot: {page.screenshot(artifact_path('status-page.png'))}")
+
+
+def test_node_text_is_shown_as_text_never_run(served):
+    report(served, "n2", "failed", HOSTILE)
+    with StatusPage.open(served) as page:
+        page.wait_for_phase("n2", "failed", PHASE_WAIT)
+        assert page.text("tr[data-node=n2] .detail") == HOSTILE
+        assert page.driver.find_elements("css selector", "#nodes img") == []
+        assert page.driver.title == "provisiond status"
+
+
+def test_the_page_fits_a_phone(served):
+    report(served, "n1", "ready")
+    with StatusPage.open(served, width=390, height=844, phone=True) as page:
+        page.wait_for_phase("n1", "ready", PHASE_WAIT)
+        width, overflow = page.driver.execute_script(
+            "return [window.innerWidth, document.documentElement.scrollWidth - window.innerWidth];")
+        assert width == 390
+        assert overflow <= 0, f"{overflow} px wider than the phone's screen"
+        assert page.driver.find_element("css selector", ".timeline .bar").size["width"] >= 40
+        print(f"\nscreenshot: {page.screenshot(artifact_path('status-page-phone.png'))}")
