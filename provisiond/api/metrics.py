@@ -13,6 +13,7 @@ import time
 from flask import Blueprint, Response, request
 
 from provisiond.api.services import services
+from provisiond.api.v1 import Role, authorize
 from provisiond.metrics import MULTIPROC_ENV, FileCollector, count, live, observe
 
 bp = Blueprint("metrics", __name__)
@@ -25,17 +26,20 @@ METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 @bp.get("/metrics")
 def metrics():
     """The Prometheus text format: every process's live counters, and the recorded builds
-    and BMC calls."""
+    and BMC calls. Open unless `metrics.require_token`: then a reader token."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 
+    config = services().config
+    if config.metrics.require_token:
+        authorize(Role.READER)
     registry = CollectorRegistry(auto_describe=False)
     directory = os.environ.get(MULTIPROC_ENV)
     if directory:
         MultiProcessCollector(registry, path=directory)
     else:  # no serve (a test, a bare gunicorn): this process's own counters
         registry.register(live().registry)
-    registry.register(FileCollector(services().config))
+    registry.register(FileCollector(config))
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -103,7 +103,11 @@
     const fresh = new Map();
     for (const record of statusRecords(await getAll("/api/v1/status?limit=1000"))) {
       const name = nameOf(record);
-      if (typeof name === "string") fresh.set(name, record);
+      if (typeof name !== "string") continue;
+      // An event may have brought a newer phase than this answer, read before it: keep it.
+      const known = state.nodes.get(name);
+      const newer = known && typeof known.updated === "number" && !(record.updated >= known.updated);
+      fresh.set(name, newer ? known : record);
     }
     if (state.nodesApi) {
       try {
@@ -165,8 +169,8 @@
     if (kind === "node.phase") {
       applyPhase(event);
       renderNodes();
-    } else if (kind === "inventory.changed") {
-      soon("status", loadStatus);
+    } else if (kind === "inventory.changed" || kind === "stream.gap") {
+      soon("status", loadStatus); // nodes added or removed, or phase events missed
     } else if (kind.startsWith("build.")) {
       soon("images", loadImages);
     }
@@ -405,7 +409,7 @@
     }
     const list = $("summary");
     list.replaceChildren(el("li", { class: "count" },
-      el("strong", { text: String(state.nodes.size) }), " nodes"));
+      el("strong", { text: String(state.nodes.size) }), state.nodes.size === 1 ? " node" : " nodes"));
     for (const [phase, n] of counts) {
       if (!n) continue;
       const chip = el("button", { type: "button", class: "chip phase-" + phase, "data-phase": phase },

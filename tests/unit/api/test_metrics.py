@@ -9,9 +9,12 @@ import pytest
 
 from bootdata import add_blob, add_image, add_nodes, ip_of, mac_of
 from provisiond.api import create_app, gunicorn_conf
+from provisiond.auth import Role
+from provisiond.config import load_config
 from provisiond.metrics import record_outcomes
 from tests.conftest import run_provisiond
 from tests.prometheus_text import by_label, parse
+from v1helpers import Api, assert_error
 
 
 @pytest.fixture
@@ -62,6 +65,7 @@ def test_requests_are_counted_by_route_never_by_url(app, config):
     served(client, "GET", f"/blobs/sha256/{digest}")  # the fast path, in front of Flask
     served(client, "GET", f"/blobs/sha256/{digest}", headers={"Range": "bytes=0-9"})  # Flask
     served(client, "GET", f"/boot/ipxe/{mac_of(1)}", environ_base={"REMOTE_ADDR": ip_of(1)})
+    app.extensions["provisiond"].phases.flush()  # its ipxe phase counted now, in this test
     served(client, "GET", "/no/such/thing")
     served(client, "BREW", "/boot/ipxe")
     seen = scrape(client)
@@ -106,3 +110,17 @@ def test_metrics_holds_no_secret(app, config):
         "phase": "failed", "detail": "token=hunter2-very-secret"})
     text = app.test_client().get("/metrics").get_data(as_text=True)
     assert "hunter2" not in text and "n1" not in text  # no details, no per-node labels
+
+
+def test_metrics_can_require_a_reader_token(config, live_metrics):
+    (config.state_dir / "provisiond.yaml").write_text("metrics:\n  require_token: true\n")
+    api = Api(load_config(config.state_dir))
+    assert api.call(None, "GET", "/metrics").headers["WWW-Authenticate"].startswith("Bearer")
+    assert_error(api.call(None, "GET", "/metrics"), 401, "unauthenticated")
+    for role in Role:
+        response = api.call(role, "GET", "/metrics")
+        assert response.status_code == 200 and b"provisiond_http_requests_total" in response.data
+
+
+def test_metrics_are_open_by_default(app):
+    assert app.test_client().get("/metrics").status_code == 200
