@@ -45,6 +45,7 @@ def served(tmp_path_factory):
     base = f"http://127.0.0.1:{ports['http']}"
     try:
         wait_http(f"{base}/metrics", proc)
+        assert not stale.exists(), "serve left a killed serve's directory"
         yield config, ports, base, proc
     finally:
         stop_serve(proc)
