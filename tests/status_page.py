@@ -8,12 +8,25 @@ background services (updates, sync, safe browsing...) are off.
     with StatusPage.open(base_url, token=None) as page:
         page.wait_for_phase("n1", "ready", timeout=60)
         print("screenshot:", page.screenshot(artifact_path("status-page.png")))
+
+Where the server is only reachable inside a network namespace (the VM lab), run the browser
+there as a command (Selenium talks to chromedriver over the namespace's loopback):
+
+    ip netns exec LAB python -m tests.status_page URL n1=ready n2=ready --timeout 300 \
+        --screenshot test-artifacts/lab-page.png
+
+It prints `following` once the page is loaded (start the boot then), and at the end a JSON
+line {node: [every phase the page showed, in order]}; exit 1 if a node did not reach its
+phase in time or the page reloaded.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
+import json
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -122,6 +135,25 @@ class StatusPage:
         wait_until(lambda: self.phases().get(node) == phase, timeout,
                    f"the page shows {node} {phase} (it shows {self.phases().get(node)!r})")
 
+    def follow(self, until: dict[str, str], timeout: float) -> dict[str, list[str]]:
+        """Every phase the page shows for each node, in order, until it shows each node of
+        `until` in its phase (TimeoutError otherwise); AssertionError if it reloaded."""
+        self.mark()
+        seen: dict[str, list[str]] = {}
+
+        def reached() -> bool:
+            for node, phase in self.phases().items():
+                if seen.get(node, [None])[-1] != phase:
+                    seen.setdefault(node, []).append(phase)
+            return all(seen.get(node, [None])[-1] == phase for node, phase in until.items())
+
+        try:
+            wait_until(reached, timeout, f"the page shows {until}", interval=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; it showed {seen}") from None
+        assert not self.reloaded(), "the page was reloaded"
+        return seen
+
     def connection(self) -> str:
         """The page's connection badge: live, polling, offline, token..."""
         return self.driver.execute_script(
@@ -152,3 +184,31 @@ class StatusPage:
             "format": "png", "captureBeyondViewport": True})
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Follow the page until nodes reach phases (see the module doc)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.status_page")
+    parser.add_argument("url", help="the server's base URL, e.g. http://10.99.77.1:9873")
+    parser.add_argument("expect", nargs="+", metavar="NODE=PHASE")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--token", help="a reader token, if the server asks for one")
+    parser.add_argument("--screenshot", type=Path, help="a PNG of the page at the end")
+    args = parser.parse_args(argv)
+    until = dict(item.partition("=")[::2] for item in args.expect)
+    with StatusPage.open(args.url, args.token) as page:
+        print("following", flush=True)
+        try:
+            seen = page.follow(until, args.timeout)
+        except (TimeoutError, AssertionError) as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        finally:
+            if args.screenshot:
+                print(f"screenshot: {page.screenshot(args.screenshot)}", file=sys.stderr)
+    print(json.dumps(seen), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,10 @@ and the page fits a phone's width. Screenshots go to test-artifacts/ (printed)."
 
 from __future__ import annotations
 
+import json
+import select
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
 
@@ -12,6 +16,7 @@ import pytest
 from bootdata import add_image, add_nodes
 from provisiond.config import load_config
 from servers import loopback_services, start_serve, stop_serve, wait_http
+from tests.conftest import REPO
 from tests.status_page import StatusPage, artifact_path, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
@@ -83,3 +88,27 @@ def test_the_page_fits_a_phone(served):
         assert overflow <= 0, f"{overflow} px wider than the phone's screen"
         assert page.driver.find_element("css selector", ".timeline .bar").size["width"] >= 40
         print(f"\nscreenshot: {page.screenshot(artifact_path('status-page-phone.png'))}")
+
+
+def test_the_follow_command_the_lab_runs_in_its_namespace(served, tmp_path):
+    """`python -m tests.status_page URL NODE=PHASE`: what the lab test runs where its serve
+    is (inside a network namespace), here on loopback."""
+    report(served, "n3", "dhcp")
+    shot = tmp_path / "follow.png"
+    follow = subprocess.Popen([sys.executable, "-m", "tests.status_page", served, "n3=booted",
+                               "--timeout", "60", "--screenshot", str(shot)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert select.select([follow.stdout], [], [], 60)[0], "the page did not load in 60 s"
+        assert follow.stdout.readline().strip() == "following"
+        for phase in ("ipxe", "kernel", "booted"):
+            report(served, "n3", phase)
+        out, err = follow.communicate(timeout=90)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert follow.returncode == 0, err
+    seen = json.loads(out)
+    assert seen["n3"][0] == "dhcp" and seen["n3"][-1] == "booted", seen
+    assert shot.stat().st_size > 0
