@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from dnslib import DNSRecord
 
-from bootdata import add_image, add_nodes, ip_of, mac_of
+from bootdata import add_image, add_nodes, ip_of, mac_of, relayed
 from provisiond.boot import dhcp_packet as p
 from provisiond.config import load_config
 from servers import free_port, loopback_services, start_serve, stop_serve, wait_http, write_config
@@ -61,13 +61,6 @@ def scrape_until(base: str, ready, timeout: float = 15) -> dict:
     """The first scrape `ready` accepts (bounded)."""
     return wait_until(lambda: next((s for s in [scrape(base)] if ready(s)), None), timeout,
                       "the metrics counted everything")
-
-
-def relayed(mac: str, msg: int, *options) -> bytes:
-    """A request as a relay at 127.0.0.1 sends it (the reply goes to 127.0.0.1:67)."""
-    data = bytearray(p.encode_request(mac, msg, xid=7, options=list(options)))
-    data[24:28] = socket.inet_aton("127.0.0.1")
-    return bytes(data)
 
 
 def test_every_process_counts_into_one_metrics_page(served, tmp_path):

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from bootdata import add_nodes, ip_of, mac_of
+from bootdata import add_nodes, ip_of, mac_of, relayed
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp import DhcpServer
 from provisiond.boot.table import build_table
@@ -44,13 +44,6 @@ def server(config, client_sock):
 def exchange(server, client_sock, packet: bytes):
     client_sock.sendto(packet, server.sock.getsockname())
     return p.decode_reply(client_sock.recvfrom(2048)[0])
-
-
-def relayed(mac: str, msg: int, *options) -> bytes:
-    """A request as a relay sends it: giaddr 127.0.0.1, so the reply comes back here."""
-    data = bytearray(p.encode_request(mac, msg, xid=7, options=list(options)))
-    data[24:28] = socket.inet_aton("127.0.0.1")
-    return bytes(data)
 
 
 def test_offer_and_ack_through_a_relay(server, client_sock):
