@@ -78,3 +78,13 @@ def pytest_runtest_makereport(item, call):
             report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped, but PROVISIOND_NO_SKIP=1: {report.longrepr}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The screenshots the session's browser tests saved, whether they passed or not."""
+    from tests.status_page import SAVED
+
+    if SAVED:
+        terminalreporter.section("screenshots")
+        for path in SAVED:
+            terminalreporter.line(str(path))

@@ -7,7 +7,7 @@ background services (updates, sync, safe browsing...) are off.
 
     with StatusPage.open(base_url, token=None) as page:
         page.wait_for_phase("n1", "ready", timeout=60)
-        print("screenshot:", page.screenshot(artifact_path("status-page.png")))
+        page.screenshot(artifact_path("status-page.png"))  # listed at the session's end
 
 Where the server is only reachable inside a network namespace (the VM lab), run the browser
 there as a command (Selenium talks to chromedriver over the namespace's loopback):
@@ -35,6 +35,7 @@ from tests.waits import wait_until
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # ignored by git
+SAVED: list[Path] = []  # screenshots of this test session, listed at its end (tests/conftest.py)
 QUIET = [  # Chromium's own services that would call out: off
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--disable-default-apps", "--disable-domain-reliability", "--no-pings",
@@ -183,6 +184,7 @@ class StatusPage:
         shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {
             "format": "png", "captureBeyondViewport": True})
         path.write_bytes(base64.b64decode(shot["data"]))
+        SAVED.append(path)
         return path
 
 

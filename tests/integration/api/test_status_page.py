@@ -1,6 +1,7 @@
 """The status page at `/` in a real headless Chromium, against a real `provisiond serve` on
 loopback: a phase a node reports reaches the page without a reload, node text stays text,
-and the page fits a phone's width. Screenshots go to test-artifacts/ (printed)."""
+and the page fits a phone's width. Screenshots go to test-artifacts/ (listed at the end of
+the run)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_the_page_shows_a_phase_change_without_a_reload(served):
         assert len(page.driver.find_elements("css selector",
                                               "tr[data-node=n1] .segment")) == 5
         assert page.script_errors() == []
-        print(f"\nscreenshot: {page.screenshot(artifact_path('status-page.png'))}")
+        page.screenshot(artifact_path("status-page.png"))
 
 
 def test_node_text_is_shown_as_text_never_run(served):
@@ -87,7 +88,7 @@ def test_the_page_fits_a_phone(served):
         assert width == 390
         assert overflow <= 0, f"{overflow} px wider than the phone's screen"
         assert page.driver.find_element("css selector", ".timeline .bar").size["width"] >= 40
-        print(f"\nscreenshot: {page.screenshot(artifact_path('status-page-phone.png'))}")
+        page.screenshot(artifact_path("status-page-phone.png"))
 
 
 def test_the_follow_command_the_lab_runs_in_its_namespace(served, tmp_path):
