@@ -19,11 +19,11 @@
   const MIN_AXIS_S = 10;
 
   const state = {
-    nodes: new Map(), // name -> {node, phase, phases, boot_started, updated, detail}
+    nodes: new Map(), // name -> {node, phase, phases, boot_started, updated, detail}: every
+    // node of the inventory (GET /api/v1/status lists those without a report too)
     events: [], // newest first
     images: null, // null: not loaded
     imagesNote: "",
-    nodesApi: true, // GET /api/v1/nodes: false once it answered 404 (not on this server)
     eventsApi: true, // GET /api/v1/events: false once it answered 404 or 405
     lastEventId: null,
     stream: null, // AbortController of the event stream being read
@@ -108,18 +108,6 @@
       const known = state.nodes.get(name);
       const newer = known && typeof known.updated === "number" && !(record.updated >= known.updated);
       fresh.set(name, newer ? known : record);
-    }
-    if (state.nodesApi) {
-      try {
-        const nodes = await getAll("/api/v1/nodes?limit=1000");
-        for (const node of Array.isArray(nodes) ? nodes : []) {
-          const name = nameOf(node);
-          if (typeof name === "string" && !fresh.has(name)) fresh.set(name, { node: name });
-        }
-      } catch (error) {
-        if (error.status === 404 || error.status === 405) state.nodesApi = false;
-        else throw error;
-      }
     }
     state.nodes = fresh;
     renderNodes();
@@ -343,7 +331,7 @@
   function phaseBadge(phase) {
     const known = PHASES.includes(phase);
     return el("span", { class: "phase" + (known ? " phase-" + phase : " phase-none"),
-                        text: known ? phase : "no status" });
+                        text: known ? phase : "no report" });
   }
 
   // The boot's phases in time order: [[phase, epoch], ...] from its dhcp phase on.
@@ -418,7 +406,7 @@
       list.append(el("li", null, chip));
     }
     if (none) list.append(el("li", null, el("span", { class: "chip phase-none" },
-      el("strong", { text: String(none) }), " no status")));
+      el("strong", { text: String(none) }), " no report")));
   }
 
   function setFilter(text) {
@@ -447,7 +435,7 @@
         el("td", { class: "opt detail", text: status.detail || "", title: status.detail || null }));
     });
     $("nodes").tBodies[0].replaceChildren(...rows);
-    if (!names.length) note("nodes-note", "No node has reported a phase yet.");
+    if (!names.length) note("nodes-note", "No node in the inventory yet.");
     else if (shown.length > MAX_ROWS) {
       note("nodes-note", "Showing " + MAX_ROWS + " of " + shown.length + " nodes: filter to see others.");
     } else if (!shown.length) note("nodes-note", "No node matches the filter.");
@@ -516,7 +504,7 @@
     $("token").value = "";
     $("forget").hidden = !value;
     $("token").placeholder = value ? "token set" : "reader token";
-    state.nodesApi = state.eventsApi = true; // ask again: the token may open them
+    state.eventsApi = true; // ask again: the token may open it
     if (state.stream) state.stream.abort();
     if (state.wake) state.wake();
     loadImages();
