@@ -12,10 +12,9 @@ import urllib.request
 import pytest
 from dnslib import DNSRecord
 
-from bootdata import add_image, add_nodes, ip_of, mac_of, relayed
-from provisiond.boot import dhcp_packet as p
+from loopback_node import prepare
 from provisiond.config import load_config
-from servers import free_port, loopback_services, start_serve, stop_serve, wait_http, write_config
+from servers import loopback_services, start_serve, stop_serve, wait_http
 from tests.conftest import REPO, run_provisiond
 from tests.prometheus_text import by_label, parse
 from tests.tools import command
@@ -29,15 +28,9 @@ STALE = ("import os, sys; os.environ['PROMETHEUS_MULTIPROC_DIR'] = sys.argv[1]; 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(config, ports, base URL, serve process) with HTTP (2 workers), DHCP, DNS and TFTP."""
+    """(config, ports, base URL, nodes) of a serve with HTTP (2 workers), DHCP, DNS, TFTP."""
     state = tmp_path_factory.mktemp("metrics") / "state"
-    ports = loopback_services(state)
-    ports["dhcp"] = free_port(socket.SOCK_DGRAM)
-    write_config(state, http={"workers": 2},
-                 dhcp={"enabled": True, "bind": "127.0.0.1", "port": ports["dhcp"]})
-    config = load_config(state)
-    add_nodes(config, 3)
-    add_image(config, "tiny")
+    config, ports, _, nodes = prepare(state, 3, http={"workers": 2})
     stale = config.run_dir / "metrics" / "999999999"  # a killed serve's: no lock held
     stale.mkdir(parents=True)
     subprocess.run([sys.executable, "-c", STALE, str(stale)], cwd=REPO, check=True)
@@ -46,7 +39,7 @@ def served(tmp_path_factory):
     try:
         wait_http(f"{base}/metrics", proc)
         assert not stale.exists(), "serve left a killed serve's directory"
-        yield config, ports, base, proc
+        yield config, ports, base, nodes
     finally:
         stop_serve(proc)
 
@@ -64,20 +57,17 @@ def scrape_until(base: str, ready, timeout: float = 15) -> dict:
 
 
 def test_every_process_counts_into_one_metrics_page(served, tmp_path):
-    config, ports, base, _ = served
-    # DHCP (serve's own process): an exchange for n1 records its dhcp phase (phase writer)
+    config, ports, base, nodes = served
+    # n1's boot: dhcp from the DHCP loop (serve's own process) and ipxe from its script
+    # (a gunicorn worker), both recorded by the phase writer; booted its agent's report
+    # (a worker), timed from dhcp
+    nodes["n1"].dhcp()
+    nodes["n1"].ipxe()
+    nodes["n1"].report("booted")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dhcp:
-        for packet in (relayed(mac_of(1), p.DISCOVER), relayed(mac_of(1), p.REQUEST, (
-                p.OPT_REQUESTED_IP, socket.inet_aton(ip_of(1)))), b"not dhcp"):
-            dhcp.sendto(packet, ("127.0.0.1", ports["dhcp"]))
-    # HTTP (gunicorn workers): n1's script is its ipxe phase (phase writer), timed from dhcp
-    wait_until(lambda: (config.status_dir / "n1.json").exists(), 10, "n1's dhcp phase")
-    urllib.request.urlopen(f"{base}/boot/ipxe/{mac_of(1)}", timeout=10).read()
+        dhcp.sendto(b"not dhcp", ("127.0.0.1", ports["dhcp"]))
     for _ in range(10):  # new connections: both workers take some
         urllib.request.urlopen(f"{base}/boot/ipxe", timeout=10).read()
-    for phase in ("dhcp", "failed"):
-        urllib.request.urlopen(f"{base}/api/v1/status/n2", data=f"phase={phase}".encode(),
-                               timeout=10).read()
     # DNS and TFTP (serve's own process)
     DNSRecord.question("n3.cluster").send("127.0.0.1", ports["dns"], timeout=5)
     got = subprocess.run(command(["curl", "-sS", "-o", str(tmp_path / "undionly"),
@@ -110,15 +100,17 @@ def test_every_process_counts_into_one_metrics_page(served, tmp_path):
     assert seen["provisiond_tftp_sent_bytes_total", ()] == \
         (tmp_path / "undionly").stat().st_size
     assert by_label(seen, "provisiond_boot_phases_total", "phase") == {
-        "dhcp": 2, "ipxe": 1, "failed": 1}
+        "dhcp": 1, "ipxe": 1, "booted": 1}
     assert seen["provisiond_boot_phase_seconds_count", (("phase", "ipxe"),)] == 1
-    assert seen["provisiond_boot_phase_seconds_count", (("phase", "failed"),)] == 1
+    assert seen["provisiond_boot_phase_seconds_count", (("phase", "booted"),)] == 1
     requests = {labels: value for (name, labels), value in seen.items()
                 if name == "provisiond_http_requests_total"}
     assert requests[("method", "GET"), ("route", "/boot/ipxe/<mac>"), ("status", "200")] == 1
     assert requests[("method", "GET"), ("route", "/boot/ipxe"), ("status", "200")] == 10
+    assert requests[("method", "POST"), ("route", "/api/v1/credentials/<node>"),
+                    ("status", "200")] == 1
     assert requests[("method", "POST"), ("route", "/api/v1/status/<node>"),
-                    ("status", "200")] == 2
+                    ("status", "200")] == 1
     assert seen["provisiond_build_duration_seconds_count",
                 (("kind", "overlay"), ("outcome", "ok"))] == 1
     assert seen["provisiond_bmc_call_duration_seconds_count",

@@ -7,11 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from bootdata import add_blob, add_image, add_nodes, ip_of, mac_of
+from bootdata import add_blob, add_image, add_nodes, credential, ip_of, mac_of, node_env
 from provisiond.api import create_app, gunicorn_conf
 from provisiond.auth import Role
 from provisiond.config import load_config
 from provisiond.metrics import record_outcomes
+from provisiond.states import NodePhase
+from provisiond.status import record_phase
 from tests.conftest import run_provisiond
 from tests.prometheus_text import by_label, parse
 from v1helpers import Api, assert_error
@@ -20,6 +22,7 @@ from v1helpers import Api, assert_error
 @pytest.fixture
 def app(config, live_metrics):
     add_nodes(config, 2)
+    add_image(config, "tiny")  # the nodes' iPXE scripts (and their tokens) need it
     app = create_app(config)
     app.wsgi_app = KeepEnviron(app.wsgi_app)
     return app
@@ -61,7 +64,6 @@ def http_requests(seen: dict) -> dict[tuple, float]:
 def test_requests_are_counted_by_route_never_by_url(app, config):
     client = app.test_client()
     digest = add_blob(config, b"z" * 3000)[7:]
-    add_image(config, "tiny")
     served(client, "GET", f"/blobs/sha256/{digest}")  # the fast path, in front of Flask
     served(client, "GET", f"/blobs/sha256/{digest}", headers={"Range": "bytes=0-9"})  # Flask
     served(client, "GET", f"/boot/ipxe/{mac_of(1)}", environ_base={"REMOTE_ADDR": ip_of(1)})
@@ -80,15 +82,20 @@ def test_requests_are_counted_by_route_never_by_url(app, config):
     assert digest not in text and mac_of(1) not in text and "/no/such" not in text
 
 
-def test_phases_reported_are_counted_and_timed_from_dhcp(app):
+def test_phases_are_counted_and_timed_from_dhcp(app, config):
+    """dhcp as the DHCP server records it, ipxe as the script's request does, booted as the
+    node reports it (with its credential)."""
     client = app.test_client()
-    for phase in ("dhcp", "ipxe", "kernel"):
-        assert served(client, "POST", "/api/v1/status/n1", data={"phase": phase}).status_code \
-            == 200
+    record_phase(config, "n1", NodePhase.DHCP)
+    headers = credential(client, 1)  # the node's agent: its iPXE script's token exchanged
+    app.extensions["provisiond"].phases.flush()
+    answer = served(client, "POST", "/api/v1/status/n1", data={"phase": "booted"},
+                    headers=headers, environ_base=node_env(1))
+    assert answer.status_code == 200, answer.json
     seen = scrape(client)
     assert by_label(seen, "provisiond_boot_phases_total", "phase") == {
-        "dhcp": 1, "ipxe": 1, "kernel": 1}
-    assert seen["provisiond_boot_phase_seconds_count", (("phase", "kernel"),)] == 1
+        "dhcp": 1, "ipxe": 1, "booted": 1}
+    assert seen["provisiond_boot_phase_seconds_count", (("phase", "booted"),)] == 1
     assert ("provisiond_boot_phase_seconds_count", (("phase", "dhcp"),)) not in seen
 
 
@@ -106,9 +113,13 @@ def test_metrics_holds_no_secret(app, config):
     stored = run_provisiond(config.state_dir, "secret", "set", "node", "n1", "bmc_password",
                             input="hunter2-very-secret\n")
     assert stored.returncode == 0, stored.stderr
-    served(app.test_client(), "POST", "/api/v1/status/n1", data={
-        "phase": "failed", "detail": "token=hunter2-very-secret"})
-    text = app.test_client().get("/metrics").get_data(as_text=True)
+    client = app.test_client()
+    answer = served(client, "POST", "/api/v1/status/n1", data={
+        "phase": "failed", "detail": "token=hunter2-very-secret"},
+        headers=credential(client, 1), environ_base=node_env(1))
+    assert answer.status_code == 200, answer.json
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'provisiond_boot_phases_total{phase="failed"} 1.0' in text
     assert "hunter2" not in text and "n1" not in text  # no details, no per-node labels
 
 
