@@ -21,7 +21,7 @@ from tests.prometheus_text import collected
 def test_outcomes_become_cumulative_histograms(config):
     record_outcomes(config, "build_duration_seconds", [(("image", "ok"), 0.3),
                                                        (("image", "ok"), 7.0)])
-    record_outcomes(config, "build_duration_seconds", [(("overlay", "failed"), 5000.0)])
+    record_outcomes(config, "build_duration_seconds", [(("overlays", "failed"), 5000.0)])
     seen = collected(FileCollector(config))
     image = (("kind", "image"), ("outcome", "ok"))
     assert seen["provisiond_build_duration_seconds_count", image] == 2
@@ -32,10 +32,10 @@ def test_outcomes_become_cumulative_histograms(config):
                                                              ("outcome", "ok"))] == 1
     assert seen["provisiond_build_duration_seconds_bucket", (("kind", "image"), ("le", "+Inf"),
                                                              ("outcome", "ok"))] == 2
-    failed = (("kind", "overlay"), ("le", "3600.0"), ("outcome", "failed"))
+    failed = (("kind", "overlays"), ("le", "3600.0"), ("outcome", "failed"))
     assert seen["provisiond_build_duration_seconds_bucket", failed] == 0  # above every bound
     assert seen["provisiond_build_duration_seconds_count",
-                (("kind", "overlay"), ("outcome", "failed"))] == 1
+                (("kind", "overlays"), ("outcome", "failed"))] == 1
 
 
 def test_outcomes_from_several_processes_add_up(config):
@@ -73,10 +73,10 @@ def test_an_unwritable_file_costs_the_record_not_the_caller(config, caplog, monk
 
 
 def test_timed_build_records_ok_failed_and_not_an_interrupt(config):
-    with timed_build(config, "overlay"):
+    with timed_build(config, "overlays"):
         pass
     with pytest.raises(BuildFailed):
-        with timed_build(config, "overlay"):
+        with timed_build(config, "overlays"):
             raise BuildFailed("no")
     with pytest.raises(KeyboardInterrupt):
         with timed_build(config, "image"):
@@ -84,8 +84,8 @@ def test_timed_build_records_ok_failed_and_not_an_interrupt(config):
     seen = collected(FileCollector(config))
     counts = {labels: value for (name, labels), value in seen.items()
               if name == "provisiond_build_duration_seconds_count"}
-    assert counts == {(("kind", "overlay"), ("outcome", "ok")): 1,
-                      (("kind", "overlay"), ("outcome", "failed")): 1}
+    assert counts == {(("kind", "overlays"), ("outcome", "ok")): 1,
+                      (("kind", "overlays"), ("outcome", "failed")): 1}
 
 
 def test_live_counters_in_memory_without_a_run(live_metrics):

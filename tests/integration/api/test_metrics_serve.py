@@ -112,7 +112,7 @@ def test_every_process_counts_into_one_metrics_page(served, tmp_path):
     assert requests[("method", "POST"), ("route", "/api/v1/status/<node>"),
                     ("status", "200")] == 1
     assert seen["provisiond_build_duration_seconds_count",
-                (("kind", "overlay"), ("outcome", "ok"))] == 1
+                (("kind", "overlays"), ("outcome", "ok"))] == 1
     assert seen["provisiond_bmc_call_duration_seconds_count",
                 (("driver", "fake"), ("outcome", "ok"))] == 1
     assert not any("/left-by-a-killed-serve" in dict(labels).get("route", "")

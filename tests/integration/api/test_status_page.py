@@ -57,7 +57,12 @@ def test_the_page_shows_each_phase_of_a_boot_without_a_reload(served):
         nodes["n3"].report("failed", "ansible-pull: exit 2")
         page.wait_for_phase("n3", "failed", PHASE_WAIT)
         assert not page.reloaded(), "the page was reloaded to show the change"
-        assert page.connection() in ("live", "polling")
+        assert page.connection() == "live"  # following GET /api/v1/events with the token
+        events = page.driver.execute_script(
+            "return [...document.querySelectorAll('#events li')].map(li => [...li.children]"
+            ".slice(1).map(e => e.textContent).join(' '));")
+        assert "node.phase n1 ready" in events and "node.phase n3 failed (ansible-pull: exit 2)" \
+            in events, events
         assert page.text("#summary [data-phase=ready]") == "1 ready"
         assert len(page.driver.find_elements("css selector",
                                               "tr[data-node=n1] .segment")) == 5

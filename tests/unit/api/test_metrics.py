@@ -100,11 +100,11 @@ def test_phases_are_counted_and_timed_from_dhcp(app, config):
 
 
 def test_builds_and_bmc_calls_other_processes_recorded_are_shown(app, config):
-    record_outcomes(config, "build_duration_seconds", [(("overlay", "ok"), 2.0)])
+    record_outcomes(config, "build_duration_seconds", [(("overlays", "ok"), 2.0)])
     record_outcomes(config, "bmc_call_duration_seconds", [(("redfish", "BmcUnreachable"), 20.5)])
     seen = scrape(app.test_client())
     assert seen["provisiond_build_duration_seconds_sum",
-                (("kind", "overlay"), ("outcome", "ok"))] == 2.0
+                (("kind", "overlays"), ("outcome", "ok"))] == 2.0
     assert seen["provisiond_bmc_call_duration_seconds_count",
                 (("driver", "redfish"), ("outcome", "BmcUnreachable"))] == 1
 
