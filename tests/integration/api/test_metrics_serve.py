@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -14,7 +15,7 @@ from dnslib import DNSRecord
 
 from loopback_node import prepare
 from provisiond.config import load_config
-from servers import loopback_services, start_serve, stop_serve, wait_http
+from servers import free_port, loopback_services, start_serve, stop_serve, wait_http, write_config
 from tests.conftest import REPO, run_provisiond
 from tests.prometheus_text import by_label, parse
 from tests.tools import command
@@ -130,3 +131,34 @@ def test_the_run_directory_is_removed_when_serve_stops(tmp_path):
     finally:
         assert stop_serve(proc) == 0
     assert list(run.iterdir()) == []
+
+
+def test_with_an_api_listener_of_its_own_metrics_count_both_listeners(tmp_path):
+    """api.bind set: two gunicorns (boot, api) count into the one run directory; /metrics
+    and the status page are the API listener's (404 on the boot network)."""
+    state = tmp_path / "state"
+    _, ports, _, nodes = prepare(state, 1)
+    api_port = free_port()
+    write_config(state, api={"bind": "127.0.0.1", "port": api_port})
+    proc = start_serve(state, "--no-dns", "--no-tftp", "--no-dhcp")
+    boot, api = f"http://127.0.0.1:{ports['http']}", f"http://127.0.0.1:{api_port}"
+    try:
+        wait_http(f"{api}/metrics", proc)
+        wait_http(f"{boot}/boot/ipxe", proc)
+        nodes["n1"].report("booted")  # script (boot listener), exchange and report (nodes')
+        for path in ("/metrics", "/"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{boot}{path}", timeout=10)
+            assert refused.value.code == 404
+        assert urllib.request.urlopen(f"{api}/", timeout=10).status == 200
+        seen = scrape_until(api, lambda s: ("provisiond_http_request_duration_seconds_count",
+                                            (("route", "/"),)) in s)
+    finally:
+        stop_serve(proc)
+    requests = {labels: value for (name, labels), value in seen.items()
+                if name == "provisiond_http_requests_total"}
+    assert requests[("method", "GET"), ("route", "/boot/ipxe/<mac>"), ("status", "200")] == 1
+    assert requests[("method", "POST"), ("route", "/api/v1/status/<node>"),
+                    ("status", "200")] == 1
+    assert requests[("method", "GET"), ("route", "unmatched"), ("status", "404")] == 2
+    assert seen["provisiond_boot_phases_total", (("phase", "booted"),)] == 1
