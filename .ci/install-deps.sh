@@ -18,6 +18,8 @@ APT_PACKAGES=(
   zsh
   # bench: peers measured in the same run, and the HTTP load generator
   tftpd-hpa nginx-light wrk
+  # tests: the status page in a real headless browser (Selenium drives /usr/bin/chromedriver)
+  chromium chromium-driver
   # lab: QEMU, firmware, libvirt, RA sender
   qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
 )

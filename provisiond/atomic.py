@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -57,3 +58,13 @@ def locked(lock_path: Path, shared: bool = False) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object a file holds; {} if it is missing or not a JSON object (the writers
+    above replace files whole, so a half-written one is never seen)."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

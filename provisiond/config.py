@@ -311,6 +311,12 @@ class TrustSettings(_Section):
     can bind: an unprivileged user there who fetched a fresh token cannot exchange it."""
 
 
+class MetricsSettings(_Section):
+    require_token: bool = False
+    """GET /metrics needs a reader token (Authorization: Bearer); open by default, as most
+    exporters are (it holds counts, never names, addresses or secrets)."""
+
+
 class Config(_Section):
     """All of provisiond's settings plus where its state lives."""
 
@@ -325,6 +331,7 @@ class Config(_Section):
     build: BuildSettings = BuildSettings()
     power: PowerSettings = PowerSettings()
     trust: TrustSettings = TrustSettings()
+    metrics: MetricsSettings = MetricsSettings()
     overlay_dirs: list[Path] = []
     """Extra overlay search dirs, searched before the state dir's and the shipped ones."""
     image_dirs: list[Path] = []
@@ -376,6 +383,16 @@ class Config(_Section):
     def jobs_dir(self) -> Path:
         """Asynchronous jobs: one record and one log per job (provisiond.jobs)."""
         return self.state_dir / "jobs"
+
+    @property
+    def run_dir(self) -> Path:
+        """What lives only while `provisiond serve` runs (cleared by the next serve)."""
+        return self.state_dir / "run"
+
+    @property
+    def metrics_path(self) -> Path:
+        """Build and BMC call outcomes any process records (provisiond.metrics)."""
+        return self.state_dir / "metrics.json"
 
     @property
     def overlay_search_path(self) -> list[Path]:
@@ -564,6 +581,11 @@ trust:
   # exchanges early in its boot for a node credential (README: Security).
   token_minutes: 10      # how long a token can be exchanged, 1-1440
   privileged_port: true  # the exchange must come from a source port below 1024 (root)
+
+metrics:
+  # GET /metrics (Prometheus) is open, as most exporters are; true: it needs a reader
+  # token (bearer_token in Prometheus's scrape config).
+  require_token: false
 """
 
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from provisiond.config import Config
 from provisiond.journal import Journal
+from provisiond.metrics import timed_build
 
 log = logging.getLogger("provisiond.events")
 MAX_BYTES = 8 << 20  # about 30,000 phase events; then the oldest half goes
@@ -60,11 +61,13 @@ def emit(config: Config, kind: str, subject: str | None = None, data: dict | Non
 @contextlib.contextmanager
 def build_events(config: Config, subject: str, data: dict) -> Iterator[dict]:
     """`build.started` now, then `build.finished` with what the block put in the dict it
-    gets, or `build.failed` with the error's message (the error goes on)."""
+    gets, or `build.failed` with the error's message (the error goes on). The build's
+    seconds and outcome also go to the metrics (by `data["what"]`: image, overlays)."""
     emit(config, "build.started", subject, data)
     outcome: dict = {}
     try:
-        yield outcome
+        with timed_build(config, str(data.get("what", "build"))):
+            yield outcome
     except BaseException as exc:
         message = str(exc) or type(exc).__name__
         emit(config, "build.failed", subject, {**data, "message": message})

@@ -3,7 +3,8 @@
 One small JSON file per node under `<state>/status/`, replaced atomically under a lock, so
 DHCP, every HTTP worker and the CLI can share it without a database. A `dhcp` phase starts a
 new boot and clears the previous boot's timestamps; the last refused provisioning token
-(`token_refused`: time, reason, address) stays until a later one replaces it.
+(`token_refused`: time, reason, address) stays until a later one replaces it. Each phase
+recorded is counted, and timed from its boot's dhcp phase (provisiond.metrics).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import json
 import time
 from pathlib import Path
 
-from provisiond.atomic import locked, write_atomic
+from provisiond.atomic import locked, read_json, write_atomic
 from provisiond.config import Config
 from provisiond.events import emit
+from provisiond.metrics import observe_phase
 from provisiond.states import NodePhase
 
 REFUSAL = "token_refused"
@@ -25,7 +27,7 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") 
     path = _status_path(config, node)
     now = time.time()
     with locked(path.with_suffix(".lock")):
-        status = _read(path)
+        status = read_json(path)
         if phase is NodePhase.DHCP or "phases" not in status:
             kept = {k: status[k] for k in (REFUSAL,) if k in status}
             status = {"node": node, "boot_started": now, "phases": {}, **kept}
@@ -35,6 +37,8 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") 
         status["detail"] = detail[:500]
         write_atomic(path, json.dumps(status, sort_keys=True))
     emit(config, "node.phase", node, {"phase": phase.value, "detail": status["detail"]})
+    dhcp = status["phases"].get(NodePhase.DHCP.value)
+    observe_phase(phase.value, dhcp if isinstance(dhcp, (int, float)) else None, now)
     return status
 
 
@@ -42,20 +46,20 @@ def record_refusal(config: Config, node: str, data: dict) -> None:
     """Keep `data` (reason, address) as the node's last refused provisioning token."""
     path = _status_path(config, node)
     with locked(path.with_suffix(".lock")):
-        status = _read(path) or {"node": node}
+        status = read_json(path) or {"node": node}
         status[REFUSAL] = {"time": time.time(), **data}
         write_atomic(path, json.dumps(status, sort_keys=True))
 
 
 def read_status(config: Config, node: str) -> dict | None:
-    return _read(_status_path(config, node)) or None
+    return read_json(_status_path(config, node)) or None
 
 
 def read_all_status(config: Config) -> dict[str, dict]:
     result = {}
     if config.status_dir.is_dir():
         for path in config.status_dir.glob("*.json"):
-            status = _read(path)
+            status = read_json(path)
             if status:
                 result[path.stem] = status
     return result
@@ -67,10 +71,3 @@ def clear_status(config: Config, node: str) -> None:
 
 def _status_path(config: Config, node: str) -> Path:
     return config.status_dir / f"{node}.json"
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return {}

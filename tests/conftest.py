@@ -48,6 +48,18 @@ def cli(state_dir, capsys):
     return run
 
 
+@pytest.fixture
+def live_metrics(monkeypatch):
+    """This process's live counters, new for the test and kept in memory (no serve names a
+    multiprocess directory here); returns a function reading them as Prometheus would."""
+    from provisiond import metrics
+    from tests.prometheus_text import collected
+
+    monkeypatch.delenv(metrics.MULTIPROC_ENV, raising=False)
+    monkeypatch.setattr(metrics, "_live", None)
+    return lambda: collected(metrics.live().registry)
+
+
 def run_provisiond(state_dir: Path, *args: str, input: str | None = None,
                    timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real console entry point in a child process."""
@@ -66,3 +78,13 @@ def pytest_runtest_makereport(item, call):
             report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped, but PROVISIOND_NO_SKIP=1: {report.longrepr}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The screenshots the session's browser tests saved, whether they passed or not."""
+    from tests.status_page import SAVED
+
+    if SAVED:
+        terminalreporter.section("screenshots")
+        for path in SAVED:
+            terminalreporter.line(str(path))

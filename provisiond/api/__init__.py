@@ -22,9 +22,10 @@ MAX_BODY = 64 << 10  # the largest body any endpoint reads (a status report is ~
 
 
 def create_app(config: Config, listener: str = "all") -> Flask:
-    """The provisiond HTTP app for `config`: boot, blobs, overlays, status and /api/v1.
-    `listener` boot or api answers only that listener's routes (provisiond.api.listeners)."""
-    from provisiond.api import blobs, boot, listeners, overlays, v1
+    """The provisiond HTTP app for `config`: boot, blobs, overlays, status, /api/v1, /metrics
+    and the status page. `listener` boot or api answers only that listener's routes
+    (provisiond.api.listeners)."""
+    from provisiond.api import blobs, boot, listeners, metrics, overlays, page, v1
     from provisiond.api.whole import WholeFiles
 
     app = Flask("provisiond", static_folder=None)
@@ -32,10 +33,11 @@ def create_app(config: Config, listener: str = "all") -> Flask:
     app.config["PROVISIOND_LISTENER"] = listener
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # larger bodies: 413, never read
     app.extensions["provisiond"] = BootServices(config)
-    for module in (boot, blobs, overlays):
+    for module in (boot, blobs, overlays, metrics, page):
         app.register_blueprint(module.bp)
     app.register_blueprint(v1.blueprint())
     app.before_request(listeners.refuse_other_listeners_routes)
+    app.before_request(metrics.note_route)  # a route refused above counts as unmatched
     if listener != "api":  # it answers blobs and overlays ahead of the hook above
         app.wsgi_app = WholeFiles(app.wsgi_app, app.extensions["provisiond"])
     app.register_error_handler(ProvisiondError, _provisiond_error)

@@ -16,10 +16,11 @@ from provisiond.states import NodePhase
 bp = Blueprint("blobs", __name__)
 ONE_YEAR = 31536000
 PREFIX = "/blobs/sha256/"
+RULE = PREFIX + "<hexdigest>"
 CACHE_CONTROL = f"public, max-age={ONE_YEAR}, immutable"
 
 
-@bp.get("/blobs/sha256/<hexdigest>")
+@bp.get(RULE)
 def blob(hexdigest: str):
     started = time.monotonic()
     svc = services()

@@ -1,12 +1,13 @@
-"""gunicorn settings `provisiond serve` adds: the boot-step log line, written after the body,
-and gunicorn's own lines in provisiond's log format.
+"""gunicorn settings `provisiond serve` adds: the boot-step log line and the request's
+metrics, written after the body, and gunicorn's own lines in provisiond's log format.
 
-Flask cannot see the end of a body gunicorn sends with sendfile, so the line is written from
+Flask cannot see the end of a body gunicorn sends with sendfile, so both are written from
 gunicorn's post_request hook, with the size gunicorn sent.
 """
 
 from gunicorn.glogging import Logger
 
+from provisiond.api.metrics import observe_request
 from provisiond.api.services import log_sent
 from provisiond.boot.logs import flush_logs, setup_logging_from_env
 
@@ -32,4 +33,6 @@ def post_request(worker, req, environ, resp) -> None:
     if resp is None:
         return
     # gunicorn's sendfile path does not count into `sent`: then the length is what went out.
-    log_sent(environ, resp.status_code, resp.sent or resp.response_length)
+    sent = resp.sent or resp.response_length
+    log_sent(environ, resp.status_code, sent)
+    observe_request(environ, resp.status_code, sent)

@@ -14,9 +14,10 @@ from provisiond.errors import NotFound
 bp = Blueprint("overlays", __name__)
 KINDS = ("shared", "system", "runtime")
 PREFIX = "/overlays/"
+RULE = PREFIX + "<node>/<kind>"
 
 
-@bp.get("/overlays/<node>/<kind>")
+@bp.get(RULE)
 def overlay(node: str, kind: str):
     started = time.monotonic()
     if kind not in KINDS:

@@ -10,11 +10,13 @@ error) goes on to Flask's views, which remain the whole definition of these endp
 from __future__ import annotations
 
 import os
+import time
 
 from werkzeug.http import http_date, parse_range_header
 from werkzeug.wsgi import wrap_file
 
 from provisiond.api import blobs, overlays
+from provisiond.api.metrics import ROUTE_KEY, STARTED_KEY
 
 CONDITIONS = ("HTTP_RANGE", "HTTP_IF_NONE_MATCH", "HTTP_IF_MODIFIED_SINCE", "HTTP_IF_MATCH",
               "HTTP_IF_UNMODIFIED_SINCE", "HTTP_IF_RANGE")
@@ -28,18 +30,20 @@ class WholeFiles:
         self.svc = svc
 
     def __call__(self, environ, start_response):
+        environ[STARTED_KEY] = time.monotonic()  # the outermost app: for the request's metrics
         _drop_unusable_range(environ)
         found = None
         if environ.get("REQUEST_METHOD") == "GET" and not any(c in environ for c in CONDITIONS):
             found = self._find(environ)
         if found is None:
             return self.app(environ, start_response)
-        path, headers, note_step = found
+        path, headers, note_step, route = found
         try:
             handle = open(path, "rb")
         except OSError:
             return self.app(environ, start_response)  # not there: the view's 404
         note_step()
+        environ[ROUTE_KEY] = route
         st = os.fstat(handle.fileno())
         start_response("200 OK", [("Content-Length", str(st.st_size)),
                                   ("Last-Modified", http_date(st.st_mtime)),
@@ -47,15 +51,15 @@ class WholeFiles:
         return wrap_file(environ, handle)  # gunicorn's file wrapper: sendfile
 
     def _find(self, environ) -> tuple | None:
-        """(path, headers, note_step) from the endpoint's module, or None for Flask."""
+        """(path, headers, note_step, route) from the endpoint's module, or None for Flask."""
         path = environ.get("PATH_INFO", "")
-        try:
-            if path.startswith(blobs.PREFIX):
-                return blobs.whole_blob(self.svc, environ, path[len(blobs.PREFIX):])
-            if path.startswith(overlays.PREFIX):
-                return overlays.whole_overlay(self.svc, environ, path[len(overlays.PREFIX):])
-        except Exception:  # noqa: BLE001 - the view answers it again: its status, its log
-            return None
+        for module, find in ((blobs, blobs.whole_blob), (overlays, overlays.whole_overlay)):
+            if path.startswith(module.PREFIX):
+                try:
+                    found = find(self.svc, environ, path[len(module.PREFIX):])
+                except Exception:  # noqa: BLE001 - the view answers it again: its status, log
+                    return None
+                return None if found is None else (*found, module.RULE)
         return None
 
 

@@ -29,10 +29,12 @@ LEASES_FILE = "dhcp-leases.json"
 
 
 PROXY_PORT = 4011
+REQUEST_NAMES = {p.DISCOVER: "discover", p.REQUEST: "request", p.DECLINE: "decline",
+                 p.RELEASE: "release", p.INFORM: "inform"}  # anything else counts as "other"
 
 
 class DhcpServer(UdpServer):
-    name = "dhcp"
+    name = protocol = "dhcp"
 
     def __init__(self, config: Config, table: BootTable,
                  phases: PhaseRecorder | PhaseProcess | None = None,
@@ -67,12 +69,14 @@ class DhcpServer(UdpServer):
         request = p.decode(data)
         self._peer = peer
         answers = self.answers
+        kind = request.msg_type
+        self.counts["dhcp_requests", REQUEST_NAMES.get(kind, "other")] += 1
         if request.mac not in answers.entries:
+            self.counts["dhcp_ignored", "unknown_client"] += 1
             self._unknown(request)
             return
-        kind = request.msg_type
         if kind == p.DISCOVER:
-            self._send(request, answers.reply(request, p.OFFER))
+            self._send(request, answers.reply(request, p.OFFER), "offer")
         elif kind == p.REQUEST:
             self._request(request, answers)
         elif kind in (p.RELEASE, p.DECLINE):
@@ -81,6 +85,7 @@ class DhcpServer(UdpServer):
     def _request(self, request: p.Request, answers: Answers) -> None:
         server_id = request.options.get(p.OPT_SERVER_ID)
         if server_id and server_id != socket.inet_aton(self.config.server.address):
+            self.counts["dhcp_ignored", "other_server"] += 1
             return  # the client chose another server
         entry = answers.entries[request.mac]
         wanted = request.options.get(p.OPT_REQUESTED_IP)
@@ -90,7 +95,7 @@ class DhcpServer(UdpServer):
             return
         if not answers.proxy:  # in proxy mode the address is another server's lease
             self._lease(request.mac, entry.ipaddr)
-        self._send(request, answers.reply(request, p.ACK))
+        self._send(request, answers.reply(request, p.ACK), "ack")
         self._acked(request, entry)
 
     def _lease(self, mac: str, ipaddr: str) -> None:
@@ -102,7 +107,7 @@ class DhcpServer(UdpServer):
         broadcast bit set; never unicast to the address the client wrongly holds."""
         relayed = request.giaddr != "0.0.0.0"
         nak = replace(request, ciaddr="0.0.0.0", flags=request.flags | (0x8000 if relayed else 0))
-        self._send(nak, answers.nak(nak))
+        self._send(nak, answers.nak(nak), "nak")
 
     def _acked(self, request: p.Request, entry) -> None:
         kind = client_kind(request.options).value
@@ -120,7 +125,8 @@ class DhcpServer(UdpServer):
             vendor_class=request.options.get(p.OPT_VENDOR_CLASS, b"").decode("latin-1"),
             relay=request.giaddr)
 
-    def _send(self, request: p.Request, reply: bytes) -> None:
+    def _send(self, request: p.Request, reply: bytes, kind: str) -> None:
+        """Send `reply` (an offer, ack or nak: `kind`) where the request says."""
         if self.answer_peer:
             self.sock.sendto(reply, self._peer)
         elif request.giaddr != "0.0.0.0":
@@ -129,6 +135,7 @@ class DhcpServer(UdpServer):
             self.sock.sendto(reply, (request.ciaddr, self.client_port))
         else:
             self.sock.sendto(reply, ("255.255.255.255", self.client_port))
+        self.counts["dhcp_replies", kind] += 1
 
     def tick(self) -> None:
         if self._dirty and time.monotonic() - self._saved > 5:

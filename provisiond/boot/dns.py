@@ -25,6 +25,10 @@ log = logging.getLogger("provisiond.boot")
 
 
 NO_OTHER_RECORDS = bytes(6)  # ancount, nscount, arcount
+# Counting keys made once: the fast path adds to a dict and builds nothing.
+REPLY_KEYS = {code: ("dns_replies", RCODE.get(code, str(code)).lower()) for code in range(16)}
+ANSWERED, FORWARDED, DROPPED = (("dns_queries", handling)
+                                for handling in ("answered", "forwarded", "dropped"))
 
 
 def parse_question(data: bytes) -> tuple[bytes, bytes, int] | None:
@@ -49,7 +53,7 @@ def parse_question(data: bytes) -> tuple[bytes, bytes, int] | None:
 
 
 class DnsServer(UdpServer):
-    name = "dns"
+    name = protocol = "dns"
 
     def __init__(self, config: Config, table: BootTable, sock: socket.socket | None = None):
         upstream = config.dns.upstream_address
@@ -68,6 +72,8 @@ class DnsServer(UdpServer):
             rcode, counts, tail = hit
             flags = bytes((0x84 | (data[2] & 0x01), rcode))
             self.sock.sendto(data[:2] + flags + counts + data[12:question[2]] + tail, peer)
+            self.counts[ANSWERED] += 1
+            self.counts[REPLY_KEYS[rcode & 15]] += 1
         else:
             self._slow(data, peer)
 
@@ -76,12 +82,14 @@ class DnsServer(UdpServer):
         try:
             query = DNSRecord.parse(data)
         except Exception:
+            self.counts[DROPPED] += 1
             return  # not DNS: drop, as a real server does
         if query.header.qr or not query.questions:
+            self.counts[DROPPED] += 1
             return
         name = str(query.q.qname).rstrip(".")
         if self.forwarder and not self.zone.holds(name):
-            self.forwarder.forward(data, peer)
+            self.counts[FORWARDED if self.forwarder.forward(data, peer) else DROPPED] += 1
             return
         key = (name.lower(), query.q.qtype)
         reply = query.reply()
@@ -91,6 +99,8 @@ class DnsServer(UdpServer):
             reply.add_auth(self.zone.soa)
             reply.header.rcode = RCODE.NOERROR if key[0] in self.zone.names else RCODE.NXDOMAIN
         self.sock.sendto(reply.pack(), peer)
+        self.counts[ANSWERED] += 1
+        self.counts[REPLY_KEYS[reply.header.rcode & 15]] += 1
 
     def tick(self) -> None:
         if self.forwarder:
@@ -119,16 +129,17 @@ class Forwarder:
         self.pending: dict[int, tuple[bytes, tuple, float]] = {}
         threading.Thread(target=self._read, name="dns-forward", daemon=True).start()
 
-    def forward(self, data: bytes, peer: tuple) -> None:
+    def forward(self, data: bytes, peer: tuple) -> bool:
         """Send with a random unused query id, so an off-path spoofer must guess it; beyond
-        MAX_PENDING queries in flight a query is dropped (the client asks again)."""
+        MAX_PENDING queries in flight a query is dropped (the client asks again): False."""
         if len(self.pending) >= MAX_PENDING:
-            return
+            return False
         query_id = secrets.randbelow(0x10000)
         while query_id in self.pending:
             query_id = secrets.randbelow(0x10000)
         self.pending[query_id] = (data[:2], peer, time.monotonic())
         self.sock.send(struct.pack("!H", query_id) + data[2:])
+        return True
 
     def _read(self) -> None:
         """Relay replies until either socket is closed. Other errors cost one reply: an

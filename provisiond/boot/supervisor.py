@@ -22,6 +22,7 @@ from provisiond.boot.phases import PHASE_FD_ENV, PhaseProcess
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config, check_serving, url_host
 from provisiond.errors import ProvisiondError, ServeFailed
+from provisiond.metrics import MetricsRun, start_run
 
 log = logging.getLogger("provisiond.boot")
 T = TypeVar("T")
@@ -98,11 +99,13 @@ class Supervisor:
         self.gunicorns: dict[str, subprocess.Popen] = {}
         self.watcher = TableWatcher(config)
         self.phases: PhaseProcess | None = None
+        self.metrics: MetricsRun | None = None
 
     def start(self) -> None:
         for listener in self.listeners:
             bind, port, _ = _listener_address(self.config, listener)
             _opening(_HTTP_NAMES[listener], bind, port, lambda: _probe_tcp(bind, port))
+        self.metrics = start_run(self.config)  # before any child: they inherit its directory
         if self.enabled["dhcp"] or self.listeners:
             self.phases = PhaseProcess(self.config)
         try:
@@ -206,6 +209,8 @@ class Supervisor:
                 gunicorn.wait()
         if self.phases:
             self.phases.close()
+        if self.metrics:
+            self.metrics.close()
 
 
 def _opening(service: str, bind: str, port: int, open_socket: Callable[[], T]) -> T:

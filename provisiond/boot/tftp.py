@@ -8,6 +8,7 @@ lines about refused or dropped requests (LOG_LINES a second).
 Blocks are read with os.pread, so the page cache does the caching and no file is held in
 memory; a file is sent at the size it had when its transfer began, and one cut short
 meanwhile ends the transfer with an error. netascii is served as octet, as tftpy did.
+Requests, transfers and their outcomes are counted (provisiond.metrics).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import threading
 import time
 from collections import Counter
 
-from provisiond.boot.tftp_request import (ACK, DATA, ERROR, HEADER, NOT_DEFINED, Refused,
-                                          error_packet, negotiate, open_under, parse_request)
+from provisiond.boot.tftp_request import (ACCESS_VIOLATION, ACK, DATA, ERROR, HEADER, ILLEGAL,
+                                          NOT_DEFINED, NOT_FOUND, Refused, error_packet,
+                                          negotiate, open_under, parse_request)
 from provisiond.boot.udp import open_udp
 from provisiond.config import Config
 from provisiond.errors import Conflict
+from provisiond.metrics import count
 
 log = logging.getLogger("provisiond.boot")
 
@@ -37,6 +40,8 @@ RETRIES = 5  # resends without an ACK before a transfer is dropped
 TICK = 0.1  # how often timeouts are checked
 LOG_LINES = 20  # a second, about refused and dropped requests: a flood of them logs no more
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)  # Linux's value; Python 3.11 does not name it
+REFUSALS = {NOT_DEFINED: "refused_busy", NOT_FOUND: "refused_not_found",
+            ACCESS_VIOLATION: "refused_denied", ILLEGAL: "refused_illegal"}  # metric labels
 
 
 class FileChanged(Conflict):
@@ -237,15 +242,19 @@ class TftpServer:
                 del self.by_client[peer[0]]
 
     def count_drop(self, host: str, why: str) -> None:
+        count("tftp_requests", "dropped")
         with self._lock:
             self.dropped += 1
             dropped = self.dropped
         self.log_limit.log(logging.WARNING, "tftp: request from %s dropped (%s); %d so far",
                            host, why, dropped)
 
-    def finished(self, session: Session, failure: str | None) -> None:
-        """Log a transfer that ended, once: done, or why it ended."""
+    def finished(self, session: Session, failure: str | None, outcome: str) -> None:
+        """Log and count a transfer that ended, once: done ("complete"), or why it ended."""
         self.release(session.peer)
+        count("tftp_transfers", outcome)
+        if not failure:
+            count("tftp_sent_bytes", amount=session.size)
         node = self.node_for(session.peer[0]) or session.peer[0]
         if failure:
             log.info("%s tftp %s %s", node, session.name, failure)
@@ -276,6 +285,7 @@ class TransferLoop:
                         elif fd in sessions:
                             self._receive(sessions[fd])
                     except Exception as exc:  # one client's packet never stops the server
+                        count("tftp_errors", "packet")
                         server.log_limit.log(logging.WARNING, "tftp: packet dropped: %r", exc)
                 now = time.monotonic()
                 if now - checked >= TICK:
@@ -303,6 +313,7 @@ class TransferLoop:
             if self.server.admit(peer):
                 self._start(peer, destination(ancdata), name, options)
         except Refused as exc:
+            count("tftp_requests", REFUSALS.get(exc.code, "refused_other"))
             if exc.code != NOT_DEFINED:
                 self.server.log_limit.log(logging.INFO, "tftp: %s:%s refused: %s: %r", peer[0],
                                           peer[1], exc, packet[2:82])
@@ -337,7 +348,8 @@ class TransferLoop:
             sock.connect(peer)
             self.epoll.register(sock, select.EPOLLIN)
         except OSError as exc:
-            return self._finish(session, f"not started: {exc.strerror or exc}")
+            return self._finish(session, f"not started: {exc.strerror or exc}", "not_started")
+        count("tftp_requests", "started")
         self._send(session, time.monotonic())
 
     def _receive(self, session: Session) -> None:
@@ -348,23 +360,24 @@ class TransferLoop:
                 opcode = packet[1] if len(packet) >= 4 and packet[0] == 0 else 0
                 if opcode == ACK and session.on_ack(packet[2] << 8 | packet[3]):
                     if session.done:
-                        return self._finish(session, None)
+                        return self._finish(session, None, "complete")
                     if not self._send(session, time.monotonic()):
                         return
                 elif opcode == ERROR:
                     message = packet[4:].split(b"\0")[0].decode(errors="replace")[:80]
-                    return self._finish(session, f"ended by the client: {message!r}")
+                    return self._finish(session, f"ended by the client: {message!r}",
+                                        "client_error")
         except BlockingIOError:
             return
         except OSError as exc:  # ICMP port unreachable: the client is gone
-            self._finish(session, f"client gone ({exc.strerror})")
+            self._finish(session, f"client gone ({exc.strerror})", "client_gone")
 
     def _check_timeouts(self, now: float) -> None:
         for session in [s for s in self.sessions.values() if s.deadline <= now]:
             session.tries += 1
             if session.tries > self.server.retries:
                 self._finish(session, f"abandoned: no answer to {session.tries} sends of "
-                                      f"block {max(session.acked + 1, 0)}")
+                                      f"block {max(session.acked + 1, 0)}", "abandoned")
                 continue
             self._send(session, now)
 
@@ -376,15 +389,15 @@ class TransferLoop:
         except FileChanged as exc:
             with contextlib.suppress(OSError):
                 session.sock.send(error_packet(NOT_DEFINED, str(exc)))
-            self._finish(session, str(exc))
+            self._finish(session, str(exc), "file_changed")
         except OSError as exc:  # ICMP port unreachable: the client is gone
-            self._finish(session, f"client gone ({exc.strerror or exc})")
+            self._finish(session, f"client gone ({exc.strerror or exc})", "client_gone")
         return False
 
-    def _finish(self, session: Session, failure: str | None) -> None:
+    def _finish(self, session: Session, failure: str | None, outcome: str) -> None:
         del self.sessions[session.sock.fileno()]
         session.close()  # also takes the socket out of the epoll set
-        self.server.finished(session, failure)
+        self.server.finished(session, failure, outcome)
 
 
 def make_tftp_server(config: Config, node_for=None) -> TftpServer:

@@ -1,6 +1,7 @@
 """A single-threaded UDP loop shared by the DHCP and DNS servers: no thread per packet.
 
-A bad packet is counted and dropped; the loop itself never dies of one.
+A bad packet is counted and dropped; the loop itself never dies of one. Servers count what
+they do per packet in a plain dict (`counts`), published to provisiond.metrics each tick.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 
 from provisiond.boot.table import traceback_if_bug
+from provisiond.metrics import add_counts
 
 log = logging.getLogger("provisiond.boot")
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
@@ -38,6 +41,7 @@ class UdpServer:
     """Receive, `handle`, reply; `tick` runs about every `tick_seconds` for housekeeping."""
 
     name = "udp"
+    protocol = "udp"  # its metrics: provisiond_<protocol>_errors_total and the like
     tick_seconds = 1.0
 
     def __init__(self, sock: socket.socket):
@@ -45,6 +49,7 @@ class UdpServer:
         self.sock.settimeout(self.tick_seconds)
         self.stopping = threading.Event()
         self.errors = 0
+        self.counts: Counter[tuple[str, str]] = Counter()  # (counter, label): n, unpublished
         self.address = sock.getsockname()
         self._thread: threading.Thread | None = None
         self._bugs_seen: set[type] = set()
@@ -68,7 +73,7 @@ class UdpServer:
             except OSError as exc:
                 if self.stopping.is_set() or self.sock.fileno() < 0:
                     break
-                self.errors += 1  # e.g. an ICMP error queued on the socket: keep serving
+                self._count_error("receive")  # e.g. a queued ICMP error: keep serving
                 log.warning("%s: receive failed: %s", self.name, exc)
                 continue
             try:
@@ -81,8 +86,8 @@ class UdpServer:
     def _dropped(self, peer: tuple, exc: Exception) -> None:
         """A malformed packet is a debug line; any other error is a bug: its traceback is
         logged once per exception type (a client repeating the packet cannot flood the log)."""
-        self.errors += 1
         bug = traceback_if_bug(exc)
+        self._count_error("malformed" if bug is None else "bug")
         if bug is None or type(exc) in self._bugs_seen:
             log.debug("%s: dropped packet from %s: %s", self.name, peer, exc)
             return
@@ -96,7 +101,7 @@ class UdpServer:
         try:
             self.tick()
         except Exception as exc:
-            self.errors += 1
+            self._count_error("housekeeping")
             self._tick_failures += 1
             if self._tick_failures == 1:
                 log.error("%s: housekeeping failed, retrying every %ss: %s: %s", self.name,
@@ -107,7 +112,18 @@ class UdpServer:
                 log.info("%s: housekeeping works again (%d failed attempts)", self.name,
                          self._tick_failures)
             self._tick_failures = 0
+        self.publish()
         return time.monotonic() + self.tick_seconds
+
+    def _count_error(self, kind: str) -> None:
+        self.errors += 1
+        self.counts[f"{self.protocol}_errors", kind] += 1
+
+    def publish(self) -> None:
+        """Hand the counts so far to provisiond.metrics (in the loop's thread, or after it)."""
+        counts, self.counts = self.counts, Counter()
+        if counts:
+            add_counts(counts)
 
     def start(self) -> threading.Thread:
         self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
@@ -123,3 +139,4 @@ class UdpServer:
         if self._thread and self._thread is not threading.current_thread():
             self._thread.join(self.tick_seconds + 1)
         self.sock.close()
+        self.publish()

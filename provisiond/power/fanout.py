@@ -20,13 +20,15 @@ GRACE_SECONDS = 0.5
 
 @dataclass
 class NodeResult:
-    """What happened on one node: ok or error, a one-line detail, and the call's value."""
+    """What happened on one node: ok or error, a one-line detail, and the call's value;
+    `error` names the error's class (InternalError for a bug) for counting."""
 
     node: str
     ok: bool
     detail: str
     value: object = None
     seconds: float = 0.0
+    error: str | None = None
 
     def to_data(self) -> dict:
         data = {"node": self.node, "result": "ok" if self.ok else "error",
@@ -71,23 +73,25 @@ class _Runner:
     def _run(self, node: str) -> None:
         try:
             value = self.call(node)
-            self.done.put((node, True, value if isinstance(value, str) else "ok", value))
+            self.done.put((node, True, value if isinstance(value, str) else "ok", value, None))
         except ProvisiondError as exc:
-            self.done.put((node, False, str(exc), None))
+            self.done.put((node, False, str(exc), None, type(exc).__name__))
         except Exception as exc:  # noqa: BLE001 - a driver bug must not stop the fan-out
-            self.done.put((node, False, f"internal error: {type(exc).__name__}: {exc}", None))
+            self.done.put((node, False, f"internal error: {type(exc).__name__}: {exc}", None,
+                           "InternalError"))
 
     def wait_one(self) -> None:
         """Collect one finished call, or expire every call past its deadline."""
         nearest = min(deadline for _, deadline in self.running.values())
         try:
-            node, ok, detail, value = self.done.get(timeout=max(0.0, nearest - time.monotonic()))
+            node, ok, detail, value, error = self.done.get(
+                timeout=max(0.0, nearest - time.monotonic()))
         except queue.Empty:
             self._expire()
             return
         if node in self.running:
             start, _ = self.running.pop(node)
-            self._finish(NodeResult(node, ok, detail, value, time.monotonic() - start))
+            self._finish(NodeResult(node, ok, detail, value, time.monotonic() - start, error))
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -96,7 +100,7 @@ class _Runner:
                 del self.running[node]
                 message = f"no answer within {deadline - start - GRACE_SECONDS:g} s"
                 self._finish(NodeResult(node, False, str(BmcUnreachable(message)),
-                                        seconds=now - start))
+                                        seconds=now - start, error=BmcUnreachable.__name__))
 
     def _finish(self, result: NodeResult) -> None:
         self.results[result.node] = result

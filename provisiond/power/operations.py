@@ -10,6 +10,7 @@ from provisiond.errors import InvalidInput, NodeNotFound
 from provisiond.inventory import load_nodes
 from provisiond.inventory.merge import Node
 from provisiond.inventory.ranges import expand, fold
+from provisiond.metrics import record_outcomes
 from provisiond.power import pending
 from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult, fan_out
@@ -59,6 +60,9 @@ def run(config: Config, pattern: str, operation: Operation, timeout: float | Non
 
 def run_nodes(config: Config, nodes: dict[str, Node], operation: Operation,
               timeout: float | None = None, progress=None) -> list[NodeResult]:
+    """`operation` on each of `nodes`; every call's seconds and outcome are recorded
+    (provisiond.metrics: provisiond_bmc_call_duration_seconds)."""
+
     def call(name: str):
         driver = open_driver(config, nodes[name], timeout)
         try:
@@ -66,8 +70,17 @@ def run_nodes(config: Config, nodes: dict[str, Node], operation: Operation,
         finally:
             driver.close()
 
-    return fan_out(list(nodes), call, lambda name: node_timeout(config, nodes[name], timeout),
-                   config.power.concurrency, progress)
+    results = fan_out(list(nodes), call,
+                      lambda name: node_timeout(config, nodes[name], timeout),
+                      config.power.concurrency, progress)
+    record_outcomes(config, "bmc_call_duration_seconds",
+                    [((_driver_name(nodes[r.node]), r.error or "ok"), r.seconds) for r in results])
+    return results
+
+
+def _driver_name(node: Node) -> str:
+    bmc = node.record.bmc
+    return bmc.driver.value if bmc and bmc.driver else "none"
 
 
 def power(action: PowerAction) -> Operation:

@@ -1,4 +1,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "boot"))  # servers
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "unit" / "boot"))  # bootdata
+sys.path.insert(0, str(HERE.parent / "boot"))  # servers
+sys.path.insert(0, str(HERE))  # loopback_node

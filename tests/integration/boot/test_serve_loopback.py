@@ -165,7 +165,7 @@ def test_blob_download_resumes_with_curl_c(served, tmp_path):
 
 def test_junk_http_requests_get_4xx_json(served):
     _, ports, base, _ = served
-    for path in ["/", "/boot/ipxe/zz", "/blobs/sha256/xyz", "/overlays/../x", "/%00",
+    for path in ["/page/nothing.js", "/boot/ipxe/zz", "/blobs/sha256/xyz", "/overlays/../x", "/%00",
                  "/boot/files/..%2f..%2fetc%2fpasswd", "/api/v1/status/n1"]:
         result = run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{base}{path}")
         assert result.stdout.decode()[0] == "4", path

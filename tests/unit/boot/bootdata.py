@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 from pathlib import Path
 
+from provisiond.boot.dhcp_packet import encode_request
 from provisiond.config import Config
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import NetDev, Record
@@ -30,6 +32,14 @@ def add_nodes(config: Config, count: int, image: str | None = "tiny", net: str =
                          gateway=gateway, ipaddr6=f"fd00::{i:x}")
             inv.nodes[f"n{i}"] = Record(image=image, netdevs={"eth0": dev},
                                         kernel_args=kernel_args)
+
+
+def relayed(mac: str, msg: int, *options) -> bytes:
+    """A DHCP request as a relay at 127.0.0.1 sends it (giaddr 127.0.0.1: the reply comes
+    back to loopback)."""
+    data = bytearray(encode_request(mac, msg, xid=7, options=list(options)))
+    data[24:28] = socket.inet_aton("127.0.0.1")
+    return bytes(data)
 
 
 def add_blob(config: Config, data: bytes) -> str:

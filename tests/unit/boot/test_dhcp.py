@@ -7,12 +7,14 @@ import socket
 
 import pytest
 
-from bootdata import add_nodes, ip_of, mac_of
+from bootdata import add_nodes, ip_of, mac_of, relayed
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp import DhcpServer
 from provisiond.boot.table import build_table
 from provisiond.boot.udp import open_udp
 from provisiond.config import load_config
+from tests.prometheus_text import by_label
+from tests.waits import wait_until
 
 
 @pytest.fixture
@@ -42,13 +44,6 @@ def server(config, client_sock):
 def exchange(server, client_sock, packet: bytes):
     client_sock.sendto(packet, server.sock.getsockname())
     return p.decode_reply(client_sock.recvfrom(2048)[0])
-
-
-def relayed(mac: str, msg: int, *options) -> bytes:
-    """A request as a relay sends it: giaddr 127.0.0.1, so the reply comes back here."""
-    data = bytearray(p.encode_request(mac, msg, xid=7, options=list(options)))
-    data[24:28] = socket.inet_aton("127.0.0.1")
-    return bytes(data)
 
 
 def test_offer_and_ack_through_a_relay(server, client_sock):
@@ -219,3 +214,40 @@ def test_a_lease_write_that_fails_is_written_later(config):
     finally:
         server.close()  # the final save
     assert json.loads(target.read_text())[mac_of(1)]["ip"] == ip_of(1)
+
+
+def test_requests_replies_and_junk_are_counted(config, client_sock, live_metrics):
+    """Counted per packet in the loop, published to the metrics when it ticks or closes."""
+    add_nodes(config, 2)
+    server = start(config, client_sock)
+    try:
+        exchange(server, client_sock, relayed(mac_of(1), p.DISCOVER))
+        exchange(server, client_sock, relayed(mac_of(1), p.REQUEST, (p.OPT_REQUESTED_IP,
+                                                                     socket.inet_aton(ip_of(1)))))
+        exchange(server, client_sock, relayed(mac_of(2), p.REQUEST, (p.OPT_REQUESTED_IP,
+                                                                     socket.inet_aton("10.1.1.1"))))
+        for packet in (relayed(mac_of(9), p.DISCOVER), relayed(mac_of(2), p.REQUEST, (
+                p.OPT_SERVER_ID, socket.inet_aton("10.9.9.9"))), b"junk"):
+            client_sock.sendto(packet, server.sock.getsockname())
+        wait_until(lambda: server.errors == 1, 10, "the junk taken (it was sent last)")
+    finally:
+        server.close()
+    seen = live_metrics()
+    assert by_label(seen, "provisiond_dhcp_requests_total", "type") == {"discover": 2,
+                                                                         "request": 3}
+    assert by_label(seen, "provisiond_dhcp_replies_total", "type") == {"offer": 1, "ack": 1,
+                                                                        "nak": 1}
+    assert by_label(seen, "provisiond_dhcp_ignored_total", "reason") == {
+        "unknown_client": 1, "other_server": 1}
+    assert by_label(seen, "provisiond_dhcp_errors_total", "kind") == {"malformed": 1}
+
+
+def test_counts_are_published_each_tick_while_serving(config, client_sock, live_metrics):
+    add_nodes(config, 1)
+    server = start(config, client_sock)
+    try:
+        exchange(server, client_sock, relayed(mac_of(1), p.DISCOVER))
+        wait_until(lambda: by_label(live_metrics(), "provisiond_dhcp_replies_total", "type"),
+                   server.tick_seconds * 5, "the offer counted before close()")
+    finally:
+        server.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 
 import pytest
 from dnslib import DNSRecord, QTYPE, RCODE
@@ -11,6 +12,8 @@ from provisiond.boot.dns import DnsServer
 from provisiond.boot.table import build_table
 from provisiond.boot.udp import open_udp
 from provisiond.config import load_config
+from tests.prometheus_text import by_label
+from tests.waits import wait_until
 
 
 def start(config) -> DnsServer:
@@ -152,3 +155,29 @@ def test_forwarding_resumes_once_a_dead_upstream_is_back(state_dir, tmp_path, dn
         server.close()
         if upstream:
             upstream.close()
+
+
+def test_queries_and_replies_are_counted(state_dir, tmp_path, live_metrics):
+    upstream = start_upstream(tmp_path / "up", open_udp("127.0.0.1", 0))
+    host, port = upstream.sock.getsockname()
+    (state_dir / "provisiond.yaml").write_text(f"dns:\n  upstream: '{host}:{port}'\n")
+    config = load_config(state_dir)
+    add_nodes(config, 2)
+    server = start(config)
+    try:
+        ask(server, "n1.cluster")  # precomputed
+        ask(server, "n1.cluster", "MX")  # in the zone, no such record: dnslib, NOERROR
+        ask(server, "zz.cluster")  # NXDOMAIN
+        ask(server, "n2.other")  # forwarded
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as junk:
+            junk.sendto(b"\x00" * 40, server.sock.getsockname())
+            wait_until(lambda: server.counts["dns_queries", "dropped"], 10, "the junk taken")
+    finally:
+        server.close()
+        upstream.close()
+    seen = live_metrics()
+    # The upstream is a DnsServer of this process too: it answered the forwarded query.
+    assert by_label(seen, "provisiond_dns_queries_total", "handling") == {
+        "answered": 4, "forwarded": 1, "dropped": 1}
+    assert by_label(seen, "provisiond_dns_replies_total", "rcode") == {"noerror": 3,
+                                                                       "nxdomain": 1}

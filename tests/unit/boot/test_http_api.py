@@ -165,7 +165,7 @@ def test_status_reports(client, config):
 
 
 @pytest.mark.parametrize("method,path", [
-    ("GET", "/"), ("GET", "/nothing/here"), ("DELETE", "/boot/ipxe"),
+    ("GET", "/page/__init__.py"), ("GET", "/nothing/here"), ("DELETE", "/boot/ipxe"),
     ("GET", "/boot/ipxe/not-a-mac"), ("GET", "/boot/files/../../etc/passwd"),
     ("GET", "/boot/files/%2e%2e%2fetc%2fpasswd"), ("PUT", "/api/v1/status/n1"),
 ])

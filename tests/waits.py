@@ -1,0 +1,19 @@
+"""Waiting on a condition with a bounded deadline (never a fixed sleep, never a wall-time
+assertion)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
+    """check()'s first true value within `timeout` s; else TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not within {timeout} s: {what}")
+        time.sleep(interval)
