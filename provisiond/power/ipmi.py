@@ -9,14 +9,14 @@ and such a mismatch fails the login cleanly with a hint instead of pyghmi's stru
 from __future__ import annotations
 
 import struct
-from functools import cached_property
 
 from pyghmi import exceptions as pyghmi_exc
 from pyghmi.ipmi import command as ipmi_command
 from pyghmi.ipmi.private import session as ipmi_session
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
-from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call
+from provisiond.power.base import (BmcBusy, Driver, FirmwareComponent, bmc_call,
+                                   cached_per_driver)
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 POWER_STATES = {"on": PowerState.ON, "off": PowerState.OFF}
@@ -132,7 +132,7 @@ class IpmiDriver(Driver):
             except Exception:  # noqa: BLE001 - a failed logout leaves nothing to undo
                 pass
 
-    @cached_property
+    @cached_per_driver
     def _command(self) -> ipmi_command.Command:
         # Credentials go in as bytes: pyghmi keys its session cache by the values given but
         # deletes the entry by their encoded form, so str credentials leave a stale entry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 import pytest
 from pyghmi import exceptions as pyghmi_exc
@@ -151,3 +152,30 @@ def test_silent_login_failure_is_unreachable():
     command.failures = [pyghmi_exc.IpmiException(None)]
     with pytest.raises(BmcUnreachable, match="no answer to the IPMI session login"):
         driver(command).get_power_state()
+
+
+def test_a_login_does_not_wait_for_another_bmcs_login(monkeypatch):
+    """Each driver logs in on its own: functools.cached_property (Python 3.11) held one lock
+    for every driver's session, so a fan-out logged in to its BMCs one after another and a
+    BMC that did not answer held up the rest until pyghmi gave up (~5 s each)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def open_command(session_class, bmc, userid, password, port):
+        if port == 6231:  # the BMC that does not answer yet
+            entered.set()
+            release.wait(30)
+        return FakeCommand("off")
+
+    monkeypatch.setattr(ipmi, "open_command", open_command)
+    silent = threading.Thread(target=driver(port=6231).get_power_state, daemon=True)
+    silent.start()
+    assert entered.wait(10)
+    states = []
+    other = threading.Thread(target=lambda: states.append(driver().get_power_state()),
+                             daemon=True)
+    other.start()
+    other.join(10)
+    answered_meanwhile = list(states)
+    release.set()
+    silent.join(10)
+    assert answered_meanwhile == [PowerState.OFF]
