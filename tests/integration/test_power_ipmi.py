@@ -115,6 +115,14 @@ def ipmi_nodes(cli, ipmi_bmcs, tmp_path):
 
 
 @pytest.fixture
+def silent_bmc_port():
+    """UDP port of a BMC that never answers: a socket bound on loopback that nobody reads."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
 def virtualbmc(tmp_path):
     """UDP port of a virtualbmc BMC for libvirt's test domain, under a private vbmcd."""
     from tests.tools import tool  # here: run as a script, this file has no `tests` package
@@ -228,6 +236,20 @@ def test_fan_out_over_twelve_ipmi_bmcs(ipmi_nodes):
     assert result.code == 0, result.out
     status = rows(ipmi_nodes("power", "status", "i[1-12]", "--json"))
     assert {row["detail"] for row in status.values()} == {"on"}
+
+
+@pytest.mark.parametrize("ipmi_bmcs", [4], indirect=True)
+def test_a_silent_bmc_holds_up_no_other_login(ipmi_nodes, silent_bmc_port, tmp_path):
+    """dead1 comes first in the range. pyghmi tries a silent BMC for 4-6 s; logins used to
+    run one at a time, so the live BMCs waited behind it past their 3 s deadline."""
+    added = ipmi_nodes("node", "add", "dead1", "--bmc-driver", "ipmi", "--bmc-address",
+                       "127.0.0.1", "--bmc-port", str(silent_bmc_port), "--bmc-username", USER,
+                       "--bmc-password-file", str(tmp_path / "bmc-password"),
+                       "--bmc-cipher-suite", "3")
+    assert added.code == 0, added.err
+    status = rows(ipmi_nodes("power", "status", "dead1,i[1-4]", "--json", "--timeout", "3"))
+    assert list(status)[0] == "dead1" and status["dead1"]["result"] == "error"
+    assert {status[f"i{n}"]["detail"] for n in range(1, 5)} == {"off"}, status
 
 
 if __name__ == "__main__":
