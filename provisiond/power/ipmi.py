@@ -9,6 +9,7 @@ and such a mismatch fails the login cleanly with a hint instead of pyghmi's stru
 from __future__ import annotations
 
 import struct
+import time
 
 from pyghmi import exceptions as pyghmi_exc
 from pyghmi.ipmi import command as ipmi_command
@@ -36,12 +37,22 @@ DEFAULT_PORT = 623
 BUSY_CODES = {0xC0}
 CIPHER_MISMATCH = "the BMC answered the session handshake in another cipher suite"
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
+# pyghmi gives up on a BMC that never answers after one login (two tries, each a send and
+# a resend: 4-6 s), whatever the node's deadline (20 s by default). A login nobody answered
+# is tried again after a pause while the deadline leaves room for a whole one.
+LOGIN_SECONDS = 6.0
+LOGIN_RETRY_DELAY = 1.0
+
+
+def unanswered(exc: Exception) -> bool:
+    """pyghmi's login gave up without a word: nothing came back from the BMC."""
+    return str(exc).strip() in ("", "None")
 
 
 def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> BmcError:
     """The provisiond error for a pyghmi exception (one line, no credentials)."""
     message = " ".join(str(exc).split())[:300]
-    if message in ("", "None"):  # pyghmi's login gave up without a word: no answer
+    if unanswered(exc):
         return BmcUnreachable(f"{where}: no answer to the IPMI session login")
     if CIPHER_MISMATCH in message or isinstance(exc, struct.error):
         hint = ": set bmc.cipher_suite: 3" if cipher_suite != 3 else ""
@@ -139,8 +150,14 @@ class IpmiDriver(Driver):
         # that hands a logged-out session to the next driver for the same BMC.
         s = self.settings
         session_class = Sha1Session if s.cipher_suite == 3 else CheckedSession
-        return open_command(session_class, s.address, s.username.encode(),
-                            s.password.encode(), s.port or DEFAULT_PORT)
+        while True:
+            try:
+                return open_command(session_class, s.address, s.username.encode(),
+                                    s.password.encode(), s.port or DEFAULT_PORT)
+            except pyghmi_exc.IpmiException as exc:
+                if not unanswered(exc) or self.remaining() < LOGIN_RETRY_DELAY + LOGIN_SECONDS:
+                    raise
+            time.sleep(LOGIN_RETRY_DELAY)
 
 
 def open_command(session_class, bmc: str, userid: bytes, password: bytes,

@@ -8,6 +8,7 @@ Run as a script it serves one BMC: `python test_power_ipmi.py PORT`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,14 +88,22 @@ def ipmi_bmcs(request):
     them killed the process (AttributeError in pyghmi): the next `power status` then got
     "no answer to the IPMI session login" from the BMCs it had not reached yet.
     """
-    ports, procs = free_udp_ports(getattr(request, "param", 1)), []
+    ports = free_udp_ports(getattr(request, "param", 1))
+    with bmc_processes(ports) as procs:
+        yield procs, ports
+
+
+@contextlib.contextmanager
+def bmc_processes(ports: list[int]):
+    """One BMC process per port, all started before any is waited for; killed on exit."""
+    procs = []
     try:
         procs.extend(subprocess.Popen([sys.executable, __file__, str(port)],
                                       stdout=subprocess.PIPE, text=True) for port in ports)
         for proc, port in zip(procs, ports):
             line = proc.stdout.readline()
             assert line and json.loads(line) == {"ready": port}, line
-        yield procs, ports
+        yield procs
     finally:
         for proc in procs:
             proc.kill()
@@ -181,7 +190,11 @@ def test_virtualbmc_needs_cipher_suite_3_and_a_failure_does_not_spill(cli, virtu
 
 
 def rows(result) -> dict[str, dict]:
-    return {row["node"]: row for row in json.loads(result.out)}
+    return rows_of(result.out)
+
+
+def rows_of(out: str) -> dict[str, dict]:
+    return {row["node"]: row for row in json.loads(out)}
 
 
 def test_default_cipher_suite_fails_clearly_against_a_pyghmi_bmc(ipmi_nodes):
@@ -250,6 +263,34 @@ def test_a_silent_bmc_holds_up_no_other_login(ipmi_nodes, silent_bmc_port, tmp_p
     status = rows(ipmi_nodes("power", "status", "dead1,i[1-4]", "--json", "--timeout", "3"))
     assert list(status)[0] == "dead1" and status["dead1"]["result"] == "error"
     assert {status[f"i{n}"]["detail"] for n in range(1, 5)} == {"off"}, status
+
+
+def test_a_login_nobody_answered_is_tried_again_before_the_deadline(cli, state_dir, tmp_path):
+    """pyghmi gives up on a silent BMC after one login (two tries of a send and a resend,
+    4-6 s), well inside the node's 20 s. The BMC stays silent for that whole login (its
+    port held by a socket nobody answers from), then starts: a second login reaches it."""
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD)
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    assert cli("node", "add", "r1", "--bmc-driver", "ipmi", "--bmc-address", "127.0.0.1",
+               "--bmc-port", str(port), "--bmc-username", USER, "--bmc-password-file",
+               str(secret), "--bmc-cipher-suite", "3").code == 0
+    status = subprocess.Popen([sys.executable, "-m", "provisiond", "--state-dir",
+                               str(state_dir), "power", "status", "r1", "--json"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        with silent:
+            silent.settimeout(30)
+            for _ in range(4):  # the first login's datagrams, none answered
+                silent.recv(512)
+        with bmc_processes([port]):
+            out, _ = status.communicate(timeout=60)
+    finally:
+        status.kill()
+        status.wait(5)
+    assert rows_of(out)["r1"]["detail"] == "off", out
 
 
 if __name__ == "__main__":

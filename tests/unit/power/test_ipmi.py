@@ -179,3 +179,36 @@ def test_a_login_does_not_wait_for_another_bmcs_login(monkeypatch):
     release.set()
     silent.join(10)
     assert answered_meanwhile == [PowerState.OFF]
+
+
+def logins_failing(monkeypatch, *errors: Exception) -> list[int]:
+    """Patch the login: raise `errors` in turn, then log in; returns the list of attempts."""
+    attempts = []
+
+    def open_command(*args):
+        attempts.append(len(attempts) + 1)
+        if len(attempts) <= len(errors):
+            raise errors[len(attempts) - 1]
+        return FakeCommand("off")
+
+    monkeypatch.setattr(ipmi, "open_command", open_command)
+    return attempts
+
+
+def test_a_login_nobody_answered_is_tried_again_while_a_whole_one_fits(monkeypatch):
+    """pyghmi gives up on a silent BMC after 4-6 s; the node's deadline is longer."""
+    attempts = logins_failing(monkeypatch, pyghmi_exc.IpmiException(None))
+    assert driver(timeout=20.0).get_power_state() is PowerState.OFF
+    assert attempts == [1, 2]
+
+
+@pytest.mark.parametrize("error, timeout", [
+    (pyghmi_exc.IpmiException(None), 5.0),  # too little time left for a whole login
+    (pyghmi_exc.IpmiException("Incorrect password provided"), 20.0),  # an answer
+])
+def test_a_login_is_not_tried_again_without_time_or_after_an_answer(monkeypatch, error,
+                                                                       timeout):
+    attempts = logins_failing(monkeypatch, error)
+    with pytest.raises(BmcError):
+        driver(timeout=timeout).get_power_state()
+    assert attempts == [1]
