@@ -1,6 +1,6 @@
 """The ipmi driver against real IPMI servers on loopback: pyghmi's own BMC class (the code
-virtualbmc runs) in a child process, and virtualbmc itself over libvirt's test driver
-(`test:///default`: no daemon, no VM; its state does not outlive a call, so only the
+virtualbmc runs) in a child process per BMC, and virtualbmc itself over libvirt's test
+driver (`test:///default`: no daemon, no VM; its state does not outlive a call, so only the
 session handshake and reads are checked there). Reproduces the cipher-suite interop failure.
 
 Run as a script it serves one BMC: `python test_power_ipmi.py PORT`.
