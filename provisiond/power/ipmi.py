@@ -20,6 +20,13 @@ from provisiond.power.base import (BmcBusy, Driver, FirmwareComponent, bmc_call,
                                    cached_per_driver)
 from provisiond.states import BootDevice, PowerAction, PowerState
 
+# pyghmi takes its two session-table locks in both orders: send_payload holds
+# KEEPALIVE_SESSIONS while _xmit_packet takes WAITING_SESSIONS, and awaitresponse and
+# wait_for_rsp hold WAITING_SESSIONS while _timedout resends through send_payload. With a
+# thread per BMC, one resending while another sent, both waited forever, and so did every
+# later IPMI call of the process (12 BMCs, loaded machine). One reentrant lock has no order.
+ipmi_session.WAITING_SESSIONS = ipmi_session.KEEPALIVE_SESSIONS
+
 POWER_STATES = {"on": PowerState.ON, "off": PowerState.OFF}
 # PowerAction -> pyghmi set_power states; CYCLE is off (waited for) then on, because
 # virtualbmc and many BMCs lack chassis power cycle.

@@ -212,3 +212,16 @@ def test_a_login_is_not_tried_again_without_time_or_after_an_answer(monkeypatch,
     with pytest.raises(BmcError):
         driver(timeout=timeout).get_power_state()
     assert attempts == [1]
+
+
+def test_pyghmi_session_locks_cannot_be_taken_in_two_orders():
+    """pyghmi's send_payload holds KEEPALIVE_SESSIONS while _xmit_packet takes
+    WAITING_SESSIONS; awaitresponse holds WAITING_SESSIONS while _timedout resends through
+    send_payload. Two fan-out threads, one resending while the other sent, waited for each
+    other forever, and with them every later IPMI call of the process. The driver makes the
+    two one reentrant lock; if pyghmi stops naming them there, this fix needs a new look."""
+    session = ipmi.ipmi_session
+    assert {"KEEPALIVE_SESSIONS"} <= set(session.Session.send_payload.__code__.co_names)
+    assert {"WAITING_SESSIONS"} <= set(session.Session.awaitresponse.__code__.co_names)
+    assert {"WAITING_SESSIONS"} <= set(session.Session._xmit_packet.__code__.co_names)
+    assert session.WAITING_SESSIONS is session.KEEPALIVE_SESSIONS
