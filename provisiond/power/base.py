@@ -57,6 +57,30 @@ class FirmwareComponent:
         return {"name": self.name, "version": self.version, "updateable": self.updateable}
 
 
+class cached_per_driver:  # noqa: N801 - a decorator, named like functools.cached_property
+    """functools.cached_property without its lock, for a driver's session or connection.
+
+    On Python 3.11 that lock is one per property for every instance (3.12 removed it), so
+    each driver's login waited for every other driver's: a fan-out met its BMCs one after
+    another, and one that did not answer held up the rest until it timed out. A driver
+    serves one thread, so it needs no lock of its own.
+    """
+
+    def __init__(self, open_once):
+        self.open_once = open_once
+        self.__doc__ = open_once.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, driver, owner=None):
+        if driver is None:
+            return self
+        value = self.open_once(driver)
+        driver.__dict__[self.name] = value  # found there first from now on: opened once
+        return value
+
+
 class PowerInterface(abc.ABC):
     @abc.abstractmethod
     def get_power_state(self) -> PowerState:

@@ -9,15 +9,23 @@ and such a mismatch fails the login cleanly with a hint instead of pyghmi's stru
 from __future__ import annotations
 
 import struct
-from functools import cached_property
+import time
 
 from pyghmi import exceptions as pyghmi_exc
 from pyghmi.ipmi import command as ipmi_command
 from pyghmi.ipmi.private import session as ipmi_session
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
-from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call
+from provisiond.power.base import (BmcBusy, Driver, FirmwareComponent, bmc_call,
+                                   cached_per_driver)
 from provisiond.states import BootDevice, PowerAction, PowerState
+
+# pyghmi takes its two session-table locks in both orders: send_payload holds
+# KEEPALIVE_SESSIONS while _xmit_packet takes WAITING_SESSIONS, and awaitresponse and
+# wait_for_rsp hold WAITING_SESSIONS while _timedout resends through send_payload. With a
+# thread per BMC, one resending while another sent, both waited forever, and so did every
+# later IPMI call of the process (12 BMCs, loaded machine). One reentrant lock has no order.
+ipmi_session.WAITING_SESSIONS = ipmi_session.KEEPALIVE_SESSIONS
 
 POWER_STATES = {"on": PowerState.ON, "off": PowerState.OFF}
 # PowerAction -> pyghmi set_power states; CYCLE is off (waited for) then on, because
@@ -36,12 +44,22 @@ DEFAULT_PORT = 623
 BUSY_CODES = {0xC0}
 CIPHER_MISMATCH = "the BMC answered the session handshake in another cipher suite"
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
+# pyghmi gives up on a BMC that never answers after one login (two tries, each a send and
+# a resend: 4-6 s), whatever the node's deadline (20 s by default). A login nobody answered
+# is tried again after a pause while the deadline leaves room for a whole one.
+LOGIN_SECONDS = 6.0
+LOGIN_RETRY_DELAY = 1.0
+
+
+def unanswered(exc: Exception) -> bool:
+    """pyghmi's login gave up without a word: nothing came back from the BMC."""
+    return str(exc).strip() in ("", "None")
 
 
 def translate_error(exc: Exception, where: str, cipher_suite: int | None) -> BmcError:
     """The provisiond error for a pyghmi exception (one line, no credentials)."""
     message = " ".join(str(exc).split())[:300]
-    if message in ("", "None"):  # pyghmi's login gave up without a word: no answer
+    if unanswered(exc):
         return BmcUnreachable(f"{where}: no answer to the IPMI session login")
     if CIPHER_MISMATCH in message or isinstance(exc, struct.error):
         hint = ": set bmc.cipher_suite: 3" if cipher_suite != 3 else ""
@@ -132,15 +150,21 @@ class IpmiDriver(Driver):
             except Exception:  # noqa: BLE001 - a failed logout leaves nothing to undo
                 pass
 
-    @cached_property
+    @cached_per_driver
     def _command(self) -> ipmi_command.Command:
         # Credentials go in as bytes: pyghmi keys its session cache by the values given but
         # deletes the entry by their encoded form, so str credentials leave a stale entry
         # that hands a logged-out session to the next driver for the same BMC.
         s = self.settings
         session_class = Sha1Session if s.cipher_suite == 3 else CheckedSession
-        return open_command(session_class, s.address, s.username.encode(),
-                            s.password.encode(), s.port or DEFAULT_PORT)
+        while True:
+            try:
+                return open_command(session_class, s.address, s.username.encode(),
+                                    s.password.encode(), s.port or DEFAULT_PORT)
+            except pyghmi_exc.IpmiException as exc:
+                if not unanswered(exc) or self.remaining() < LOGIN_RETRY_DELAY + LOGIN_SECONDS:
+                    raise
+            time.sleep(LOGIN_RETRY_DELAY)
 
 
 def open_command(session_class, bmc: str, userid: bytes, password: bytes,

@@ -1,13 +1,14 @@
 """The ipmi driver against real IPMI servers on loopback: pyghmi's own BMC class (the code
-virtualbmc runs) in a child process, and virtualbmc itself over libvirt's test driver
-(`test:///default`: no daemon, no VM; its state does not outlive a call, so only the
+virtualbmc runs) in a child process per BMC, and virtualbmc itself over libvirt's test
+driver (`test:///default`: no daemon, no VM; its state does not outlive a call, so only the
 session handshake and reads are checked there). Reproduces the cipher-suite interop failure.
 
-Run as a script it serves the BMCs: `python test_power_ipmi.py PORT [PORT...]`.
+Run as a script it serves one BMC: `python test_power_ipmi.py PORT`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,9 +16,11 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 
 import pyghmi.ipmi.bmc as bmc
 import pytest
+from pyghmi.ipmi.private import session as ipmi_session
 
 USER, PASSWORD = "admin", "password"
 
@@ -51,11 +54,16 @@ class LoopbackBmc(bmc.Bmc):
         print(json.dumps({"port": self.port, "bootdev": bootdevice}), flush=True)
 
 
-def serve(ports: list[int]) -> None:
-    """One BMC per port on 127.0.0.1, served until killed."""
-    servers = [LoopbackBmc(port) for port in ports]
-    print(json.dumps({"ready": len(servers)}), flush=True)
-    bmc.Bmc.listen(timeout=1)
+def serve(port: int) -> None:
+    """One BMC on 127.0.0.1, served until killed (pyghmi's Bmc.listen loop, except that a
+    packet pyghmi fails on costs that packet, not the BMC: the client sends it again)."""
+    LoopbackBmc(port)
+    print(json.dumps({"ready": port}), flush=True)
+    while True:
+        try:
+            ipmi_session.Session.wait_for_rsp(timeout=1)
+        except Exception:  # noqa: BLE001 - printed (the test's stderr), then served on
+            traceback.print_exc()
 
 
 def free_udp_ports(count: int) -> list[int]:
@@ -68,22 +76,38 @@ def free_udp_ports(count: int) -> list[int]:
     return ports
 
 
-def start_bmcs(count: int) -> tuple[subprocess.Popen, list[int]]:
-    ports = free_udp_ports(count)
-    proc = subprocess.Popen([sys.executable, __file__, *map(str, ports)],
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    assert json.loads(line) == {"ready": count}, line
-    return proc, ports
-
-
 @pytest.fixture
 def ipmi_bmcs(request):
-    """(process, ports) of pyghmi BMC servers on loopback; count via indirect param."""
-    proc, ports = start_bmcs(getattr(request, "param", 1))
-    yield proc, ports
-    proc.kill()
-    proc.wait(5)
+    """(processes, ports) of pyghmi BMC servers on loopback; count via indirect param.
+
+    One process per BMC, as virtualbmc runs them. pyghmi keeps one session table per
+    process, keyed by the client's address, and never drops a session on Close Session:
+    with all BMCs in one process, a login to one of them from a client address that still
+    had a session there (every call after the first: the client keeps its socket) dropped
+    the sessions of that address at every BMC, and a packet already queued for one of
+    them killed the process (AttributeError in pyghmi): the next `power status` then got
+    "no answer to the IPMI session login" from the BMCs it had not reached yet.
+    """
+    ports = free_udp_ports(getattr(request, "param", 1))
+    with bmc_processes(ports) as procs:
+        yield procs, ports
+
+
+@contextlib.contextmanager
+def bmc_processes(ports: list[int]):
+    """One BMC process per port, all started before any is waited for; killed on exit."""
+    procs = []
+    try:
+        procs.extend(subprocess.Popen([sys.executable, __file__, str(port)],
+                                      stdout=subprocess.PIPE, text=True) for port in ports)
+        for proc, port in zip(procs, ports):
+            line = proc.stdout.readline()
+            assert line and json.loads(line) == {"ready": port}, line
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(5)
 
 
 @pytest.fixture
@@ -97,6 +121,14 @@ def ipmi_nodes(cli, ipmi_bmcs, tmp_path):
                     "--bmc-password-file", str(secret), "--bmc-cipher-suite", "3")
         assert added.code == 0, added.err
     return cli
+
+
+@pytest.fixture
+def silent_bmc_port():
+    """UDP port of a BMC that never answers: a socket bound on loopback that nobody reads."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -158,7 +190,11 @@ def test_virtualbmc_needs_cipher_suite_3_and_a_failure_does_not_spill(cli, virtu
 
 
 def rows(result) -> dict[str, dict]:
-    return {row["node"]: row for row in json.loads(result.out)}
+    return rows_of(result.out)
+
+
+def rows_of(out: str) -> dict[str, dict]:
+    return {row["node"]: row for row in json.loads(out)}
 
 
 def test_default_cipher_suite_fails_clearly_against_a_pyghmi_bmc(ipmi_nodes):
@@ -180,7 +216,7 @@ def test_a_failed_handshake_leaves_no_noise_for_the_next_sessions(ipmi_nodes):
 
 
 def test_power_and_boot_device_with_cipher_suite_3(ipmi_nodes, ipmi_bmcs):
-    proc, _ = ipmi_bmcs
+    (proc,), _ = ipmi_bmcs
     assert rows(ipmi_nodes("power", "status", "i1", "--json"))["i1"]["detail"] == "off"
     assert ipmi_nodes("power", "on", "i1").code == 0
     assert rows(ipmi_nodes("power", "status", "i1", "--json"))["i1"]["detail"] == "on"
@@ -215,5 +251,47 @@ def test_fan_out_over_twelve_ipmi_bmcs(ipmi_nodes):
     assert {row["detail"] for row in status.values()} == {"on"}
 
 
+@pytest.mark.parametrize("ipmi_bmcs", [4], indirect=True)
+def test_a_silent_bmc_holds_up_no_other_login(ipmi_nodes, silent_bmc_port, tmp_path):
+    """dead1 comes first in the range. pyghmi tries a silent BMC for 4-6 s; logins used to
+    run one at a time, so the live BMCs waited behind it past their 3 s deadline."""
+    added = ipmi_nodes("node", "add", "dead1", "--bmc-driver", "ipmi", "--bmc-address",
+                       "127.0.0.1", "--bmc-port", str(silent_bmc_port), "--bmc-username", USER,
+                       "--bmc-password-file", str(tmp_path / "bmc-password"),
+                       "--bmc-cipher-suite", "3")
+    assert added.code == 0, added.err
+    status = rows(ipmi_nodes("power", "status", "dead1,i[1-4]", "--json", "--timeout", "3"))
+    assert list(status)[0] == "dead1" and status["dead1"]["result"] == "error"
+    assert {status[f"i{n}"]["detail"] for n in range(1, 5)} == {"off"}, status
+
+
+def test_a_login_nobody_answered_is_tried_again_before_the_deadline(cli, state_dir, tmp_path):
+    """pyghmi gives up on a silent BMC after one login (two tries of a send and a resend,
+    4-6 s), well inside the node's 20 s. The BMC stays silent for that whole login (its
+    port held by a socket nobody answers from), then starts: a second login reaches it."""
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORD)
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    assert cli("node", "add", "r1", "--bmc-driver", "ipmi", "--bmc-address", "127.0.0.1",
+               "--bmc-port", str(port), "--bmc-username", USER, "--bmc-password-file",
+               str(secret), "--bmc-cipher-suite", "3").code == 0
+    status = subprocess.Popen([sys.executable, "-m", "provisiond", "--state-dir",
+                               str(state_dir), "power", "status", "r1", "--json"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        with silent:
+            silent.settimeout(30)
+            for _ in range(4):  # the first login's datagrams, none answered
+                silent.recv(512)
+        with bmc_processes([port]):
+            out, _ = status.communicate(timeout=60)
+    finally:
+        status.kill()
+        status.wait(5)
+    assert rows_of(out)["r1"]["detail"] == "off", out
+
+
 if __name__ == "__main__":
-    serve([int(port) for port in sys.argv[1:]])
+    serve(int(sys.argv[1]))

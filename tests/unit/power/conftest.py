@@ -17,10 +17,11 @@ def redfish_bmc():
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch):
-    """Poll tasks and retry busy BMCs every 50 ms instead of every second."""
-    from provisiond.power import base, redfish
+    """Poll tasks, retry busy BMCs and unanswered logins every 50 ms instead of every second."""
+    from provisiond.power import base, ipmi, redfish
 
     monkeypatch.setattr(base, "BUSY_RETRY_DELAY", 0.05)
+    monkeypatch.setattr(ipmi, "LOGIN_RETRY_DELAY", 0.05)
     monkeypatch.setattr(redfish, "POLL_SECONDS", 0.05)
 
 

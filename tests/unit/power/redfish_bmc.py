@@ -39,6 +39,7 @@ class FakeBmcState:
         self.extra_systems: list[str] = []
         self.without_firmware_inventory = False
         self.hanging = False
+        self.hung = threading.Event()  # set once a request hangs
         self.release = threading.Event()
 
     def documents(self) -> dict[str, dict]:
@@ -81,6 +82,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0].rstrip("/") or "/"  # sushy-tools: /redfish/v1/
         self.state.requests.append((method, path, body))
         if self.state.hanging:
+            self.state.hung.set()
             self.state.release.wait(30)
         if path != "/redfish/v1" and not self._authorized():
             return self._send(401, {"error": {"message": "Unauthorized"}})

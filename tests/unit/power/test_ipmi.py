@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 import pytest
 from pyghmi import exceptions as pyghmi_exc
@@ -151,3 +152,76 @@ def test_silent_login_failure_is_unreachable():
     command.failures = [pyghmi_exc.IpmiException(None)]
     with pytest.raises(BmcUnreachable, match="no answer to the IPMI session login"):
         driver(command).get_power_state()
+
+
+def test_a_login_does_not_wait_for_another_bmcs_login(monkeypatch):
+    """Each driver logs in on its own: functools.cached_property (Python 3.11) held one lock
+    for every driver's session, so a fan-out logged in to its BMCs one after another and a
+    BMC that did not answer held up the rest until pyghmi gave up (~5 s each)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def open_command(session_class, bmc, userid, password, port):
+        if port == 6231:  # the BMC that does not answer yet
+            entered.set()
+            release.wait(30)
+        return FakeCommand("off")
+
+    monkeypatch.setattr(ipmi, "open_command", open_command)
+    silent = threading.Thread(target=driver(port=6231).get_power_state, daemon=True)
+    silent.start()
+    assert entered.wait(10)
+    states = []
+    other = threading.Thread(target=lambda: states.append(driver().get_power_state()),
+                             daemon=True)
+    other.start()
+    other.join(10)
+    answered_meanwhile = list(states)
+    release.set()
+    silent.join(10)
+    assert answered_meanwhile == [PowerState.OFF]
+
+
+def logins_failing(monkeypatch, *errors: Exception) -> list[int]:
+    """Patch the login: raise `errors` in turn, then log in; returns the list of attempts."""
+    attempts = []
+
+    def open_command(*args):
+        attempts.append(len(attempts) + 1)
+        if len(attempts) <= len(errors):
+            raise errors[len(attempts) - 1]
+        return FakeCommand("off")
+
+    monkeypatch.setattr(ipmi, "open_command", open_command)
+    return attempts
+
+
+def test_a_login_nobody_answered_is_tried_again_while_a_whole_one_fits(monkeypatch):
+    """pyghmi gives up on a silent BMC after 4-6 s; the node's deadline is longer."""
+    attempts = logins_failing(monkeypatch, pyghmi_exc.IpmiException(None))
+    assert driver(timeout=20.0).get_power_state() is PowerState.OFF
+    assert attempts == [1, 2]
+
+
+@pytest.mark.parametrize("error, timeout", [
+    (pyghmi_exc.IpmiException(None), 5.0),  # too little time left for a whole login
+    (pyghmi_exc.IpmiException("Incorrect password provided"), 20.0),  # an answer
+])
+def test_a_login_is_not_tried_again_without_time_or_after_an_answer(monkeypatch, error,
+                                                                       timeout):
+    attempts = logins_failing(monkeypatch, error)
+    with pytest.raises(BmcError):
+        driver(timeout=timeout).get_power_state()
+    assert attempts == [1]
+
+
+def test_pyghmi_session_locks_cannot_be_taken_in_two_orders():
+    """pyghmi's send_payload holds KEEPALIVE_SESSIONS while _xmit_packet takes
+    WAITING_SESSIONS; awaitresponse holds WAITING_SESSIONS while _timedout resends through
+    send_payload. Two fan-out threads, one resending while the other sent, waited for each
+    other forever, and with them every later IPMI call of the process. The driver makes the
+    two one reentrant lock; if pyghmi stops naming them there, this fix needs a new look."""
+    session = ipmi.ipmi_session
+    assert {"KEEPALIVE_SESSIONS"} <= set(session.Session.send_payload.__code__.co_names)
+    assert {"WAITING_SESSIONS"} <= set(session.Session.awaitresponse.__code__.co_names)
+    assert {"WAITING_SESSIONS"} <= set(session.Session._xmit_packet.__code__.co_names)
+    assert session.WAITING_SESSIONS is session.KEEPALIVE_SESSIONS
