@@ -22,7 +22,7 @@ from provisiond.jobs.store import process_start
 from servers import api_call, free_port, start_serve, stop_serve, wait_http, write_config
 from tests.conftest import run_provisiond
 from tests.integration.test_power_ipmi import PASSWORD as IPMI_PASSWORD, USER as IPMI_USER
-from tests.integration.test_power_ipmi import start_bmcs
+from tests.integration.test_power_ipmi import bmc_processes, free_udp_ports
 from tests.integration.test_power_redfish import PASSWORD as REDFISH_PASSWORD
 from tests.integration.test_power_redfish import USER as REDFISH_USER
 from tests.integration.test_power_redfish import libvirt_emulator  # noqa: F401 - a fixture
@@ -53,10 +53,9 @@ def serve_on(state: Path) -> tuple[object, int]:
 
 @pytest.fixture(scope="module")
 def ipmi_ports():
-    proc, ports = start_bmcs(3)
-    yield ports
-    proc.kill()
-    proc.wait(5)
+    ports = free_udp_ports(3)
+    with bmc_processes(ports):  # one process per BMC, as virtualbmc runs them
+        yield ports
 
 
 @pytest.fixture(scope="module")
