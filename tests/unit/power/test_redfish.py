@@ -5,11 +5,8 @@ tests/integration/test_power_redfish.py."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from tests.unit.power.redfish_bmc import (PASSWORD, SYSTEM, TASK, USER, load,
-                                          start_redfish_bmc)
+from tests.unit.power.redfish_bmc import PASSWORD, SYSTEM, TASK, USER, load
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
 from provisiond.power.base import BmcSettings
@@ -177,29 +174,3 @@ def test_validate_never_contacts_the_bmc(tmp_path):
 def test_ipv6_address_is_bracketed():
     assert driver(8000, address="::1").base_url == "http://[::1]:8000"
     assert driver(None, scheme="https").base_url == "https://127.0.0.1:443"
-
-
-def test_a_hanging_bmc_does_not_hold_up_another_drivers_connection(redfish_bmc):
-    """Each driver connects on its own: functools.cached_property (Python 3.11) held one lock
-    for every driver's service root, so a BMC hanging in that first request held up every
-    other node of a fan-out for as long as it hung."""
-    port, _ = redfish_bmc
-    hung_server, hung = start_redfish_bmc()
-    hung.hanging = True
-    hung_driver = driver(hung_server.server_address[1], timeout=30.0)
-    stuck = threading.Thread(target=hung_driver.get_power_state, daemon=True)
-    try:
-        stuck.start()
-        assert hung.hung.wait(10)
-        states = []
-        other = threading.Thread(target=lambda: states.append(driver(port).get_power_state()),
-                                 daemon=True)
-        other.start()
-        other.join(10)
-        assert states == [PowerState.ON]
-    finally:
-        hung.release.set()
-        stuck.join(10)
-        hung_server.shutdown()
-        hung_server.server_close()
-
