@@ -72,9 +72,14 @@ def exit_status(pid: int | None) -> str:
 
 
 def alive(pid: int | None, marker: str = "") -> bool:
-    """True if `pid` runs and its command line holds `marker` (guards against PID reuse)."""
+    """True if `pid` runs and its command line holds `marker` (guards against PID reuse).
+    A daemon this process spawned is asked through its Popen instead: its pid cannot be
+    reused before we reap it, and its command line reads empty for a moment while it execs
+    (`ip netns exec` into bwrap), which made a serve just started look dead."""
     if not pid:
         return False
+    if pid in _children:
+        return _children[pid].poll() is None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
