@@ -8,7 +8,9 @@ the end, failing the session if anything of it is still alive. What it offers
 - lab.netns        the lab's network namespace (br0 10.99.77.1/24; provisiond serve runs there)
 - lab.nodes        name -> LabNode: .domain (libvirt name), .uuid, .mac, .ipaddr,
                    .firmware ('bios'|'uefi'), .image, .serial_log (path), .ipmi_port
-                   n1 bios, n2 bios, n3 uefi (image tiny); n4 bios (image debian12)
+                   n1 bios, n2 bios, n3 uefi (image tiny); n4 bios (image debian12);
+                   n6, n7, n8 bios (image debian12-compute, built by the `compute_image`
+                   fixture, once per session, for the tests that boot them)
 - lab.boot(names) / lab.wait_ready(names, timeout) -> {name: status dict}
 - lab.phase_times(name, status), lab.serial_tail(name, lines)
 - lab.redfish      (host, port) of sushy-tools (libvirt driver, no auth; system id = UUID)
@@ -37,7 +39,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "vm-lab"))
 
-LAB_PLAN = "n1:bios,n2:bios,n3:uefi,n4:bios:debian12,n5:bios"
+LAB_PLAN = ("n1:bios,n2:bios,n3:uefi,n4:bios:debian12,n5:bios,"
+            "n6:bios:debian12-compute,n7:bios:debian12-compute,n8:bios:debian12-compute")
 
 
 def _missing() -> str | None:
@@ -80,3 +83,12 @@ def lab():
         left = lab.down()
         shutil.rmtree(lab.state.state_dir, ignore_errors=True)  # logs and consoles stay
     assert not left, f"the lab left these behind: {', '.join(left)}"
+
+
+@pytest.fixture(scope="session")
+def compute_image(lab) -> str:
+    """debian12-compute built once per session (its debian12 layers are shared with n4's
+    image) and every node's overlays rebuilt against it; its name."""
+    lab.build_image("debian12-compute")
+    lab.build_overlays()
+    return "debian12-compute"
