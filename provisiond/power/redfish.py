@@ -10,14 +10,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from functools import cached_property
 
 import sushy
 from sushy import exceptions as sushy_exc
 from sushy.auth import BasicAuth
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
-from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call
+from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call, cached_per_driver
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 POWER_STATES = {
@@ -129,7 +128,7 @@ class RedfishDriver(Driver):
                                         transfer_protocol=protocol)
         return self._follow_task(monitor)
 
-    @cached_property
+    @cached_per_driver
     def _root(self) -> sushy.Sushy:
         s = self.settings
         verify = s.ca_file or s.verify_tls
@@ -139,7 +138,7 @@ class RedfishDriver(Driver):
                            connect_timeout=min(timeout, 10.0),
                            server_side_retries=1, server_side_retries_delay=1)
 
-    @cached_property
+    @cached_per_driver
     def _system(self):
         system_id = self.settings.system_id
         if system_id is None:

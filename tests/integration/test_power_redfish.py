@@ -49,7 +49,9 @@ def start_emulator(directory: Path, settings: dict, tls: bool = False
     directory.mkdir(parents=True, exist_ok=True)
     auth = directory / "htpasswd"
     auth.write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()}\n")
-    settings = {"SUSHY_EMULATOR_AUTH_FILE": str(auth), **settings}
+    # its state here, not in the machine-wide /tmp/sushy-emulator (see pvlab/bmc.py)
+    settings = {"SUSHY_EMULATOR_AUTH_FILE": str(auth),
+                "SUSHY_EMULATOR_STATE_DIR": str(directory / "state"), **settings}
     cert = None
     if tls:
         cert, key = make_tls(directory)

@@ -174,3 +174,34 @@ def test_validate_never_contacts_the_bmc(tmp_path):
 def test_ipv6_address_is_bracketed():
     assert driver(8000, address="::1").base_url == "http://[::1]:8000"
     assert driver(None, scheme="https").base_url == "https://127.0.0.1:443"
+
+
+def test_a_bmc_that_never_answers_does_not_hold_up_another_drivers_first_request(redfish_bmc):
+    """Each driver opens its own service root: functools.cached_property (3.11) locked one
+    property for every instance, so a fan-out met its BMCs one after another."""
+    import socket
+    import threading
+
+    port, _ = redfish_bmc
+    with socket.socket() as silent:  # accepts connections (backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        hanging = driver(silent.getsockname()[1], timeout=8.0)
+        outcome = []
+        thread = threading.Thread(target=lambda: outcome.append(_power_or_error(hanging)))
+        thread.start()
+        try:
+            while not thread.is_alive():
+                pass
+            assert driver(port).get_power_state() is PowerState.ON
+            assert thread.is_alive() and not outcome  # the silent BMC is still being waited on
+        finally:
+            thread.join(30)
+    assert isinstance(outcome[0], BmcUnreachable), outcome
+
+
+def _power_or_error(bmc: RedfishDriver):
+    try:
+        return bmc.get_power_state()
+    except BmcUnreachable as exc:
+        return exc
