@@ -20,6 +20,8 @@ APT_PACKAGES=(
   tftpd-hpa nginx-light wrk
   # tests: the status page in a real headless browser (Selenium drives /usr/bin/chromedriver)
   chromium chromium-driver
+  # tests: an OCI distribution registry and skopeo to push to it (image import from registries)
+  docker-registry skopeo
   # lab: QEMU, firmware, libvirt, RA sender
   qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
 )

@@ -32,9 +32,18 @@ def register(subparsers) -> None:
     delete.add_argument("name")
     delete.add_argument("--force", action="store_true", help="delete even if nodes use it")
     delete.set_defaults(func=cmd_delete)
-    imp = verbs.add_parser("import", help="make an image from an OCI or docker archive")
-    imp.add_argument("archive")
+    imp = verbs.add_parser(
+        "import", help="make an image from a registry, an OCI layout or an archive",
+        description="SOURCE is docker://REGISTRY/REPO[:TAG|@DIGEST] (an OCI distribution "
+                    "registry, HTTPS; plain HTTP for loopback or with --insecure), "
+                    "oci:DIR[:TAG] (an OCI layout folder), or the path of an OCI layout or "
+                    "docker-archive tarball. The linux/amd64 image is taken; every blob is "
+                    "checked against its digest; each image layer becomes one layer.")
+    imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
+    imp.add_argument("--insecure", action="store_true",
+                     help="allow plain HTTP to a registry (and its token service) that is "
+                          "not on loopback")
     imp.add_argument("--init", default="/sbin/init", help="the image's init (default %(default)s)")
     imp.add_argument("--kernel-arg", action="append", dest="kernel_args", default=[],
                      metavar="ARG", help="a default kernel argument (repeatable)")
@@ -54,8 +63,9 @@ def cmd_build(args, ctx) -> int:
 
 def cmd_import(args, ctx) -> int:
     with interrupt_on_term(), Progress(sys.stderr) as progress:
-        manifest = images.import_archive(ctx.config, args.archive, args.name, progress,
-                                         kernel_args=args.kernel_args, init=args.init)
+        manifest = images.import_image(ctx.config, args.source, args.name, progress,
+                                       kernel_args=args.kernel_args, init=args.init,
+                                       insecure=args.insecure)
     _summary(ctx, manifest, False)
     return 0
 
@@ -133,6 +143,9 @@ def _age(stamp: str) -> str:
     return f"{seconds:.0f}s ago"
 
 
+RUNNING = ("building", "fetching")  # a line that the next event for the step replaces
+
+
 class Progress:
     """Per-layer progress: a redrawn bar on a terminal, one plain line per event otherwise."""
 
@@ -148,12 +161,15 @@ class Progress:
             self.stream.write("\n")
 
     def __call__(self, event: dict) -> None:
-        done = event["index"] - (event["status"] == "building")
+        running = event["status"] in RUNNING
+        done = event["index"] - running
         head = printable(f"[{event['index']}/{event['count']}] {event['kind']}: "
                          f"{event['description']}")  # the recipe's text
         tail = event["status"]
         if "size" in event:
-            tail += f" {_size(event['size'])} in {event['seconds']:.1f}s"
+            tail += f" {_size(event['size'])}"
+        if "seconds" in event:
+            tail += f" in {event['seconds']:.1f}s"
         if not self.tty:
             print(f"{head} ... {tail}", file=self.stream, flush=True)
             return
@@ -161,6 +177,6 @@ class Progress:
         filled = width * done // event["count"]
         bar = "#" * filled + "-" * (width - filled)
         self.stream.write(f"\r\x1b[K[{bar}] {head[:60]} {tail}")
-        if event["status"] != "building":
+        if not running:
             self.stream.write("\n")
         self.stream.flush()

@@ -18,6 +18,7 @@ import zstandard
 from provisiond.archive import TRUSTED
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import file_sha256, stream_sha256
+from provisiond.images.layout import check_digest, pick_platform
 from provisiond.images.layers import OPAQUE, LayerPlan, layer_key
 from provisiond.images.recipe import Step
 
@@ -76,9 +77,8 @@ def _blob(digest: str) -> str:
 
 def _oci_manifest(archive: Archive, index: dict) -> dict:
     for _ in range(4):  # an index may point at a nested index
-        if not index.get("manifests"):
-            raise BuildFailed(f"{archive.path.name}: index.json lists no manifests")
-        index = json.loads(archive.read(_blob(index["manifests"][0]["digest"])))
+        entry = pick_platform(index, archive.path.name)
+        index = json.loads(archive.read(_blob(check_digest(entry.get("digest")))))
         if "layers" in index:
             return index
     raise BuildFailed(f"{archive.path.name}: no image manifest found")

@@ -1,0 +1,215 @@
+"""Pulling one image from an OCI distribution registry (`docker://REGISTRY/REPO:TAG`).
+
+The distribution API (GET /v2/<repo>/manifests/<ref>, /v2/<repo>/blobs/<digest>) over
+HTTPS, or plain HTTP for a registry on loopback or with `insecure`. A registry that answers
+401 with a `Bearer realm=...,service=...,scope=...` challenge gets an anonymous token from
+its realm, as docker and skopeo fetch one; Basic logins are not sent."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from provisiond.errors import InvalidInput
+from provisiond.images.layout import (INDEXES, MANIFESTS, MAX_MANIFEST, ImageRefNotFound,
+                                      ImportFailed, LayoutWriter, check_digest,
+                                      check_manifest, media_type,
+                                      pick_platform, verify_document)
+
+# The distribution spec's grammar for repository names, tags and digests.
+REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)"
+                     r"[a-z0-9]+)*)*")
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
+HOST_RE = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])(?::\d{1,5})?")
+DOCKER_HUB = "registry-1.docker.io"
+ACCEPT = ", ".join([*INDEXES, *MANIFESTS])
+TIMEOUT = 60
+CHALLENGE_RE = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A parsed `docker://` reference; `ref` is the tag or the digest."""
+
+    registry: str
+    repository: str
+    ref: str
+
+    def __str__(self) -> str:
+        sep = "@" if self.ref.startswith("sha256:") else ":"
+        return f"docker://{self.registry}/{self.repository}{sep}{self.ref}"
+
+    @property
+    def loopback(self) -> bool:
+        host = self.registry.rsplit(":", 1)[0] if not self.registry.endswith("]") \
+            else self.registry
+        host = host.strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_reference(text: str) -> Reference:
+    """`docker://[REGISTRY/]REPO[:TAG|@DIGEST]`; without a registry host, Docker Hub."""
+    bad = f"not a registry reference: {text!r} (docker://REGISTRY/REPO:TAG)"
+    if not text.startswith("docker://"):
+        raise InvalidInput(bad)
+    rest = text[len("docker://"):]
+    first, _, tail = rest.partition("/")
+    if tail and ("." in first or ":" in first or first == "localhost" or first[:1] == "["):
+        registry, rest = first, tail
+    else:
+        registry = DOCKER_HUB
+        rest = rest if "/" in rest else f"library/{rest}"
+    if "@" in rest:
+        repository, ref = rest.split("@", 1)
+        ok = DIGEST_RE.fullmatch(ref)
+    else:
+        repository, _, ref = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
+        ok = TAG_RE.fullmatch(ref)
+    if not (ok and REPO_RE.fullmatch(repository) and HOST_RE.fullmatch(registry)):
+        raise InvalidInput(bad)
+    return Reference(registry, repository, ref)
+
+
+class Client:
+    """GETs against one registry, with a bearer token fetched when the registry asks."""
+
+    def __init__(self, reference: Reference, insecure: bool = False):
+        self.reference, self.insecure = reference, insecure
+        self.scheme = "http" if insecure or reference.loopback else "https"
+        self.token: str | None = None
+        self.opener = urllib.request.build_opener()
+
+    def url(self, kind: str, ref: str) -> str:
+        return (f"{self.scheme}://{self.reference.registry}/v2/"
+                f"{self.reference.repository}/{kind}/{ref}")
+
+    def get(self, url: str, accept: str | None = None):
+        """The open response of a GET; 401 once -> token -> again. Errors are one line."""
+        for attempt in (1, 2):
+            request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+            if self.token:  # not carried over a redirect to blob storage elsewhere
+                request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+            try:
+                return self.opener.open(request, timeout=TIMEOUT)
+            except urllib.error.HTTPError as exc:
+                challenge = exc.headers.get("WWW-Authenticate", "")
+                exc.close()
+                if exc.code == 401 and attempt == 1 and not self.token:
+                    self.token = self._fetch_token(challenge)
+                    continue
+                raise self._error(exc.code, url) from None
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise ImportFailed(f"{self.reference}: cannot reach {self.reference.registry}"
+                                   f": {reason}") from None
+        raise self._error(401, url)
+
+    def _error(self, code: int, url: str):
+        if code == 404:
+            what = "manifest" if "/manifests/" in url else "blob"
+            return ImageRefNotFound(f"{self.reference}: the registry has no such {what} "
+                                    f"(HTTP 404 for {url})")
+        if code in (401, 403):
+            return ImportFailed(f"{self.reference}: the registry refused access (HTTP {code})")
+        return ImportFailed(f"{self.reference}: the registry answered HTTP {code} for {url}")
+
+    def _fetch_token(self, challenge: str) -> str:
+        scheme = challenge.split(" ", 1)[0].lower()
+        if scheme != "bearer":
+            raise ImportFailed(f"{self.reference}: the registry asks for a login "
+                               f"({scheme or 'no challenge'}); only anonymous bearer tokens "
+                               "are fetched")
+        params = dict(CHALLENGE_RE.findall(challenge))
+        realm = urllib.parse.urlsplit(params.pop("realm", ""))
+        if realm.scheme not in ("http", "https") or not realm.netloc:
+            raise ImportFailed(f"{self.reference}: the registry's token realm is not a URL")
+        if realm.scheme == "http" and not (self.insecure or _loopback_host(realm.hostname)):
+            raise ImportFailed(f"{self.reference}: the token realm {realm.geturl()} is plain "
+                               "HTTP (use --insecure to allow it)")
+        query = urllib.parse.urlencode({k: v for k, v in params.items()
+                                        if k in ("service", "scope")})
+        url = realm._replace(query="&".join(p for p in (realm.query, query) if p)).geturl()
+        try:
+            with self.opener.open(url, timeout=TIMEOUT) as response:
+                answer = json.loads(response.read(MAX_MANIFEST))
+        except urllib.error.HTTPError as exc:
+            raise ImportFailed(f"{self.reference}: the token service answered HTTP "
+                               f"{exc.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ImportFailed(f"{self.reference}: no token from {realm.geturl()}: "
+                               f"{getattr(exc, 'reason', exc)}") from None
+        token = answer.get("token") or answer.get("access_token") if isinstance(
+            answer, dict) else None
+        if not isinstance(token, str) or not token:
+            raise ImportFailed(f"{self.reference}: the token service sent no token")
+        return token
+
+    def manifest(self, ref: str) -> tuple[bytes, str]:
+        """(bytes, Content-Type) of a manifest or index, refused past MAX_MANIFEST."""
+        with self.get(self.url("manifests", ref), ACCEPT) as response:
+            length = response.headers.get("Content-Length")
+            if length and length.isdigit() and int(length) > MAX_MANIFEST:
+                raise ImportFailed(f"{self.reference}: the manifest is larger than "
+                                   f"{MAX_MANIFEST >> 20} MiB")
+            data = response.read(MAX_MANIFEST + 1)
+            said = response.headers.get("Docker-Content-Digest")
+        verify_document(data, said if said and said.startswith("sha256:") else None,
+                        str(self.reference))
+        return data, response.headers.get("Content-Type", "")
+
+    def blob(self, digest: str) -> BinaryIO:
+        return self.get(self.url("blobs", digest))
+
+
+def _loopback_host(host: str | None) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
+def pull(reference: Reference, target: LayoutWriter, insecure: bool = False,
+         progress=lambda event: None) -> str:
+    """Copy the linux/amd64 image of `reference` into `target`; returns its manifest digest."""
+    client = Client(reference, insecure)
+    what = str(reference)
+    data, kind, digest = _resolve(client, reference.ref, what)
+    blobs = check_manifest(verify_document(data, digest, what), kind, what)
+    for number, blob in enumerate(blobs):
+        event = {"index": number + 1, "count": len(blobs), "kind": "pull",
+                 "description": f"{'config' if number == 0 else 'layer'} {blob['digest'][:19]}"}
+        if target.has(blob):
+            progress({**event, "status": "present", "size": blob["size"]})
+            continue
+        progress({**event, "status": "fetching"})
+        with client.blob(blob["digest"]) as stream:
+            target.put(blob, stream, what)
+        progress({**event, "status": "fetched", "size": blob["size"]})
+    target.finish(data, kind, reference.ref)
+    return digest
+
+
+def _resolve(client: Client, ref: str, what: str) -> tuple[bytes, str, str]:
+    """The image manifest behind a tag or digest, through at most 4 indexes."""
+    expected = ref if ref.startswith("sha256:") else None
+    for _ in range(5):
+        data, header = client.manifest(ref)
+        doc = verify_document(data, expected, what)
+        kind = media_type(doc, header)
+        if kind not in INDEXES:
+            return data, kind, "sha256:" + hashlib.sha256(data).hexdigest()
+        ref = expected = check_digest(pick_platform(doc, what).get("digest"))
+    raise ImportFailed(f"{what}: indexes nested too deep")

@@ -1,0 +1,271 @@
+"""`image import docker://...` against a real OCI distribution registry (Debian's
+docker-registry on 127.0.0.1), holding images the test makes as OCI layouts and pushes
+with Debian's skopeo; and `image import oci:DIR[:TAG]` from such a layout."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+import zstandard
+
+from provisiond.errors import BuildFailed, InvalidInput, NotFound
+from provisiond.images import blob_path, load_manifest
+from tests.integration.boot.servers import free_port
+from tests.integration.test_images_oci import BOTTOM, KERNEL, LAST, TOP, layer_tar, tree, \
+    unpack_image
+from tests.tools import tool
+from tests.waits import wait_until
+
+pytestmark = pytest.mark.skipif(not (tool("docker-registry") and tool("skopeo")),
+                                reason="docker-registry or skopeo is not installed")
+TAR = "application/vnd.oci.image.layer.v1.tar"
+COMPRESS = {"gzip": (lambda data: gzip.compress(data, mtime=0), TAR + "+gzip"),
+            "zstd": (lambda data: zstandard.ZstdCompressor().compress(data), TAR + "+zstd"),
+            "none": (lambda data: data, TAR)}
+
+
+class Layout:
+    """An OCI layout folder the test writes images into (what skopeo pushes from)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        (folder / "blobs/sha256").mkdir(parents=True)
+        (folder / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+        self.entries: list[dict] = []
+
+    def put(self, data: bytes, media: str) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        (self.folder / "blobs/sha256" / digest[7:]).write_bytes(data)
+        return {"mediaType": media, "digest": digest, "size": len(data)}
+
+    def image(self, layers: list[tuple[str, bytes]], arch: str = "amd64") -> dict:
+        """An image manifest of (compression, layer tar) pairs; returns its descriptor."""
+        descriptors = []
+        for how, data in layers:
+            pack, media = COMPRESS[how]
+            descriptors.append(self.put(pack(data), media))
+        config = self.put(json.dumps({"architecture": arch, "os": "linux", "rootfs": {
+            "type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(data).hexdigest()
+                                           for _, data in layers]}}).encode(),
+            "application/vnd.oci.image.config.v1+json")
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "config": config, "layers": descriptors}
+        entry = self.put(json.dumps(manifest).encode(), manifest["mediaType"])
+        return {**entry, "platform": {"os": "linux", "architecture": arch}}
+
+    def tag(self, tag: str, entry: dict) -> None:
+        self.entries.append({**entry, "annotations": {"org.opencontainers.image.ref.name": tag}})
+        (self.folder / "index.json").write_text(json.dumps(
+            {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": self.entries}))
+
+    def index(self, entries: list[dict]) -> dict:
+        """A multi-platform index of images; returns its descriptor."""
+        doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+               "manifests": entries}
+        return self.put(json.dumps(doc).encode(), doc["mediaType"])
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """docker-registry serving plain HTTP on 127.0.0.1; yields (host:port, storage dir)."""
+    folder = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    config = {"version": 0.1, "log": {"level": "error"},
+              "storage": {"filesystem": {"rootdirectory": str(folder / "data")},
+                          "delete": {"enabled": True}},
+              "http": {"addr": f"127.0.0.1:{port}", "secret": "test-only"}}
+    (folder / "config.yml").write_text(yaml.safe_dump(config))
+    log = open(folder / "registry.log", "wb")
+    proc = subprocess.Popen([tool("docker-registry"), "serve", str(folder / "config.yml")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v2/") or proc.poll() is not None,
+                   30, "docker-registry answers /v2/")
+        assert proc.poll() is None, (folder / "registry.log").read_text()
+        yield f"127.0.0.1:{port}", folder / "data"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def push(layout: Layout, tag: str, dest: str, *flags: str) -> None:
+    """skopeo copy oci:LAYOUT:TAG docker://DEST (plain HTTP to the loopback registry), the
+    layers as they are unless `flags` convert them (skopeo would gzip an uncompressed one)."""
+    flags = flags or ("--preserve-digests",)
+    proc = subprocess.run([tool("skopeo"), "--insecure-policy", "copy", "--quiet",
+                           "--dest-tls-verify=false", *flags, f"oci:{layout.folder}:{tag}",
+                           f"docker://{dest}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture
+def layout(tmp_path) -> Layout:
+    return Layout(tmp_path / "layout")
+
+
+def three_layers(mark: str = "") -> list[tuple[str, bytes]]:
+    """gzip, plain and zstd layers; `mark` makes their blobs this test's own (the registry
+    keeps one copy of a blob for every repository: a test that damages one hurts the rest)."""
+    marked = [{**layer, "etc/mark": mark.encode()} if mark else layer
+              for layer in (BOTTOM, TOP, LAST)]
+    return [(how, layer_tar(layer)) for how, layer in zip(("gzip", "none", "zstd"), marked)]
+
+
+EXPECTED = {"boot": None, "data": None, "data/x": None, "data/x/3": b"3\n", "etc": None,
+            "etc/a": b"a again\n", "etc/b": b"b\n", "etc/c": b"c\n", "sbin": None,
+            "sbin/init": b"#!/bin/sh\n"}
+
+
+def test_import_from_a_registry_makes_one_layer_per_registry_layer(
+        cli, config, registry, layout, tmp_path):
+    host, _ = registry
+    entry = layout.image(three_layers())
+    layout.tag("v1", entry)
+    push(layout, "v1", f"{host}/site/tiny:v1")
+    pushed = json.loads(_stored_blob(registry[1], entry["digest"]).read_bytes())
+    assert [l["mediaType"].rsplit(".", 1)[1] for l in pushed["layers"]] == [
+        "tar+gzip", "tar", "tar+zstd"]
+    result = cli("image", "import", f"docker://{host}/site/tiny:v1", "fromreg",
+                 "--kernel-arg", "quiet")
+    assert result.code == 0, result.err
+    manifest = load_manifest(config, "fromreg")
+    assert len(manifest["layers"]) == 3
+    assert manifest["kernel"]["version"] == "0.0-test" and manifest["kernel_args"] == ["quiet"]
+    assert blob_path(config, manifest["kernel"]["digest"]).read_bytes() == KERNEL
+    listed = unpack_image(config, manifest, tmp_path / "root")
+    assert listed == ["/data/x/1", "/data/x/2"]
+    assert tree(tmp_path / "root") == EXPECTED
+    assert "fetched" in result.err and "present" not in result.err
+
+
+def test_reimport_fetches_nothing_and_rebuilds_no_layer(cli, config, registry, layout):
+    host, _ = registry
+    layout.tag("v1", layout.image(three_layers()))
+    push(layout, "v1", f"{host}/site/again:v1")
+    assert cli("image", "import", f"docker://{host}/site/again:v1", "again").code == 0
+    first = load_manifest(config, "again")
+    result = cli("image", "import", f"docker://{host}/site/again:v1", "again")
+    assert result.code == 0, result.err
+    assert result.err.count("present") == 4 and "fetched" not in result.err, result.err
+    assert result.err.count("cached") == 3 and "built" not in result.err, result.err
+    assert load_manifest(config, "again")["layers"] == first["layers"]
+
+
+def test_an_index_gives_its_linux_amd64_image(cli, config, registry, layout, tmp_path):
+    host, _ = registry
+    arm = layout.image([("gzip", layer_tar({**BOTTOM, "etc/arch": b"arm64\n"}))], "arm64")
+    amd = layout.image([("gzip", layer_tar({**BOTTOM, "etc/arch": b"amd64\n"}))])
+    layout.tag("multi", layout.index([arm, amd]))
+    push(layout, "multi", f"{host}/site/multi:1", "--all", "--preserve-digests")
+    result = cli("image", "import", f"docker://{host}/site/multi:1", "multi")
+    assert result.code == 0, result.err
+    unpack_image(config, load_manifest(config, "multi"), tmp_path / "root")
+    assert (tmp_path / "root/etc/arch").read_bytes() == b"amd64\n"
+
+
+def test_a_docker_v2_manifest_and_a_digest_reference(cli, config, registry, layout, tmp_path):
+    host, _ = registry
+    layout.tag("v1", layout.image([("gzip", layer_tar(BOTTOM)), ("gzip", layer_tar(TOP))]))
+    push(layout, "v1", f"{host}/site/docker:v2s2", "--format", "v2s2")
+    with urllib.request.urlopen(urllib.request.Request(
+            f"http://{host}/v2/site/docker/manifests/v2s2", headers={"Accept": (
+                "application/vnd.docker.distribution.manifest.v2+json")})) as response:
+        assert response.headers["Content-Type"] == (
+            "application/vnd.docker.distribution.manifest.v2+json")
+        digest = response.headers["Docker-Content-Digest"]
+    result = cli("image", "import", f"docker://{host}/site/docker@{digest}", "docker")
+    assert result.code == 0, result.err
+    assert unpack_image(config, load_manifest(config, "docker"), tmp_path / "root") == [
+        "/data/x/1", "/data/x/2", "/etc/a"]
+
+
+def test_oci_layout_by_tag(cli, config, layout, tmp_path):
+    layout.tag("one", layout.image([("gzip", layer_tar({**BOTTOM, "etc/which": b"one\n"}))]))
+    layout.tag("two", layout.image([("zstd", layer_tar({**BOTTOM, "etc/which": b"two\n"}))]))
+    result = cli("image", "import", f"oci:{layout.folder}:two", "fromdir")
+    assert result.code == 0, result.err
+    unpack_image(config, load_manifest(config, "fromdir"), tmp_path / "root")
+    assert (tmp_path / "root/etc/which").read_bytes() == b"two\n"
+    result = cli("image", "import", f"oci:{layout.folder}:three", "fromdir")
+    assert result.code == NotFound.exit_code and result.err.count("\n") == 1, result.err
+    assert "the layout has no image tagged 'three'" in result.err
+
+
+def nothing_stored(config, name: str) -> bool:
+    recipes = config.state_dir / "recipes"
+    left = sorted(p.name for p in recipes.iterdir()) if recipes.is_dir() else []
+    return left == [] and not (config.images_dir / name).exists()
+
+
+@pytest.mark.parametrize("ref, code, message", [
+    ("docker://HOST/Site/UPPER:v1", InvalidInput.exit_code, "not a registry reference"),
+    ("docker://HOST/site/tiny:v1!", InvalidInput.exit_code, "not a registry reference"),
+    ("docker://HOST/site/tiny:nope", NotFound.exit_code, "the registry has no such manifest"),
+    ("docker://HOST/site/none:v1", NotFound.exit_code, "the registry has no such manifest"),
+    ("docker://127.0.0.1:1/site/tiny:v1", BuildFailed.exit_code, "cannot reach 127.0.0.1:1"),
+])
+def test_bad_references_fail_in_one_line_and_store_nothing(cli, config, registry, layout,
+                                                          ref, code, message):
+    host, _ = registry
+    layout.tag("v1", layout.image(three_layers()))
+    push(layout, "v1", f"{host}/site/tiny:v1")
+    result = cli("image", "import", ref.replace("HOST", host), "bad")
+    assert result.code == code and result.err.count("\n") == 1, result.err
+    assert message in result.err and "Traceback" not in result.err
+    assert nothing_stored(config, "bad")
+
+
+def _stored_blob(storage: Path, digest: str) -> Path:
+    hexdigest = digest.split(":")[1]
+    return storage / "docker/registry/v2/blobs/sha256" / hexdigest[:2] / hexdigest / "data"
+
+
+def test_a_layer_that_does_not_match_its_digest_is_refused(cli, config, registry, layout):
+    host, storage = registry
+    entry = layout.image(three_layers("corrupt"))
+    layout.tag("v1", entry)
+    push(layout, "v1", f"{host}/site/corrupt:v1")
+    manifest = json.loads((layout.folder / "blobs/sha256" / entry["digest"][7:]).read_bytes())
+    layer = _stored_blob(storage, manifest["layers"][1]["digest"])
+    data = bytearray(layer.read_bytes())
+    data[600] ^= 0xFF  # same size, other bytes
+    layer.write_bytes(bytes(data))
+    result = cli("image", "import", f"docker://{host}/site/corrupt:v1", "corrupt")
+    assert result.code == BuildFailed.exit_code and "Traceback" not in result.err, result.err
+    last = result.err.splitlines()[-1]
+    assert f"blob {manifest['layers'][1]['digest']} does not match its digest" in last
+    assert nothing_stored(config, "corrupt")
+
+
+def test_a_failed_reimport_keeps_the_image_as_it_was(cli, config, registry, layout):
+    host, _ = registry
+    layout.tag("v1", layout.image(three_layers()))
+    push(layout, "v1", f"{host}/site/kept:v1")
+    assert cli("image", "import", f"docker://{host}/site/kept:v1", "kept").code == 0
+    before = load_manifest(config, "kept")
+    recipe = (config.state_dir / "recipes/kept/image.yaml").read_text()
+    result = cli("image", "import", f"docker://{host}/site/kept:gone", "kept")
+    assert result.code == NotFound.exit_code, result.err
+    assert load_manifest(config, "kept") == before
+    assert (config.state_dir / "recipes/kept/image.yaml").read_text() == recipe
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["kept"]
+    assert cli("image", "build", "kept").code == 0
