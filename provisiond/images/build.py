@@ -81,9 +81,10 @@ def _plan_step(config: Config, step: Step, parent: str | None, compression: str
     entry = step.layer.model_dump(exclude={"description"})
     key = layer_key(parent, step.kind, entry, steps.step_inputs(config, step), compression)
     description = step.layer.description or f"{step.recipe}#{step.index} {step.kind}"
+    tidy = steps.drop_volatile if step.kind in steps.TIDIED else None
     if step.layer.kind in ("busybox", "debootstrap", "directory"):
-        return [LayerPlan(key, step.kind, description, _base_maker(config, step))]
-    return [LayerPlan(key, step.kind, description, _step_maker(config, step))]
+        return [LayerPlan(key, step.kind, description, _base_maker(config, step), tidy=tidy)]
+    return [LayerPlan(key, step.kind, description, _step_maker(config, step), tidy=tidy)]
 
 
 def _base_maker(config: Config, step: Step):

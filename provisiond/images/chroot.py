@@ -119,13 +119,19 @@ def _host_resolv_conf(root: Path) -> Iterator[None]:
             target.unlink()
 
 
+def chroot_env() -> dict[str, str]:
+    """CHROOT_ENV, plus SOURCE_DATE_EPOCH when the build has one (tools that honour it)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    return {**CHROOT_ENV, "SOURCE_DATE_EPOCH": epoch} if epoch else dict(CHROOT_ENV)
+
+
 def run_in_chroot(root: Path, command: str, log: Path, what: str) -> None:
     """Run one shell command in root; a failure names the command and its last output."""
     with open(log, "ab") as out:
         out.write(f"\n### {what}: {command}\n".encode())
         out.flush()
         proc = subprocess.Popen(["chroot", str(root), "/bin/sh", "-c", command],
-                                stdout=out, stderr=subprocess.STDOUT, env=CHROOT_ENV,
+                                stdout=out, stderr=subprocess.STDOUT, env=chroot_env(),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             proc.wait()

@@ -15,8 +15,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 from provisiond.archive import Writer, dir_entry, file_entry
+from provisiond.errors import InvalidInput
 
 MTIME_CLAMP = 1767225600  # 2026-01-01T00:00:00Z: newer mtimes are clamped to it
+EPOCH_ENV = "SOURCE_DATE_EPOCH"
+
+
+def source_date_epoch() -> int:
+    """The mtime clamp: SOURCE_DATE_EPOCH (reproducible-builds.org) when set, else
+    MTIME_CLAMP. Files a build makes get the clamp only if the clock is past it."""
+    text = os.environ.get(EPOCH_ENV)
+    if text is None:
+        return MTIME_CLAMP
+    if not text.isdigit() or not 0 <= int(text) <= 0xFFFFFFFF:
+        raise InvalidInput(f"{EPOCH_ENV}={text[:40]!r}: not seconds since 1970 "
+                           "(0 to 4294967295, as a newc archive holds them)")
+    return int(text)
 
 
 def is_whiteout(st: os.stat_result) -> bool:
@@ -41,13 +55,14 @@ def walk_tree(root: Path, skip: Callable[[str], bool] = lambda rel: False, _rel:
 
 
 def pack_tree(root: Path, out: BinaryIO, extra: dict[str, bytes] | None = None,
-              exclude: Callable[[str], bool] = lambda rel: False) -> int:
+              exclude: Callable[[str], bool] = lambda rel: False,
+              mtime: int = MTIME_CLAMP) -> int:
     """Pack a layer tree (skipping whiteouts and excluded paths) plus `extra` files.
 
     `extra` maps paths such as ".provisiond/whiteouts" to contents; their parent dirs are
     added if the tree lacks them. Returns the number of entries written.
     """
-    writer, count = Writer(out, mtime=MTIME_CLAMP), 0
+    writer, count = Writer(out, mtime=mtime), 0
     extra = dict(extra or {})
     extra_dirs = sorted({os.path.dirname(p) for p in extra if os.path.dirname(p)})
     for rel, st in walk_tree(root, exclude):

@@ -22,7 +22,8 @@ from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images import chroot
 from provisiond.images.blobs import blob_path, compressed, open_blob
-from provisiond.images.cpio import is_whiteout, pack_tree, walk_tree
+from provisiond.images.cpio import (MTIME_CLAMP, is_whiteout, pack_tree, source_date_epoch,
+                                   walk_tree)
 from provisiond.images.kernel import is_kernel_file
 
 WHITEOUTS = ".provisiond/whiteouts"
@@ -38,12 +39,16 @@ class LayerPlan:
     description: str
     make: Callable[[Path], None]
     mount_parents: bool = True
+    tidy: Callable[[Path], None] | None = None  # run on the finished upper dir, unmounted
 
 
 def layer_key(parent: str | None, kind: str, entry: dict, inputs: dict, compression: str) -> str:
-    """The cache key: a hash over the parent's key and everything the layer is made from."""
+    """The cache key: a hash over the parent's key and everything the layer is made from
+    (the mtime clamp too when SOURCE_DATE_EPOCH sets another one)."""
     doc = {"parent": parent, "kind": kind, "entry": entry, "inputs": inputs,
            "compression": compression, "format": 3}
+    if source_date_epoch() != MTIME_CLAMP:
+        doc["epoch"] = source_date_epoch()
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -71,6 +76,8 @@ def build_layer(config: Config, plan: LayerPlan, parents: list[dict], compressio
     upper.mkdir(parents=True)
     try:
         _fill(plan, upper, work, [root / p["key"] for p in reversed(parents)])
+        if plan.tidy is not None:
+            plan.tidy(upper)
         record = _pack(config, plan, upper, work, parents, compression)
         _remove_tree(root / plan.key)
         upper.rename(root / plan.key)
@@ -100,7 +107,7 @@ def _pack(config: Config, plan: LayerPlan, upper: Path, work: Path, parents: lis
     with open_blob(config) as blob:
         with compressed(blob.hashing, compression) as stream:
             entries = pack_tree(upper, stream, {WHITEOUTS: whiteouts.encode()},
-                                exclude=is_kernel_file)
+                                exclude=is_kernel_file, mtime=source_date_epoch())
         digest = blob.commit()
     return {"key": plan.key, "digest": digest, "size": blob.size, "kind": plan.kind,
             "compression": compression, "description": plan.description,

@@ -22,15 +22,29 @@ CLEANUP = ("rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/arch
            "/usr/share/doc/* /usr/share/man/* /usr/share/info/* /var/log/apt /var/log/dpkg.log "
            "/etc/ssh/ssh_host_*_key* /var/cache/ldconfig/aux-cache && : > /etc/machine-id")
 
+# Layers made by package tools: their logs, caches and per-machine files differ between two
+# builds of the same packages (alternatives.log holds the time of each change), so they are
+# dropped from the layer before it is packed (docs/reproducible-images.md).
+TIDIED = frozenset({"debootstrap", "packages", "run"})
+VOLATILE_FILES = ("var/cache/ldconfig/aux-cache", "var/lib/dbus/machine-id",
+                  "var/lib/systemd/random-seed", "var/cache/apt/pkgcache.bin",
+                  "var/cache/apt/srcpkgcache.bin", "var/cache/debconf/config.dat-old",
+                  "var/cache/debconf/templates.dat-old", "var/lib/dpkg/status-old",
+                  "var/lib/dpkg/diversions-old", "var/lib/dpkg/statoverride-old")
+VOLATILE_TREES = ("var/log", "var/lib/apt/lists", "var/cache/apt/archives")
+
 
 def step_inputs(config: Config, step: Step) -> dict:
     """Inputs other than the entry itself: file contents, package hashes, the mirror
-    (oci-archive layers are keyed by their digests in provisiond.images.oci)."""
+    (oci-archive layers are keyed by their digests in provisiond.images.oci). Layers
+    that drop_volatile tidies say so, so none built before it is reused."""
     layer = step.layer
     if step.kind == "busybox":
         return busybox.busybox_inputs(config, layer)
     if step.kind == "debootstrap":
-        return {"mirror": layer.mirror or apt_mirror()}
+        return {"mirror": layer.mirror or apt_mirror(), "volatile_dropped": 1}
+    if step.kind in TIDIED:
+        return {"volatile_dropped": 1}
     if step.kind == "copy":
         return {"files": [_source_digest(step, item.src) for item in layer.files]}
     if step.kind == "directory":
@@ -91,15 +105,35 @@ def _debootstrap(step: Step, root: Path, log: Path) -> None:
 
 
 def _forget_host(root: Path) -> None:
-    """Drop what debootstrap copied from the build host or made unique to this build:
-    per-node data (host keys, machine-id, hostname) comes from overlays at boot."""
+    """Drop what debootstrap copied from the build host: per-node data (host keys,
+    hostname) comes from overlays at boot (the machine-id goes in drop_volatile)."""
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
-    for rel in ("etc/resolv.conf", "var/cache/ldconfig/aux-cache"):
-        (root / rel).unlink(missing_ok=True)
+    (root / "etc/resolv.conf").unlink(missing_ok=True)
     (root / "etc/hostname").write_text("localhost\n")
-    if (root / "etc/machine-id").exists():
-        (root / "etc/machine-id").write_text("")
+
+
+def drop_volatile(upper: Path) -> None:
+    """Make a package-built layer (its overlayfs upper dir) the same for the same packages:
+    log files, apt and ldconfig caches, dpkg's -old copies and the random seed are removed
+    (directories stay), a machine-id is emptied (systemd makes one at boot). Only regular
+    files in this layer are touched, never a whiteout."""
+    for rel in VOLATILE_FILES:
+        _unlink_file(upper / rel)
+    for rel in VOLATILE_TREES:
+        top = upper / rel
+        if top.is_dir() and not top.is_symlink():
+            for folder, _, files in os.walk(top):
+                for name in files:
+                    _unlink_file(Path(folder) / name)
+    machine_id = upper / "etc/machine-id"
+    if machine_id.is_file() and not machine_id.is_symlink() and machine_id.stat().st_size:
+        machine_id.write_text("")
+
+
+def _unlink_file(path: Path) -> None:
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
 
 
 def _trim(root: Path) -> None:
