@@ -7,6 +7,7 @@ import sys
 
 from provisiond import images
 from provisiond.images.build import interrupt_on_term
+from provisiond.images.shell import image_shell
 from provisiond.cli.context import printable
 from provisiond.audit import cli_actor
 from provisiond.service.images import delete_image
@@ -48,6 +49,19 @@ def register(subparsers) -> None:
     imp.add_argument("--kernel-arg", action="append", dest="kernel_args", default=[],
                      metavar="ARG", help="a default kernel argument (repeatable)")
     imp.set_defaults(func=cmd_import)
+    shell = verbs.add_parser(
+        "shell", help="a shell in a writable copy of an image; changes become a new layer",
+        description="Run a shell (or --command) as root in a chroot of the built image, "
+                    "over an overlayfs of its layers. If it exits 0 (leave with `exit 0`), "
+                    "what it changed becomes one new top layer (deletions as whiteouts) "
+                    "and the image is rebuilt, reusing every other layer; any other exit or "
+                    "Ctrl-C keeps the image as it was. The layer is kept under "
+                    "<state>/images/NAME/shell/ and stays on top through later builds "
+                    "until the image is deleted.")
+    shell.add_argument("name")
+    shell.add_argument("--command", "-c", metavar="CMD",
+                       help="run CMD with /bin/sh -c instead of an interactive shell")
+    shell.set_defaults(func=cmd_shell)
     gc = verbs.add_parser("gc", help="delete blobs that no image references")
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(func=cmd_gc)
@@ -66,6 +80,16 @@ def cmd_import(args, ctx) -> int:
         manifest = images.import_image(ctx.config, args.source, args.name, progress,
                                        kernel_args=args.kernel_args, init=args.init,
                                        insecure=args.insecure)
+    _summary(ctx, manifest, False)
+    return 0
+
+
+def cmd_shell(args, ctx) -> int:
+    with interrupt_on_term(), Progress(sys.stderr) as progress:
+        manifest = image_shell(ctx.config, args.name, args.command, progress)
+    if manifest is None:
+        ctx.print_line(f"{args.name}: nothing changed, no layer added")
+        return 0
     _summary(ctx, manifest, False)
     return 0
 

@@ -78,6 +78,8 @@ def _plan_step(config: Config, step: Step, parent: str | None, compression: str
                ) -> list[LayerPlan]:
     if step.kind == "oci-archive":
         return oci.plan_archive(step, parent, compression)
+    if step.kind == "tar":
+        return oci.plan_tar(step, parent, compression)
     entry = step.layer.model_dump(exclude={"description"})
     key = layer_key(parent, step.kind, entry, steps.step_inputs(config, step), compression)
     description = step.layer.description or f"{step.recipe}#{step.index} {step.kind}"

@@ -119,12 +119,12 @@ def has_deletions(tree: Path) -> bool:
     for rel, st in walk_tree(tree):
         if is_whiteout(st):
             return True
-        if stat.S_ISDIR(st.st_mode) and _is_opaque(tree / rel):
+        if stat.S_ISDIR(st.st_mode) and is_opaque(tree / rel):
             return True
     return False
 
 
-def _is_opaque(path: Path) -> bool:
+def is_opaque(path: Path) -> bool:
     try:
         return os.getxattr(path, OPAQUE, follow_symlinks=False) == b"y"
     except OSError:

@@ -101,7 +101,8 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
         digest = digest or "sha256:" + _digest_member(archive, name)
         key = layer_key(parent, "oci-layer", {"digest": digest}, {}, compression)
         plans.append(LayerPlan(key, step.kind, f"{path.name} layer {number} ({digest[:19]})",
-                               _maker(archive, name), mount_parents=False))
+                               _maker(lambda: archive.open(name), name),
+                               mount_parents=False))
         parent = key
     return plans
 
@@ -113,10 +114,23 @@ def _digest_member(archive: Archive, name: str) -> str:
         return stream_sha256(handle)
 
 
-def _maker(archive: Archive, name: str):
+def plan_tar(step: Step, parent: str | None, compression: str) -> list[LayerPlan]:
+    """A `tar` layer (one layer tarball, e.g. an image shell's): keyed by its content."""
+    path = step.folder / step.layer.path
+    if not path.is_file():
+        raise BuildFailed(f"{step.where}: missing file {step.layer.path} "
+                          f"(looked in {step.folder})")
+    key = layer_key(parent, "tar", {"digest": "sha256:" + file_sha256(path)}, {}, compression)
+    description = step.layer.description or f"{step.recipe}#{step.index} tar"
+    return [LayerPlan(key, step.kind, description, _maker(lambda: open(path, "rb"), path.name),
+                      mount_parents=False)]
+
+
+def _maker(opener: Opener, name: str):
     def make(root: Path) -> None:
         try:
-            apply_layer(archive.open(name), root)
+            with opener() as blob:
+                apply_layer(blob, root)
         except (tarfile.TarError, zstandard.ZstdError, EOFError, KeyError) as exc:
             raise BuildFailed(f"{name}: not a readable layer tarball ({exc})") from None
     return make

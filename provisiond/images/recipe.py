@@ -9,6 +9,7 @@ their layer blobs.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -91,9 +92,17 @@ class RunLayer(_Layer):
     commands: list[str]
 
 
+class TarLayer(_Layer):
+    """A layer tarball in the OCI layer format (`.wh.` whiteouts), e.g. an image shell's."""
+
+    kind: Literal["tar"]
+    path: str
+
+
 LAYER_MODELS = {m.model_fields["kind"].annotation.__args__[0]: m for m in (
     BusyboxLayer, DebootstrapLayer, OciLayer, DirectoryLayer, ImageLayer, PackagesLayer,
-    CopyLayer, RunLayer)}
+    CopyLayer, RunLayer, TarLayer)}
+SHELL_LAYERS = "shell.json"  # beside an image's manifest: the layers `image shell` made
 BASE_KINDS = {"busybox", "debootstrap", "oci-archive", "directory", "image"}
 
 
@@ -176,7 +185,23 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
         else:
             recipe.steps.append(step)
     _apply_head(recipe, head)
+    if not _seen:  # an image's shell layers are its own, not its children's
+        recipe.steps.extend(shell_steps(config, name, len(recipe.steps)))
     return recipe
+
+
+def shell_steps(config: Config, name: str, before: int) -> list[Step]:
+    """The `tar` layers `image shell` added to image `name`, after its recipe's layers."""
+    folder = config.images_dir / name
+    try:
+        entries = json.loads((folder / SHELL_LAYERS).read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"image {name}: {folder / SHELL_LAYERS} is unreadable: {exc}"
+                          ) from None
+    return [Step(name, before + number, TarLayer(kind="tar", **entry), folder)
+            for number, entry in enumerate(entries, 1)]
 
 
 def _parse_head(name: str, path: Path, raw: bytes) -> _RecipeHead:

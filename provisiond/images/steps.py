@@ -153,10 +153,10 @@ def apply_step(config: Config, step: Step, root: Path, log: Path) -> None:
         for item in step.layer.files:
             _copy(step, item, root)
     elif step.kind == "packages":
-        with chroot.system_mounts(root), _no_services(root):
+        with chroot.system_mounts(root), no_services(root):
             chroot.run_in_chroot(root, _apt_command(step.layer), log, step.where)
     elif step.kind == "run":
-        with chroot.system_mounts(root), _no_services(root):
+        with chroot.system_mounts(root), no_services(root):
             for command in step.layer.commands:
                 chroot.run_in_chroot(root, command, log, step.where)
     else:
@@ -172,7 +172,7 @@ def _apt_command(layer) -> str:
     return " && ".join(parts + ["apt-get clean", CLEANUP])
 
 
-class _no_services:
+class no_services:
     """A policy-rc.d that stops package scripts from starting daemons in the chroot."""
 
     def __init__(self, root: Path):

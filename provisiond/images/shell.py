@@ -1,0 +1,196 @@
+"""`image shell`: a shell (or one command) in a writable copy of a built image; on a clean
+exit its changes become one new top layer.
+
+The image's cached layer trees are mounted read-only under an overlayfs upper dir of the
+session's own. Exit 0: the upper dir is written as an OCI layer tarball (`.wh.` whiteouts
+for deletions) to `images/<name>/shell/`, listed in `images/<name>/shell.json` as a `tar`
+layer after the recipe's, and the image is rebuilt: every other layer is cached, so only
+that one is new. Any other exit, a signal or Ctrl-C: the upper dir is thrown away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from provisiond.atomic import locked, write_atomic
+from provisiond.config import Config
+from provisiond.errors import BuildFailed, ExitCode, ProvisiondError
+from provisiond.images import chroot
+from provisiond.images.build import build_image
+from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
+from provisiond.images.blobs import file_sha256
+from provisiond.images.layers import is_opaque, layer_dir
+from provisiond.images.manifests import gc_lock, load_manifest
+from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
+from provisiond.images.recipe import SHELL_LAYERS
+from provisiond.images.steps import no_services
+
+SHELLS = ("/bin/bash", "/bin/sh")
+
+
+class ShellAborted(ProvisiondError):
+    """The shell or command did not exit 0: the image stays as it was."""
+
+    exit_code = BuildFailed.exit_code
+
+
+class ShellInterrupted(ShellAborted):
+    """Ctrl-C ended the shell or command."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+def image_shell(config: Config, name: str, command: str | None = None,
+                progress=None) -> dict | None:
+    """Run the session; returns the new manifest, or None when nothing changed."""
+    chroot.require_build_privileges("an image shell")
+    with _session(config, name) as (lowers, upper, work):
+        code = _run(lowers, upper, work, command)
+        if code == -signal.SIGINT:
+            raise ShellInterrupted(f"image {name} unchanged: interrupted (Ctrl-C)")
+        if code != 0:
+            how = f"signal {-code}" if code < 0 else f"status {code}"
+            raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
+        _prune_copied_up(upper, lowers)
+        if not any(upper.iterdir()):
+            return None
+        tar = _save_layer(config, name, upper)
+    return _add_layer(config, name, tar, command, progress)
+
+
+@contextlib.contextmanager
+def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path]]:
+    """The image's layer trees (top first) and a fresh upper and work dir, removed after;
+    gc is held off meanwhile (it would take the trees from under the mount)."""
+    manifest = load_manifest(config, name)
+    with locked(gc_lock(config), shared=True):
+        lowers = [layer_dir(config) / layer["key"] for layer in reversed(manifest["layers"])]
+        missing = [path.name[:12] for path in lowers if not path.is_dir()]
+        if missing:
+            raise BuildFailed(f"image {name}: cached layer trees are gone ({', '.join(missing)}"
+                              f"): run `provisiond image build {name}` first")
+        folder = Path(tempfile.mkdtemp(prefix=f"shell-{name}.", dir=layer_dir(config)))
+        try:
+            (folder / "upper").mkdir()
+            yield lowers, folder / "upper", folder / "work"
+        finally:
+            chroot.unmount_below(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> int:
+    """The shell's exit status (negative: the signal that ended it). This process waits
+    through Ctrl-C as system(3) does: the terminal's SIGINT ends the command, not us."""
+    with chroot.overlay(lowers, upper, work / "w", work / "merged") as root, \
+            chroot.system_mounts(root), no_services(root):
+        shell = next((s for s in SHELLS if os.access(chroot.resolve_in_root(root, s, True),
+                                                     os.X_OK)), None)
+        if shell is None:
+            raise BuildFailed("the image has neither /bin/bash nor /bin/sh")
+        argv = ["chroot", str(root), shell] + (["-c", command] if command else ["-i"])
+        env = {**chroot.chroot_env(), "TERM": os.environ.get("TERM", "dumb"),
+               "PS1": "(image shell) # "}
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+        try:
+            proc = subprocess.Popen(argv, env=env, cwd="/")
+            try:
+                return proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _prune_copied_up(upper: Path, lowers: list[Path]) -> None:
+    """Remove the directories overlayfs only copied up (mounting /proc or resolv.conf, or
+    a file made and deleted again): empty, not opaque, and in the image with the same
+    mode and owner. What is left is what the session changed."""
+    for folder, dirs, files in os.walk(upper, topdown=False):
+        path = Path(folder)
+        if path == upper or files or any(os.path.lexists(path / d) for d in dirs):
+            continue
+        rel = path.relative_to(upper)
+        below = next((lower / rel for lower in lowers if os.path.lexists(lower / rel)), None)
+        if below is None or is_opaque(path) or below.is_symlink() or not below.is_dir():
+            continue
+        mine, theirs = path.lstat(), below.lstat()
+        if (mine.st_mode, mine.st_uid, mine.st_gid) == (theirs.st_mode, theirs.st_uid,
+                                                         theirs.st_gid):
+            path.rmdir()
+
+
+def _save_layer(config: Config, name: str, upper: Path) -> Path:
+    """The upper dir as a layer tarball named by its sha256, beside the image's manifest."""
+    folder = config.images_dir / name / "shell"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".layer.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write_layer(upper, out)
+        target = folder / f"{file_sha256(Path(tmp))}.tar"
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_layer(upper: Path, out) -> None:
+    """An overlayfs upper dir as an OCI layer tarball, the inverse of oci.apply_layer:
+    whiteout devices as `.wh.NAME`, opaque dirs with `.wh..wh..opq`; sorted, owners by
+    number, mtimes clamped as in our layers, so the same changes give the same bytes."""
+    clamp = source_date_epoch()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, st in walk_tree(upper):
+            parent, base = os.path.split(rel)
+            if is_whiteout(st):
+                tar.addfile(_plain(os.path.join(parent, WH_PREFIX + base), clamp))
+                continue
+            info = tar.gettarinfo(str(upper / rel), rel)
+            info.uname = info.gname = ""
+            info.mtime = min(int(info.mtime), clamp)
+            if info.isreg():
+                with open(upper / rel, "rb") as data:
+                    tar.addfile(info, data)
+            else:
+                tar.addfile(info)
+            if info.isdir() and is_opaque(upper / rel):
+                tar.addfile(_plain(os.path.join(rel, WH_OPAQUE), clamp))
+
+
+def _plain(name: str, mtime: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime, info.mode = mtime, 0o644
+    return info
+
+
+def _add_layer(config: Config, name: str, tar: Path, command: str | None, progress) -> dict:
+    """List the tarball as the image's next shell layer and rebuild; a failed build takes
+    the entry and the tarball back out, so the image stays as it was."""
+    listing = config.images_dir / name / SHELL_LAYERS
+    before = listing.read_text() if listing.is_file() else None
+    entries = json.loads(before) if before else []
+    what = f"image shell: {command}" if command else "image shell (interactive)"
+    entries.append({"path": f"shell/{tar.name}", "description": what[:200]})
+    write_atomic(listing, json.dumps(entries, indent=1) + "\n")
+    try:
+        return build_image(config, name, progress)
+    except BaseException:
+        if before is None:
+            listing.unlink(missing_ok=True)
+        else:
+            write_atomic(listing, before)
+        if not any(e["path"] == f"shell/{tar.name}" for e in entries[:-1]):
+            tar.unlink(missing_ok=True)
+        raise

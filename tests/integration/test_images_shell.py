@@ -1,0 +1,145 @@
+"""`image shell NAME --command CMD` on the shipped tiny image (real chroot, overlayfs,
+cpio): a clean exit adds exactly one layer, a rebuild reuses every layer, deletions become
+whiteouts; a failing command or Ctrl-C keeps the image as it was."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from provisiond.config import load_config, write_default_config
+from provisiond.errors import BuildFailed, ExitCode
+from provisiond.images import build_image, load_manifest
+from tests.integration.test_images import apply_whiteouts, run_cli, unpack
+from tests.tools import private_deb_cache
+
+pytestmark = pytest.mark.slow  # downloads the tiny image's Debian packages once
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A state dir with tiny built once (its layer trees cached)."""
+    cache = private_deb_cache(tmp_path_factory.mktemp("cache"))
+    old = os.environ.get("PROVISIOND_CACHE_DIR")
+    os.environ["PROVISIOND_CACHE_DIR"] = str(cache)
+    state = tmp_path_factory.mktemp("shell") / "state"
+    write_default_config(state)
+    yield load_config(state)
+    os.environ.pop("PROVISIOND_CACHE_DIR")
+    if old is not None:
+        os.environ["PROVISIOND_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def tiny(built):
+    """tiny as its recipe makes it: an earlier test's shell layers dropped, then rebuilt
+    (every layer cached)."""
+    (built.images_dir / "tiny/shell.json").unlink(missing_ok=True)
+    shutil.rmtree(built.images_dir / "tiny/shell", ignore_errors=True)
+    return built, build_image(built, "tiny")
+
+
+def digests(manifest: dict) -> list[str]:
+    return [layer["digest"] for layer in manifest["layers"]]
+
+
+def left_behind(config) -> list[str]:
+    """Session folders under the layer cache, and mounts anywhere in the state dir."""
+    sessions = [p.name for p in (config.state_dir / "cache/layers").glob("shell-*")]
+    with open("/proc/self/mountinfo") as handle:
+        mounts = [line.split()[4] for line in handle
+                  if line.split()[4].startswith(str(config.state_dir))]
+    return sessions + mounts
+
+
+def test_a_clean_command_adds_exactly_one_layer_and_a_rebuild_reuses_all(tiny, tmp_path):
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command", "touch /etc/marker")
+    assert code == 0, output
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and len(after["layers"]) == 3
+    assert after["layers"][-1]["kind"] == "tar"
+    assert after["layers"][-1]["description"] == "image shell: touch /etc/marker"
+    events: list[dict] = []
+    rebuilt = build_image(config, "tiny", progress=events.append)
+    assert [e["status"] for e in events] == ["cached"] * 3
+    assert digests(rebuilt) == digests(after)
+    root = unpack(config, after, tmp_path / "root")
+    assert (root / "etc/marker").is_file()
+    tar = next((config.images_dir / "tiny/shell").glob("*.tar"))
+    with tarfile.open(tar) as layer:
+        assert layer.getnames() == ["etc", "etc/marker"]
+    assert left_behind(config) == []
+
+
+def test_deletions_become_whiteouts(tiny, tmp_path):
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "rm /etc/hostname && rm -r /usr/share/udhcpc && echo x > /etc/new")
+    assert code == 0, output
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before)
+    tar = next((config.images_dir / "tiny/shell").glob("*.tar"))
+    with tarfile.open(tar) as layer:
+        assert sorted(layer.getnames()) == ["etc", "etc/.wh.hostname", "etc/new", "usr",
+                                            "usr/share", "usr/share/.wh.udhcpc"]
+    root = unpack(config, after, tmp_path / "root")
+    assert apply_whiteouts(root) == ["/etc/hostname", "/usr/share/udhcpc"]
+    assert not (root / "etc/hostname").exists() and (root / "etc/new").read_text() == "x\n"
+    assert (root / "etc/passwd").is_file()
+
+
+def test_no_change_adds_no_layer(tiny):
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command", "cat /etc/hostname")
+    assert code == 0 and "nothing changed, no layer added" in output, output
+    assert load_manifest(config, "tiny") == before
+    assert not (config.images_dir / "tiny/shell.json").exists()
+
+
+def test_a_failing_command_keeps_the_image_as_it_was(tiny):
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "touch /etc/marker; exit 3")
+    lines = [l for l in output.splitlines() if l.startswith("provisiond: error")]
+    assert code == BuildFailed.exit_code and len(lines) == 1, output
+    assert "image tiny unchanged: the shell ended with status 3" in lines[0]
+    assert load_manifest(config, "tiny") == before
+    assert not (config.images_dir / "tiny/shell").exists()
+    assert left_behind(config) == []
+
+
+def test_ctrl_c_keeps_the_image_as_it_was(tiny):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it."""
+    config, before = tiny
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", "touch /etc/marker; echo started; sleep 60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "started\n"  # the command runs: Ctrl-C now
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert err.strip().splitlines()[-1] == (
+        "provisiond: error: image tiny unchanged: interrupted (Ctrl-C)")
+    assert load_manifest(config, "tiny") == before
+    assert not (config.images_dir / "tiny/shell").exists()
+    assert left_behind(config) == []
+
+
+def test_an_image_not_built_is_one_line(tiny):
+    config, _ = tiny
+    code, output = run_cli(config, "image", "shell", "nothere", "--command", "true")
+    assert code == ExitCode.NOT_FOUND and output.count("\n") == 1, output
+    assert "no image named 'nothere' has been built" in output
