@@ -101,7 +101,7 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
         digest = digest or "sha256:" + _digest_member(archive, name)
         key = layer_key(parent, "oci-layer", {"digest": digest}, {}, compression)
         plans.append(LayerPlan(key, step.kind, f"{path.name} layer {number} ({digest[:19]})",
-                               _maker(lambda: archive.open(name), name),
+                               _maker(lambda name=name: archive.open(name), name),
                                mount_parents=False))
         parent = key
     return plans

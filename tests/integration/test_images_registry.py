@@ -4,18 +4,30 @@ with Debian's skopeo; and `image import oci:DIR[:TAG]` from such a layout."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import datetime
 import gzip
 import hashlib
+import http.server
 import json
 import os
 import signal
 import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 import zstandard
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.x509.oid import NameOID
 
 from provisiond.errors import BuildFailed, InvalidInput, NotFound
 from provisiond.images import blob_path, load_manifest
@@ -75,15 +87,16 @@ class Layout:
         return self.put(json.dumps(doc).encode(), doc["mediaType"])
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+@contextlib.contextmanager
+def running_registry(folder: Path, auth: dict | None = None):
     """docker-registry serving plain HTTP on 127.0.0.1; yields (host:port, storage dir)."""
-    folder = tmp_path_factory.mktemp("registry")
     port = free_port()
     config = {"version": 0.1, "log": {"level": "error"},
               "storage": {"filesystem": {"rootdirectory": str(folder / "data")},
                           "delete": {"enabled": True}},
               "http": {"addr": f"127.0.0.1:{port}", "secret": "test-only"}}
+    if auth:
+        config["auth"] = auth
     (folder / "config.yml").write_text(yaml.safe_dump(config))
     log = open(folder / "registry.log", "wb")
     proc = subprocess.Popen([tool("docker-registry"), "serve", str(folder / "config.yml")],
@@ -99,10 +112,19 @@ def registry(tmp_path_factory):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with running_registry(tmp_path_factory.mktemp("registry")) as answer:
+        yield answer
+
+
 def _answers(url: str) -> bool:
+    """Whether anything answers HTTP there (401 too: a registry asking for a token)."""
     try:
         with urllib.request.urlopen(url, timeout=2):
             return True
+    except urllib.error.HTTPError:
+        return True
     except OSError:
         return False
 
@@ -269,3 +291,94 @@ def test_a_failed_reimport_keeps_the_image_as_it_was(cli, config, registry, layo
     assert (config.state_dir / "recipes/kept/image.yaml").read_text() == recipe
     assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["kept"]
     assert cli("image", "build", "kept").code == 0
+
+
+class TokenService:
+    """The registry's token realm: hands anyone a JWT granting the scope asked for, signed
+    with a key whose self-signed certificate the registry trusts (its rootcertbundle)."""
+
+    def __init__(self, folder: Path):
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provisiond test tokens")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                     .public_key(self.key.public_key()).serial_number(1)
+                     .not_valid_before(now - datetime.timedelta(days=1))
+                     .not_valid_after(now + datetime.timedelta(days=1))
+                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+                     .sign(self.key, hashes.SHA256()))
+        self.bundle = folder / "tokens.pem"
+        self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.scopes: list[str] = []
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                service.scopes.extend(query.get("scope", []))
+                body = json.dumps({"token": service.token(query.get("scope", []))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def token(self, scopes: list[str]) -> str:
+        access = []
+        for scope in scopes:
+            kind, name, actions = scope.split(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        der = self.cert.public_bytes(serialization.Encoding.DER)
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [base64.b64encode(der).decode()]}
+        claims = {"iss": "provisiond-test", "sub": "", "aud": "registry-test", "exp": now + 300,
+                  "nbf": now - 60, "iat": now, "jti": os.urandom(8).hex(), "access": access}
+        signed = ".".join(_b64(json.dumps(part).encode()) for part in (header, claims))
+        signature = self.key.sign(signed.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signed}.{_b64(signature)}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    """docker-registry asking for bearer tokens from a token service of the test's."""
+    folder = tmp_path_factory.mktemp("token-registry")
+    tokens = TokenService(folder)
+    auth = {"token": {"realm": tokens.realm, "service": "registry-test",
+                      "issuer": "provisiond-test", "rootcertbundle": str(tokens.bundle)}}
+    try:
+        with running_registry(folder, auth) as (host, _):
+            yield host, tokens
+    finally:
+        tokens.close()
+
+
+def test_a_registry_that_asks_for_a_token_gets_one(cli, config, token_registry, layout,
+                                                   tmp_path):
+    host, tokens = token_registry
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://{host}/v2/site/tok/manifests/v1")
+    assert refused.value.code == 401 and "Bearer" in refused.value.headers["WWW-Authenticate"]
+    layout.tag("v1", layout.image(three_layers("token")))
+    push(layout, "v1", f"{host}/site/tok:v1")
+    tokens.scopes.clear()
+    result = cli("image", "import", f"docker://{host}/site/tok:v1", "tok")
+    assert result.code == 0, result.err
+    assert tokens.scopes == ["repository:site/tok:pull"]
+    unpack_image(config, load_manifest(config, "tok"), tmp_path / "root")
+    assert (tmp_path / "root/etc/mark").read_bytes() == b"token"
