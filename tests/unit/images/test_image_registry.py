@@ -1,0 +1,130 @@
+"""The registry client's own rules: references, when plain HTTP is allowed, and what it
+refuses from a registry that misbehaves (a stub on loopback plays one: the real registry
+never serves a manifest past its own 4 MiB limit or asks for Basic logins this way)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from provisiond.errors import InvalidInput
+from provisiond.images.layout import ImportFailed, LayoutWriter, pick_platform
+from provisiond.images.registry import Client, parse_reference, pull
+
+
+@pytest.mark.parametrize("text, registry, repository, ref", [
+    ("docker://127.0.0.1:5000/site/tiny:v1", "127.0.0.1:5000", "site/tiny", "v1"),
+    ("docker://localhost/tiny", "localhost", "tiny", "latest"),
+    ("docker://registry.example.org/a/b/c@sha256:" + "a" * 64, "registry.example.org",
+     "a/b/c", "sha256:" + "a" * 64),
+    ("docker://debian:12", "registry-1.docker.io", "library/debian", "12"),
+    ("docker://[::1]:5000/x:y", "[::1]:5000", "x", "y"),
+])
+def test_references(text, registry, repository, ref):
+    parsed = parse_reference(text)
+    assert (parsed.registry, parsed.repository, parsed.ref) == (registry, repository, ref)
+
+
+@pytest.mark.parametrize("text", ["oci:/x", "docker://", "docker://h.org/UPPER:v1",
+                                  "docker://h.org/x:bad!tag", "docker://h.org/x@sha256:12",
+                                  "docker://h.org/x:" + "t" * 200, "docker://h.org/../x"])
+def test_bad_references_are_invalid_input(text):
+    with pytest.raises(InvalidInput, match="not a registry reference"):
+        parse_reference(text)
+
+
+@pytest.mark.parametrize("text, insecure, scheme", [
+    ("docker://registry.example.org/x:1", False, "https"),
+    ("docker://registry.example.org/x:1", True, "http"),
+    ("docker://10.0.0.5:5000/x:1", False, "https"),
+    ("docker://127.0.0.1:5000/x:1", False, "http"),
+    ("docker://[::1]:5000/x:1", False, "http"),
+    ("docker://localhost:5000/x:1", False, "http"),
+])
+def test_plain_http_only_for_loopback_or_insecure(text, insecure, scheme):
+    assert Client(parse_reference(text), insecure).scheme == scheme
+
+
+def test_an_index_without_linux_amd64_names_what_it_has():
+    index = {"manifests": [{"digest": "sha256:" + "1" * 64,
+                            "platform": {"os": "linux", "architecture": "arm64"}},
+                           {"digest": "sha256:" + "2" * 64,
+                            "platform": {"os": "windows", "architecture": "amd64"}}]}
+    with pytest.raises(ImportFailed, match=r"no linux/amd64 image \(the index has "
+                                           r"linux/arm64, windows/amd64\)"):
+        pick_platform(index, "x")
+
+
+class Misbehaving(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with `self.server.answer` (status, headers, body)."""
+
+    def do_GET(self):
+        status, headers, body = self.server.answer
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # the client hanging up on an oversize body is the point
+
+
+@pytest.fixture
+def stub():
+    server = QuietServer(("127.0.0.1", 0), Misbehaving)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _pull(server, tmp_path):
+    reference = parse_reference(f"docker://127.0.0.1:{server.server_address[1]}/x:1")
+    return pull(reference, LayoutWriter(tmp_path / "layout"))
+
+
+@pytest.mark.parametrize("length", [True, False])
+def test_an_oversize_manifest_is_refused(stub, tmp_path, length):
+    """With a Content-Length past the limit (refused unread) or without one (read to the
+    limit and no further)."""
+    body = b'{"schemaVersion": 2, "pad": "' + b"x" * (5 << 20) + b'"}'
+    headers = {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}
+    if length:
+        headers["Content-Length"] = str(len(body))
+    stub.answer = (200, headers, body)
+    with pytest.raises(ImportFailed, match="the manifest is larger than 4 MiB"):
+        _pull(stub, tmp_path)
+
+
+def test_a_basic_login_is_not_attempted(stub, tmp_path):
+    stub.answer = (401, {"WWW-Authenticate": 'Basic realm="registry"', "Content-Length": "0"},
+                   b"")
+    with pytest.raises(ImportFailed, match=r"asks for a login \(basic\); only anonymous "
+                                           "bearer tokens"):
+        _pull(stub, tmp_path)
+
+
+def test_a_plain_http_token_realm_elsewhere_is_refused(stub, tmp_path):
+    challenge = 'Bearer realm="http://auth.example.org/token",service="s",scope="x"'
+    stub.answer = (401, {"WWW-Authenticate": challenge, "Content-Length": "0"}, b"")
+    with pytest.raises(ImportFailed, match="token realm http://auth.example.org/token is "
+                                           r"plain HTTP \(use --insecure"):
+        _pull(stub, tmp_path)
+
+
+def test_a_manifest_whose_digest_header_lies_is_refused(stub, tmp_path):
+    body = b'{"schemaVersion": 2}'
+    stub.answer = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json",
+                         "Docker-Content-Digest": "sha256:" + "0" * 64,
+                         "Content-Length": str(len(body))}, body)
+    with pytest.raises(ImportFailed, match="digest mismatch: expected sha256:0000"):
+        _pull(stub, tmp_path)
