@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from provisiond.errors import BuildFailed, Forbidden
+from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 
 CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "HOME": "/root",
@@ -120,9 +121,10 @@ def _host_resolv_conf(root: Path) -> Iterator[None]:
 
 
 def chroot_env() -> dict[str, str]:
-    """CHROOT_ENV, plus SOURCE_DATE_EPOCH when the build has one (tools that honour it)."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    return {**CHROOT_ENV, "SOURCE_DATE_EPOCH": epoch} if epoch else dict(CHROOT_ENV)
+    """CHROOT_ENV with SOURCE_DATE_EPOCH, the layers' mtime clamp: tools that honour it
+    write it instead of today (shadow's useradd and pwconv: the last password change in
+    /etc/shadow, which made builds on two days differ)."""
+    return {**CHROOT_ENV, EPOCH_ENV: str(source_date_epoch())}
 
 
 def run_in_chroot(root: Path, command: str, log: Path, what: str) -> None:

@@ -13,6 +13,7 @@ from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images import busybox, chroot
 from provisiond.images.blobs import file_sha256
+from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import apt_mirror, run_tool
 from provisiond.images.recipe import Step
 
@@ -99,7 +100,8 @@ def _debootstrap(step: Step, root: Path, log: Path) -> None:
     argv += [layer.suite, str(root), layer.mirror or apt_mirror()]
     with open(log, "ab") as out:
         out.write(f"\n### {step.where}: {' '.join(argv)}\n".encode())
-    run_tool(["sh", "-c", f'INITRD=No "$@" >>{log} 2>&1', "sh", *argv], step.where)
+    env = {**os.environ, EPOCH_ENV: str(source_date_epoch())}  # as chroot.chroot_env
+    run_tool(["sh", "-c", f'INITRD=No "$@" >>{log} 2>&1', "sh", *argv], step.where, env=env)
     _trim(root)
     _forget_host(root)
 

@@ -19,6 +19,7 @@ from provisiond import events as journal
 from provisiond.cli import main
 from provisiond.config import SHIPPED_DIR, load_config, write_default_config
 from provisiond.images import blob_path, build_image, load_manifest
+from provisiond.images.cpio import MTIME_CLAMP
 from tests.tools import private_deb_cache
 
 # Downloads Debian packages (busybox-static, the kernel) and mounts overlayfs (root).
@@ -262,3 +263,12 @@ def test_cli_list_show_delete_and_gc(lab, tmp_path):
     assert blob_path(config, lab["manifest"]["layers"][0]["digest"]).exists()
     code, out = run_cli(config, "image", "show", "doomed")
     assert code == 3 and "no image named 'doomed'" in out
+
+
+def test_run_commands_see_the_layers_mtime_clamp_as_source_date_epoch(lab, tmp_path):
+    """Tools that honour SOURCE_DATE_EPOCH (shadow's useradd) write it, not today."""
+    add_recipe(lab, "epoch", {"layers": [
+        {"kind": "image", "name": "tiny"},
+        {"kind": "run", "commands": ['echo "$SOURCE_DATE_EPOCH" > /epoch']}]})
+    root = unpack(lab["config"], build_image(lab["config"], "epoch"), tmp_path / "root")
+    assert (root / "epoch").read_text() == f"{MTIME_CLAMP}\n"

@@ -11,6 +11,7 @@ import pytest
 
 from provisiond.config import load_config, write_default_config
 from provisiond.images import blob_path, build_image
+from provisiond.images.cpio import MTIME_CLAMP
 
 pytestmark = pytest.mark.slow
 SHARED_CACHE = "/var/tmp/provisiond-test-cache"
@@ -87,3 +88,6 @@ def test_two_debian12_builds_give_identical_digests(debian, tmp_path):
     assert [l["key"] for l in second["layers"]] == [l["key"] for l in manifest["layers"]]
     assert [l["digest"] for l in second["layers"]] == [l["digest"] for l in manifest["layers"]]
     assert second["kernel"]["digest"] == manifest["kernel"]["digest"]
+    base = config.state_dir / "cache/layers" / manifest["layers"][0]["key"]
+    days = {line.split(":")[2] for line in (base / "etc/shadow").read_text().splitlines()}
+    assert days == {str(MTIME_CLAMP // 86400)}, "shadow's last change is SOURCE_DATE_EPOCH's day"
