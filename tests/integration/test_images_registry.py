@@ -382,3 +382,57 @@ def test_a_registry_that_asks_for_a_token_gets_one(cli, config, token_registry, 
     assert tokens.scopes == ["repository:site/tok:pull"]
     unpack_image(config, load_manifest(config, "tok"), tmp_path / "root")
     assert (tmp_path / "root/etc/mark").read_bytes() == b"token"
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_an_image_pushed_to_the_registry_and_imported_boots(registry, tmp_path, monkeypatch):
+    """The round trip: tiny's built layers as OCI layers, pushed with skopeo, imported from
+    the registry into another state dir, and that import's kernel and layers boot under
+    QEMU (TCG) to tiny's rcS marker, as tests/integration/test_images_boot.py boots tiny."""
+    from provisiond.cli import main
+    from provisiond.config import load_config, write_default_config
+    from provisiond.images import build_image
+    from provisiond.images.layers import layer_dir
+    from provisiond.images.shell import write_layer
+    from tests.integration.test_images_boot import MARKER, read_until
+    from tests.tools import command
+
+    monkeypatch.setenv("PROVISIOND_CACHE_DIR",
+                       os.environ.get("PROVISIOND_CACHE_DIR", "/var/tmp/provisiond-test-cache"))
+    write_default_config(tmp_path / "builder")
+    builder = load_config(tmp_path / "builder")
+    tiny = build_image(builder, "tiny")
+    layers = []
+    for layer in tiny["layers"]:
+        with open(tmp_path / "layer.tar", "wb") as out:
+            write_layer(layer_dir(builder) / layer["key"], out)
+        layers.append(("gzip", (tmp_path / "layer.tar").read_bytes()))
+    layout = Layout(tmp_path / "layout")
+    layout.tag("v1", layout.image(layers))
+    push(layout, "v1", f"{registry[0]}/site/tiny-boot:v1")
+    write_default_config(tmp_path / "state")
+    config = load_config(tmp_path / "state")
+    args = [a for arg in tiny["kernel_args"] for a in ("--kernel-arg", arg)]
+    assert main(["--state-dir", str(config.state_dir), "image", "import",
+                 f"docker://{registry[0]}/site/tiny-boot:v1", "tiny-boot", *args]) == 0
+    manifest = load_manifest(config, "tiny-boot")
+    assert len(manifest["layers"]) == len(tiny["layers"])
+    assert manifest["kernel"]["digest"] == tiny["kernel"]["digest"]
+    initrd = tmp_path / "initrd"
+    initrd.write_bytes(b"".join(blob_path(config, l["digest"]).read_bytes()
+                                for l in manifest["layers"]))
+    append = " ".join([*manifest["kernel_args"], f"rdinit={manifest['init']}", "panic=-1"])
+    proc = subprocess.Popen(
+        command(["qemu-system-x86_64", "-accel", "tcg", "-m", "384", "-nographic",
+                 "-no-reboot", "-nic", "none",
+                 "-kernel", str(blob_path(config, manifest["kernel"]["digest"])),
+                 "-initrd", str(initrd), "-append", append]),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        output = read_until(proc, MARKER, 180)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert MARKER in output, output[-2000:].decode(errors="replace")
+    assert b"Kernel panic" not in output
