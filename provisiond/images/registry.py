@@ -49,15 +49,7 @@ class Reference:
 
     @property
     def loopback(self) -> bool:
-        host = self.registry.rsplit(":", 1)[0] if not self.registry.endswith("]") \
-            else self.registry
-        host = host.strip("[]")
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return _loopback_host(urllib.parse.urlsplit(f"//{self.registry}").hostname)
 
 
 def parse_reference(text: str) -> Reference:
@@ -90,7 +82,7 @@ class Client:
         self.reference, self.insecure = reference, insecure
         self.scheme = "http" if insecure or reference.loopback else "https"
         self.token: str | None = None
-        self.opener = urllib.request.build_opener()
+        self.opener = urllib.request.build_opener(_NoDowngrade(insecure))
 
     def url(self, kind: str, ref: str) -> str:
         return (f"{self.scheme}://{self.reference.registry}/v2/"
@@ -174,7 +166,23 @@ class Client:
         return self.get(self.url("blobs", digest))
 
 
+class _NoDowngrade(urllib.request.HTTPRedirectHandler):
+    """Follow a registry's redirects (blob storage elsewhere), never from HTTPS to plain
+    HTTP off loopback unless insecure."""
+
+    def __init__(self, insecure: bool):
+        self.insecure = insecure
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        target = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl))
+        if target.scheme != "https" and not (self.insecure or _loopback_host(target.hostname)):
+            raise ImportFailed(f"the registry redirected to plain HTTP ({target.netloc}); "
+                               "use --insecure to allow it")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _loopback_host(host: str | None) -> bool:
+    """localhost, 127.0.0.0/8 or ::1 (urlsplit's hostname: no brackets, lower case)."""
     try:
         return host == "localhost" or ipaddress.ip_address(host or "").is_loopback
     except ValueError:

@@ -128,3 +128,10 @@ def test_a_manifest_whose_digest_header_lies_is_refused(stub, tmp_path):
                          "Content-Length": str(len(body))}, body)
     with pytest.raises(ImportFailed, match="digest mismatch: expected sha256:0000"):
         _pull(stub, tmp_path)
+
+
+def test_a_redirect_to_plain_http_elsewhere_is_refused(stub, tmp_path):
+    """0.0.0.0 is not a loopback address (and, were it followed, reaches only this host)."""
+    stub.answer = (307, {"Location": "http://0.0.0.0:9/x", "Content-Length": "0"}, b"")
+    with pytest.raises(ImportFailed, match=r"redirected to plain HTTP \(0.0.0.0:9\)"):
+        _pull(stub, tmp_path)
