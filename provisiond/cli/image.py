@@ -60,7 +60,7 @@ def register(subparsers) -> None:
                     "until the image is deleted.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",
-                       help="run CMD with /bin/sh -c instead of an interactive shell")
+                       help="run CMD (bash -c, else sh -c) instead of an interactive shell")
     shell.set_defaults(func=cmd_shell)
     gc = verbs.add_parser("gc", help="delete blobs that no image references")
     gc.add_argument("--json", action="store_true")
