@@ -40,6 +40,29 @@ def test_tty_progress_draws_a_bar():
     assert "[####################] [2/2] copy: files built" in text
 
 
+PULL = [{"index": 1, "count": 2, "kind": "pull", "description": "config sha256:ab",
+         "status": "present", "size": 300},
+        {"index": 2, "count": 2, "kind": "pull", "description": "layer sha256:cd",
+         "status": "fetching"},
+        {"index": 2, "count": 2, "kind": "pull", "description": "layer sha256:cd",
+         "status": "fetched", "size": 4096}]
+
+
+def test_registry_pull_progress_has_sizes_without_times():
+    out = io.StringIO()
+    with Progress(out) as progress:
+        for event in PULL:
+            progress(event)
+    assert out.getvalue().splitlines() == [
+        "[1/2] pull: config sha256:ab ... present 300 B",
+        "[2/2] pull: layer sha256:cd ... fetching",
+        "[2/2] pull: layer sha256:cd ... fetched 4.0 KiB"]
+    tty = Tty()
+    with Progress(tty) as progress:
+        progress(PULL[1])
+    assert tty.getvalue().endswith("[##########----------] [2/2] pull: layer sha256:cd fetching")
+
+
 def test_unknown_image_is_one_line_and_exit_3(cli):
     result = cli("image", "show", "nope")
     assert result.code == 3
