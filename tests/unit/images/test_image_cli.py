@@ -61,7 +61,8 @@ def test_registry_pull_progress_has_sizes_without_times():
     with Progress(tty) as progress:
         progress(PULL[1])
     # redrawn in place: no newline of its own (the one at the end is the context's exit)
-    assert tty.getvalue() == "\r\x1b[K[##########----------] [2/2] pull: layer sha256:cd fetching\n"
+    assert tty.getvalue() == ("\r\x1b[K[##########----------] [2/2] pull: layer sha256:cd "
+                              "fetching\n")
 
 
 def test_unknown_image_is_one_line_and_exit_3(cli):
