@@ -280,6 +280,47 @@ class DnsSettings(_Section):
         return ipaddress.ip_address(self.bind).is_unspecified and address.is_loopback
 
 
+class DiscoverySettings(_Section):
+    """Unknown machines (with `dhcp.discovery` on): a pool to lease them addresses, the image
+    they boot to report their hardware, and the bounds on what they may send."""
+
+    pool: str | None = None
+    """FIRST-LAST IPv4 addresses leased to unknown MACs; null: they are only recorded."""
+    netmask: Annotated[str, AfterValidator(ipv4_literal)] = "255.255.255.0"
+    gateway: Annotated[str, AfterValidator(ipv4_literal)] | None = None
+    lease_seconds: Annotated[int, bounded(60, 86400)] = 300
+    image: str = "discovery"
+    """The image unknown machines boot (shipped recipe `discovery`: tiny + facts collector)."""
+    max_pending: Annotated[int, bounded(1, 100_000)] = 1000
+    """Machines waiting for approval at most; later ones are refused (503) until some go."""
+    pending_per_address: Annotated[int, bounded(1, 100_000)] = 4
+    """Pending machines one source address may enlist (spoofed MACs from one host)."""
+    reports_per_minute: Annotated[int, bounded(1, 10_000)] = 12
+    """Fact reports and polls from one address a minute (per HTTP worker); more: 429."""
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, value: str | None) -> str | None:
+        if value is not None:
+            pool_bounds(value)
+        return value
+
+    @property
+    def pool_range(self) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address] | None:
+        return pool_bounds(self.pool) if self.pool else None
+
+
+def pool_bounds(text: str) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
+    """(first, last) of a `FIRST-LAST` IPv4 range of at most 65536 addresses."""
+    first, sep, last = text.partition("-")
+    if not sep:
+        raise ValueError(f"{text!r}: write the pool as FIRST-LAST (10.0.0.200-10.0.0.250)")
+    low, high = (ipaddress.IPv4Address(ipv4_literal(a.strip())) for a in (first, last))
+    if not 0 <= int(high) - int(low) < 65536:
+        raise ValueError(f"{text!r}: LAST must follow FIRST, at most 65536 addresses")
+    return low, high
+
+
 class BuildSettings(_Section):
     compression: str = "zstd"
     workers: Annotated[int, bounded(0, 1024)] = 0
@@ -326,6 +367,7 @@ class Config(_Section):
     api: ApiSettings = ApiSettings()
     log: LogSettings = LogSettings()
     dhcp: DhcpSettings = DhcpSettings()
+    discovery: DiscoverySettings = DiscoverySettings()
     tftp: TftpSettings = TftpSettings()
     dns: DnsSettings = DnsSettings()
     build: BuildSettings = BuildSettings()
@@ -365,6 +407,11 @@ class Config(_Section):
     @property
     def images_dir(self) -> Path:
         return self.state_dir / "images"
+
+    @property
+    def discovery_dir(self) -> Path:
+        """Discovered machines, the facts nodes report, the discovery rules."""
+        return self.state_dir / "discovery"
 
     @property
     def status_dir(self) -> Path:
@@ -550,8 +597,21 @@ dhcp:
   port: 67
   proxy: false           # true: boot information only, beside another DHCP server
   lease_seconds: 3600    # 60-4294967295 (the largest means infinite)
-  discovery: false       # record unknown MACs as discovery events
+  discovery: false       # unknown MACs: recorded, and leased from discovery.pool
   dns_servers: []        # IPv4, at most 16; default: server.address when dns is enabled
+
+discovery:
+  # With dhcp.discovery on, unknown MACs get a short lease from this pool and boot the
+  # discovery image, which reports their hardware and waits for `provisiond discover
+  # approve` or a rule (<state>/discovery-rules.yaml). null: unknown MACs are only recorded.
+  pool: null             # FIRST-LAST, e.g. 10.0.0.200-10.0.0.250
+  netmask: 255.255.255.0
+  gateway: null
+  lease_seconds: 300     # 60-86400
+  image: discovery       # the shipped recipe: tiny + the facts collector
+  max_pending: 1000      # machines waiting for approval at most
+  pending_per_address: 4 # waiting machines one source address may enlist
+  reports_per_minute: 12 # reports and polls per address a minute (per HTTP worker)
 
 tftp:
   enabled: false

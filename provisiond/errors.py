@@ -204,6 +204,13 @@ class Unavailable(ProvisiondError):
     http_status = 503
 
 
+class TooManyRequests(ProvisiondError):
+    """One client sent more than its share (a rate limit per address); retry later."""
+
+    code = "too_many_requests"
+    http_status = 429
+
+
 class ServeFailed(ProvisiondError):
     """A boot service could not start (a port in use, a missing interface...)."""
 

@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Iterator
 
 from provisiond.config import Config
+from provisiond.discovery.facts import forget_facts
 from provisiond.errors import InvalidInput, InvalidInventory, NotFound
 from provisiond.images.manifests import manifest_path
 from provisiond.images.recipe import find_recipe
@@ -83,13 +84,15 @@ def check_forgettable(config: Config) -> None:
 
 def forget_nodes(config: Config, names: list[str]) -> None:
     """Remove everything the named (deleted) nodes owned, so that a new node of the same
-    name inherits nothing: secrets, ssh host keys, credentials, overlay builds, status."""
+    name inherits nothing: secrets, ssh host keys, credentials, overlay builds, status,
+    reported facts."""
     SecretStore(config).forget("nodes", names)
     forget_credentials(config, names)
     for name in names:
         forget_host_keys(config, name)
         shutil.rmtree(node_dir(config, name), ignore_errors=True)
         clear_status(config, name)
+        forget_facts(config, name)
 
 
 GENERATED_SECRETS = {"ssh-host-keys": rotate_host_keys}

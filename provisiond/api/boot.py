@@ -9,7 +9,7 @@ import time
 from flask import Blueprint, Response, send_file
 
 from provisiond.api.services import log_step, services
-from provisiond.boot.ipxe import chain_script, retry_script
+from provisiond.boot.ipxe import chain_script, discovery_script, retry_script
 from provisiond.boot.tftp_request import refusal
 from provisiond.errors import InvalidInput, NotFound
 from provisiond.inventory.model import normalise_mac
@@ -35,14 +35,22 @@ def node_ipxe(mac: str):
     table = svc.table
     entry = table.by_mac.get(mac)
     if entry is None:
-        text = retry_script(svc.config, f"unknown MAC {mac}: add it to a node's netdevs")
-        return Response(text, content_type=IPXE_TYPE)
+        return Response(unknown_mac_script(svc, mac), content_type=IPXE_TYPE)
     text = svc.scripts.script(table, entry)
     response = Response(text, content_type=IPXE_TYPE)
     response.headers["Cache-Control"] = "no-store"  # its token is good for one boot
     svc.phases.record(entry.node, NodePhase.IPXE)
     log_step(entry.node, "ipxe-script", started)
     return response
+
+
+def unknown_mac_script(svc, mac: str) -> str:
+    """The discovery image with discovery on (and a pool leasing unknown MACs), else a
+    script saying the MAC is unknown."""
+    config = svc.config
+    if config.dhcp.discovery and config.discovery.pool:
+        return discovery_script(config, svc.manifests, mac)
+    return retry_script(config, f"unknown MAC {mac}: add it to a node's netdevs")
 
 
 @bp.get("/boot/files/<name>")

@@ -16,7 +16,7 @@ from dataclasses import replace
 from provisiond.atomic import write_atomic
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp_reply import Answers, client_kind
-from provisiond.boot.discovery import DiscoveryLog
+from provisiond.boot.discovery import DiscoveryLog, DiscoveryPool
 from provisiond.boot.phases import PhaseProcess, PhaseRecorder
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
@@ -45,6 +45,8 @@ class DhcpServer(UdpServer):
         self.answers = Answers(config, table)
         self.phases = phases or PhaseRecorder(config)
         self.discovery = DiscoveryLog(config)
+        self.pool = DiscoveryPool(config) if dhcp.discovery and config.discovery.pool else None
+        self.reserved = table.by_ip
         self.client_port, self.relay_port = CLIENT_PORT, SERVER_PORT
         self.answer_peer = False  # the proxyDHCP port answers where the request came from
         self._peer: tuple = ("255.255.255.255", CLIENT_PORT)
@@ -64,6 +66,7 @@ class DhcpServer(UdpServer):
     def update_table(self, table: BootTable) -> None:
         """Swap in the answers for a rebuilt table (one attribute store: loop-safe)."""
         self.answers = Answers(self.config, table)
+        self.reserved = table.by_ip
 
     def handle(self, data: bytes, peer: tuple) -> None:
         request = p.decode(data)
@@ -116,7 +119,8 @@ class DhcpServer(UdpServer):
             log.info("%s dhcp ack %s %s (%s)", entry.node, entry.ipaddr, request.mac, kind)
 
     def _unknown(self, request: p.Request) -> None:
-        """Unknown MACs get no answer; with `dhcp.discovery` on they are recorded."""
+        """Unknown MACs get no answer; with `dhcp.discovery` on they are recorded, and with
+        a discovery pool they lease from it (they boot the discovery image)."""
         if not self.config.dhcp.discovery or request.msg_type not in (p.DISCOVER, p.REQUEST):
             return
         arch = request.options.get(p.OPT_ARCH, b"")
@@ -124,6 +128,31 @@ class DhcpServer(UdpServer):
             request.mac, arch=struct.unpack("!H", arch[:2])[0] if len(arch) >= 2 else None,
             vendor_class=request.options.get(p.OPT_VENDOR_CLASS, b"").decode("latin-1"),
             relay=request.giaddr)
+        if self.pool is not None and not self.answers.proxy:
+            self._pool_lease(request)
+
+    def _pool_lease(self, request: p.Request) -> None:
+        """DISCOVER: offer the MAC's pool address; REQUEST: ACK the address it holds, NAK
+        another one asked of this server."""
+        answers = self.answers
+        if request.msg_type == p.DISCOVER:
+            address = self.pool.offer(request.mac, self.reserved)
+            if address is None:
+                self.counts["dhcp_ignored", "pool_full"] += 1
+                return
+            self._send(request, answers.pool_reply(request, p.OFFER, address), "offer")
+            return
+        server_id = request.options.get(p.OPT_SERVER_ID)
+        if server_id and server_id != socket.inet_aton(self.config.server.address):
+            self.pool.release(request.mac)  # it took another server's offer
+            return
+        wanted = request.options.get(p.OPT_REQUESTED_IP)
+        asked = socket.inet_ntoa(wanted) if wanted and len(wanted) == 4 else request.ciaddr
+        if asked in self.reserved or not self.pool.holds(request.mac, asked):
+            self._nak(request, answers)
+            return
+        self.pool.offer(request.mac, self.reserved)  # renews it
+        self._send(request, answers.pool_reply(request, p.ACK, asked), "ack")
 
     def _send(self, request: p.Request, reply: bytes, kind: str) -> None:
         """Send `reply` (an offer, ack or nak: `kind`) where the request says."""

@@ -81,6 +81,20 @@ def node_options(config: Config, entry: BootEntry) -> bytes:
     return p.encode_options(opts)
 
 
+def pool_options(config: Config) -> bytes:
+    """The options of a discovery pool lease: server id, lease, netmask, router, DNS."""
+    settings = config.discovery
+    opts = [(p.OPT_SERVER_ID, socket.inet_aton(config.server.address)),
+            (p.OPT_LEASE, struct.pack("!I", settings.lease_seconds)),
+            (p.OPT_SUBNET, socket.inet_aton(settings.netmask))]
+    if settings.gateway:
+        opts.append((p.OPT_ROUTER, socket.inet_aton(settings.gateway)))
+    dns = dns_servers(config)
+    if dns:
+        opts.append((p.OPT_DNS, b"".join(socket.inet_aton(a) for a in dns)))
+    return p.encode_options(opts)
+
+
 def checked_options(config: Config, entry: BootEntry) -> bytes:
     """node_options, after checking what a reply packs: the addresses and the MAC."""
     for address in (entry.ipaddr, entry.netmask, entry.gateway):
@@ -106,6 +120,7 @@ class Answers:
         self.server_id = p.encode_options(
             [(p.OPT_SERVER_ID, socket.inet_aton(config.server.address))])
         self.boot = boot_parts(config, self.proxy)
+        self.pool_options = pool_options(config)
         self.entries: dict[str, BootEntry] = {}
         self.options: dict[str, bytes] = {}
         skipped = SkippedRecords("dhcp")
@@ -127,6 +142,13 @@ class Answers:
         entry = self.entries[request.mac]
         return p.encode_reply(request, entry.ipaddr, self.server, part.bootfile,
                               msg + self.options[request.mac] + part.options)
+
+    def pool_reply(self, request: p.Request, msg_type: int, address: str) -> bytes:
+        """The OFFER/ACK of a discovery pool lease of `address` to an unknown MAC."""
+        part = self.boot[client_kind(request.options)]
+        msg = p.encode_options([(p.OPT_MSG_TYPE, bytes((msg_type,)))])
+        return p.encode_reply(request, address, self.server, part.bootfile,
+                              msg + self.pool_options + part.options)
 
     def nak(self, request: p.Request) -> bytes:
         msg = p.encode_options([(p.OPT_MSG_TYPE, bytes((p.NAK,)))])

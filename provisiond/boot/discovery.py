@@ -1,7 +1,9 @@
-"""Discovery: unknown MACs asking for DHCP, as JSON lines in the state dir, rate-limited."""
+"""Discovery on the DHCP side: unknown MACs asking for DHCP, as JSON lines in the state dir
+(rate-limited), and the pool of short leases they get when `discovery.pool` is set."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
@@ -65,3 +67,52 @@ def read_discovery(config: Config) -> list[dict]:
         if isinstance(record, dict):
             found.append(record)
     return found
+
+
+class DiscoveryPool:
+    """Short leases for unknown MACs from `discovery.pool`: a MAC keeps its address while
+    its lease runs (and gets it again after), a new one takes the first address no lease
+    and no node holds. A full pool gives nothing (the MAC asks again later)."""
+
+    def __init__(self, config: Config):
+        settings = config.discovery
+        first, last = settings.pool_range
+        self.addresses = [str(ipaddress.IPv4Address(a)) for a in range(int(first), int(last) + 1)]
+        self.seconds = settings.lease_seconds
+        self.leases: dict[str, tuple[str, float]] = {}   # mac -> (address, expiry)
+        self.holders: dict[str, str] = {}                 # address -> mac
+
+    def offer(self, mac: str, reserved: dict, now: float | None = None) -> str | None:
+        """The address for `mac` (kept or newly taken), or None if the pool is full;
+        `reserved` holds the addresses nodes have (the boot table's by_ip)."""
+        now = time.time() if now is None else now
+        lease = self.leases.get(mac)
+        if lease and lease[0] not in reserved:
+            self.leases[mac] = (lease[0], now + self.seconds)
+            return lease[0]
+        for address in self.addresses:
+            holder = self.holders.get(address)
+            if address in reserved or (holder and self.leases[holder][1] > now):
+                continue
+            self._take(mac, address, now)
+            return address
+        return None
+
+    def holds(self, mac: str, address: str, now: float | None = None) -> bool:
+        """Whether `mac` has an unexpired lease of `address`."""
+        lease = self.leases.get(mac)
+        return bool(lease and lease[0] == address and
+                    lease[1] > (time.time() if now is None else now))
+
+    def release(self, mac: str) -> None:
+        lease = self.leases.pop(mac, None)
+        if lease and self.holders.get(lease[0]) == mac:
+            del self.holders[lease[0]]
+
+    def _take(self, mac: str, address: str, now: float) -> None:
+        self.release(mac)
+        old = self.holders.get(address)
+        if old:
+            self.leases.pop(old, None)
+        self.holders[address] = mac
+        self.leases[mac] = (address, now + self.seconds)

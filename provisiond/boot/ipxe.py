@@ -79,6 +79,26 @@ def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node
         args=" ".join(kernel_args(config, manifest, entry.node, node, initrds)))
 
 
+def discovery_script(config: Config, manifests: ManifestCache, mac: str) -> str:
+    """The script of an unknown MAC while discovery is on: the discovery image, whose
+    collector reports the machine's facts and asks what to do (no overlays, no token:
+    the machine is nobody yet)."""
+    image = config.discovery.image
+    try:
+        manifest = manifests.get(image)
+    except ProvisiondError as exc:
+        return retry_script(config, f"discovery of {mac}: {exc}")
+    base = base_url(config)
+    initrds = [(f"l{i}", f"{base}/blobs/sha256/{layer['digest'].removeprefix('sha256:')}")
+               for i, layer in enumerate(manifest["layers"])]
+    args = [f"initrd={n}" for n, _ in initrds] + (manifest.get("kernel_args") or [])
+    args += [f"provisiond.url={base}", f"provisiond.discover={mac}"]
+    return NODE_SCRIPT.render(
+        node=f"discovery of {mac}", image=image, base=base, retry=RETRY_SECONDS,
+        kernel=manifest["kernel"]["digest"].removeprefix("sha256:"), initrds=initrds,
+        args=" ".join(args))
+
+
 def kernel_args(config: Config, manifest: dict, name: str, node, initrds) -> list[str]:
     """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts);
     the token is TOKEN_MARK, replaced by a new one each time the script is served."""

@@ -1,0 +1,101 @@
+"""Discovery rules: `<state>/discovery/rules.yaml`, a YAML list; the first rule whose every
+`match` pattern fits a machine's facts approves it with its profile and name sequence.
+
+    - name: r650
+      match: {dmi.product: "PowerEdge R650*", mac: "b0:26:28:*"}
+      profile: compute
+      names: n[065-128]
+      ipaddr: 10.10.0.75
+
+Patterns are shell globs (fnmatch, case-sensitive) on the fact's text; a number or a
+boolean matches its text too (cpu.threads: 64). Fact names: provisiond.discovery.facts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from provisiond.config import LABEL_RE, Config
+from provisiond.discovery.facts import FACT_NAMES
+from provisiond.documents import YamlLoader, check_shape, decode_text
+from provisiond.errors import InvalidInput
+from provisiond.inventory.store import describe_validation_error
+
+MAX_RULES = 1000
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=f"^{LABEL_RE.pattern}$")
+    match: dict[str, str | int | bool] = Field(min_length=1)
+    profile: str | None = None
+    names: str = Field(min_length=1, max_length=1000, description="a node range")
+    ipaddr: str | None = None
+    netdev: str = "eth0"
+    gateway: str | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _known_facts(cls, value: dict) -> dict:
+        unknown = sorted(set(value) - set(FACT_NAMES))
+        if unknown:
+            raise ValueError(f"unknown fact {unknown[0]!r} (facts: {', '.join(FACT_NAMES)})")
+        return value
+
+    def matches(self, flat: dict[str, object]) -> bool:
+        return all(flat.get(key) is not None and fnmatch.fnmatchcase(
+            fact_text(flat[key]), fact_text(pattern)) for key, pattern in self.match.items())
+
+
+def fact_text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def rules_path(config: Config) -> Path:
+    return config.discovery_dir / "rules.yaml"
+
+
+def load_rules(config: Config, path: Path | None = None) -> list[Rule]:
+    """The rules of `path` (default: the state dir's; a missing file is no rules).
+    InvalidInput names the file and the rule at fault."""
+    path = path or rules_path(config)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_rules(decode_text(raw, str(path)), str(path))
+
+
+def parse_rules(text: str, origin: str) -> list[Rule]:
+    try:
+        check_shape(text, origin)
+        data = yaml.load(text, Loader=YamlLoader) or []
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{origin}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, list):
+        raise InvalidInput(f"{origin}: expected a list of rules")
+    if len(data) > MAX_RULES:
+        raise InvalidInput(f"{origin}: {len(data)} rules; at most {MAX_RULES}")
+    rules = []
+    for index, entry in enumerate(data, 1):
+        try:
+            rules.append(Rule.model_validate(entry))
+        except ValidationError as exc:
+            raise InvalidInput(f"{origin}: rule {index}: "
+                               f"{describe_validation_error(exc, from_yaml=True)}") from None
+    names = [rule.name for rule in rules]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidInput(f"{origin}: rule name {twice[0]!r} is given twice")
+    return rules
+
+
+def first_match(rules: list[Rule], flat: dict[str, object]) -> Rule | None:
+    return next((rule for rule in rules if rule.matches(flat)), None)
