@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import yaml
 
 from provisiond.audit import cli_actor
 from provisiond.cli.record_options import (add_record_flags, apply_edits, find_field,
                                           record_edits)
+from provisiond.discovery.facts import facts_of
 from provisiond.errors import InvalidInput
 from provisiond.inventory.ranges import fold
 from provisiond.service import records, secrets
@@ -121,7 +123,19 @@ def show_record(args, ctx, kind: Kind) -> None:
     if args.json:
         return ctx.print_json(data)
     print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
+    if kind.noun == "node":
+        print(facts_text(facts_of(ctx.config, name)))
     return None
+
+
+def facts_text(stored) -> str:
+    """A node's reported facts for `node show`, with when they came."""
+    if stored is None:
+        return "# facts: none reported yet (the agent reports them at each boot)"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stored.time))
+    facts = stored.facts.model_dump(mode="json", exclude_none=True)
+    body = yaml.safe_dump({"facts": facts}, sort_keys=False, default_flow_style=False)
+    return f"# facts reported {when}\n" + body.rstrip()
 
 
 def _value_at(data: dict, path: str):

@@ -173,6 +173,8 @@ def approve(config: Config, actor: str, macs: list[str] | None, names: str,
     keep their facts as the new nodes' facts."""
     chosen = chosen_machines(config, macs, sort)
     pairs = assignments(config, len(chosen), names, ipaddr)
+    if profile is None and "default" in snapshot(config).inventory.profiles:
+        profile = "default"  # as `node add` does
     records = {name: node_record(m, address, profile, netdev, gateway)
                for m, (name, address) in zip(chosen, pairs)}
     write_records(config, actor, NODES, "create", list(records),
@@ -191,7 +193,7 @@ def node_record(machine: Machine, address: str | None, profile: str | None, netd
                 gateway: str | None):
     device = {"mac": machine.mac, **({"ipaddr": address} if address else {}),
               **({"gateway": gateway} if gateway else {})}
-    data = {"netdevs": {netdev: device}, "profiles": [profile] if profile else ["default"],
+    data = {"netdevs": {netdev: device}, **({"profiles": [profile]} if profile else {}),
             "comment": f"discovered {machine.facts.dmi.product or 'machine'} "
                        f"{machine.facts.dmi.serial or machine.mac}"}
     return parse_record(data, f"node for {machine.mac}")

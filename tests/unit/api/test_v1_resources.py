@@ -53,14 +53,14 @@ def test_discovery_records_are_paged_and_survive_a_torn_line(api, config):
         assert log.note(f"02:00:00:00:01:0{i}", arch=7)
     with open(config.state_dir / "discovery.jsonl", "a") as handle:
         handle.write('{"time": 1, "mac": "02:00\n[1, 2]\n')  # a torn line, not an object
-    first = api.call(Role.READER, "GET", "/api/v1/discovery?limit=3").json
+    first = api.call(Role.READER, "GET", "/api/v1/discovery/sightings?limit=3").json
     assert [r["mac"][-2:] for r in first["items"]] == ["00", "01", "02"]
     rest = api.call(Role.READER, "GET",
-                    f"/api/v1/discovery?limit=3&continue={first['continue']}").json
+                    f"/api/v1/discovery/sightings?limit=3&continue={first['continue']}").json
     assert [r["mac"][-2:] for r in rest["items"]] == ["03", "04"] and rest["continue"] is None
-    one = api.call(Role.READER, "GET", "/api/v1/discovery?mac=02-00-00-00-01-03").json
+    one = api.call(Role.READER, "GET", "/api/v1/discovery/sightings?mac=02-00-00-00-01-03").json
     assert [r["mac"] for r in one["items"]] == ["02:00:00:00:01:03"]
-    assert_error(api.call(Role.READER, "GET", "/api/v1/discovery?mac=zz"), 400,
+    assert_error(api.call(Role.READER, "GET", "/api/v1/discovery/sightings?mac=zz"), 400,
                  "invalid_input", "mac")
 
 
