@@ -9,6 +9,7 @@ import time
 from flask import Blueprint, Response, send_file
 
 from provisiond.api.services import log_step, services
+from provisiond.boot.discovery import enlisting
 from provisiond.boot.ipxe import chain_script, discovery_script, retry_script
 from provisiond.boot.tftp_request import refusal
 from provisiond.errors import InvalidInput, NotFound
@@ -48,7 +49,7 @@ def unknown_mac_script(svc, mac: str) -> str:
     """The discovery image with discovery on (and a pool leasing unknown MACs), else a
     script saying the MAC is unknown."""
     config = svc.config
-    if config.dhcp.discovery and config.discovery.pool:
+    if enlisting(config):
         return discovery_script(config, svc.manifests, mac)
     return retry_script(config, f"unknown MAC {mac}: add it to a node's netdevs")
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from provisiond.atomic import write_atomic
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp_reply import Answers, client_kind
-from provisiond.boot.discovery import DiscoveryLog, DiscoveryPool
+from provisiond.boot.discovery import DiscoveryLog, DiscoveryPool, enlisting
 from provisiond.boot.phases import PhaseProcess, PhaseRecorder
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
@@ -45,7 +45,7 @@ class DhcpServer(UdpServer):
         self.answers = Answers(config, table)
         self.phases = phases or PhaseRecorder(config)
         self.discovery = DiscoveryLog(config)
-        self.pool = DiscoveryPool(config) if dhcp.discovery and config.discovery.pool else None
+        self.pool = DiscoveryPool(config) if enlisting(config) else None
         self.reserved = table.by_ip
         self.client_port, self.relay_port = CLIENT_PORT, SERVER_PORT
         self.answer_peer = False  # the proxyDHCP port answers where the request came from

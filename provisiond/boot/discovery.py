@@ -14,6 +14,13 @@ log = logging.getLogger("provisiond.boot")
 DISCOVERY_FILE = "discovery.jsonl"
 
 
+def enlisting(config: Config) -> bool:
+    """Whether unknown machines may enlist: `dhcp.discovery` on and a `discovery.pool` to
+    lease them addresses. Otherwise they are only recorded, and the discovery image and
+    its open API routes are not offered."""
+    return config.dhcp.discovery and config.discovery.pool is not None
+
+
 class DiscoveryLog:
     """Appends unknown MACs to `<state>/discovery.jsonl`: once per MAC per `per_mac`
     seconds and at most `per_second` lines a second overall."""

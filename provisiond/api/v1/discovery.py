@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from provisiond.api.services import client_address, services
 from provisiond.api.v1 import NodeRange, Page, Role, SeqCursor, config, route
+from provisiond.boot.discovery import enlisting
 from provisiond.discovery.facts import Facts, Mac
 from provisiond.discovery.limits import AddressWindow
 from provisiond.discovery.machines import Machine, MachineState
 from provisiond.discovery.rules import Rule
-from provisiond.errors import TooManyRequests
+from provisiond.errors import NotFound, TooManyRequests
 from provisiond.service import discovery
 from provisiond.service.inventory import DEFAULT_LIMIT, MAX_LIMIT
 
@@ -149,7 +150,10 @@ def sightings(principal, body, query: SightingsQuery):
 
 
 def limited() -> str:
-    """The caller's address, if it has calls left this minute (per worker); else 429."""
+    """The caller's address, if discovery is on (else 404) and the address has calls left
+    this minute (per worker; else 429)."""
+    if not enlisting(config()):
+        raise NotFound("discovery is off (dhcp.discovery and discovery.pool)")
     address = client_address()
     window = current_app.extensions.get("provisiond.discovery")
     if window is None:
@@ -162,7 +166,7 @@ def limited() -> str:
 
 
 @route("/discovery/reports", "POST", role=None, summary="The discovery image reports a "
-       "machine's facts", body=Report, response=Action, nodes=True, errors=(429, 503))
+       "machine's facts", body=Report, response=Action, nodes=True, errors=(404, 429, 503))
 def report(principal, body: Report, query):
     """Open to machines on the boot network; bounded per address and in all."""
     address = limited()
@@ -173,7 +177,7 @@ def report(principal, body: Report, query):
 
 @route("/discovery/machines/<mac>/action", "GET", role=None, summary="What a discovered "
        "machine should do next", response=Action, nodes=True, path=MachinePath,
-       errors=(429,))
+       errors=(404, 429))
 def action(principal, body, query, mac: str):
     limited()
     mac = discovery.check_mac(mac)

@@ -274,3 +274,11 @@ def test_sightings_are_paged(api, config):
         assert log.note(f"02:00:00:00:01:0{i}", arch=7)
     first = api.call(Role.READER, "GET", "/api/v1/discovery/sightings?limit=2").json
     assert [r["mac"][-2:] for r in first["items"]] == ["00", "01"] and first["continue"]
+
+
+def test_with_discovery_off_the_open_routes_are_404_and_store_nothing(api, config):
+    config.discovery.pool = None
+    assert_error(report(api, 1), 404, "not_found")
+    assert_error(api.client.get(f"/api/v1/discovery/machines/{mac(1)}/action"), 404,
+                 "not_found")
+    assert not book_path(config).exists()
