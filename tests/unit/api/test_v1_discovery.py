@@ -282,3 +282,18 @@ def test_with_discovery_off_the_open_routes_are_404_and_store_nothing(api, confi
     assert_error(api.client.get(f"/api/v1/discovery/machines/{mac(1)}/action"), 404,
                  "not_found")
     assert not book_path(config).exists()
+
+
+def test_each_address_has_a_budget_of_calls_a_minute(api, config):
+    def poll(address: str) -> int:
+        return api.client.get(f"/api/v1/discovery/machines/{mac(1)}/action",
+                              environ_base={"REMOTE_ADDR": address}).status_code
+
+    budget = config.discovery.reports_per_minute
+    assert [poll("10.99.200.9") for _ in range(budget)] == [200] * budget
+    assert_error(api.client.get(f"/api/v1/discovery/machines/{mac(1)}/action",
+                                environ_base={"REMOTE_ADDR": "10.99.200.9"}), 429,
+                 "too_many_requests")
+    assert report(api, 1, address="10.99.200.9").status_code == 429
+    assert poll("10.99.200.10") == 200  # another address has its own budget
+    assert not book_path(config).exists()
