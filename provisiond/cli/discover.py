@@ -55,7 +55,10 @@ def register(subparsers) -> None:
 
 
 def cmd_list(args, ctx) -> None:
-    found, _ = discovery.list_machines(ctx.config, args.state, limit=1000)
+    found, cursor = discovery.list_machines(ctx.config, args.state, limit=1000)
+    while cursor:
+        more, cursor = discovery.list_machines(ctx.config, args.state, limit=1000, after=cursor)
+        found += more
     if args.json:
         return ctx.print_json([m.model_dump(mode="json") for m in found])
     ctx.print_table(["#", "MAC", "STATE", "NODE", "PRODUCT", "SERIAL", "CPUS", "MEMORY",
