@@ -84,13 +84,19 @@ def get_machine(config: Config, mac: str) -> Machine:
     return machine
 
 
-def enlist(config: Config, mac: str, address: str, facts: Facts) -> tuple[Machine, bool]:
+def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = False
+           ) -> tuple[Machine, bool]:
     """Record a report from `mac` (a new machine, or new facts of a known one); returns
-    the machine and whether it is new. A new one beyond the bounds: TooManyRequests (its
-    address has enough waiting) or Unavailable (the queue is full); nothing is written."""
+    the machine and whether it is new. `reopen`: the MAC is no node (any more), so an
+    approved record is stale and the machine enlists anew. A new one beyond the bounds:
+    TooManyRequests (its address has enough waiting) or Unavailable (the queue is full);
+    nothing is written."""
     now = time.time()
     with edit_book(config) as book:
         machine = book.machines.get(mac)
+        if machine is not None and reopen and machine.state is MachineState.APPROVED:
+            del book.machines[mac]
+            machine = None
         if machine is not None:
             machine.last_seen, machine.address, machine.facts = now, address, facts
             machine.reports += 1

@@ -29,7 +29,6 @@ from provisiond.service.journal import audit, emit
 from provisiond.service.records import parse_record, write_records
 
 log = logging.getLogger("provisiond.discovery")
-ACTIONS = ("wait", "reboot", "poweroff", "report")
 
 
 def check_mac(mac: str, field: str = "mac") -> str:
@@ -39,10 +38,12 @@ def check_mac(mac: str, field: str = "mac") -> str:
         raise InvalidInput(str(exc), field=field) from None
 
 
-def report(config: Config, mac: str, address: str, facts: Facts) -> Machine:
-    """A discovery image's report: the machine enlisted (or its facts updated) and, if it
-    waits and a rule matches, approved by that rule."""
-    machine, new = book.enlist(config, mac, address, facts)
+def report(config: Config, mac: str, address: str, facts: Facts, node: str | None = None
+           ) -> Machine:
+    """A discovery image's report (`node`: the node the boot table has for the MAC): the
+    machine enlisted (or its facts updated; approved as a node since deleted: anew) and,
+    if it waits and a rule matches, approved by that rule."""
+    machine, new = book.enlist(config, mac, address, facts, reopen=node is None)
     if new:
         emit(config, "discovery.enlisted", mac, {"seq": machine.seq, "address": address})
     if machine.state is MachineState.PENDING:
@@ -95,6 +96,8 @@ def next_action(config: Config, mac: str, node: str | None) -> dict:
         return {"action": "report", "node": None}
     if machine.state is MachineState.REJECTED:
         return {"action": "poweroff", "node": None}
+    if machine.state is MachineState.APPROVED:  # as a node deleted since: enlist anew
+        return {"action": "report", "node": None}
     return {"action": "wait", "node": None}
 
 

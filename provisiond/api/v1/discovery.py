@@ -170,9 +170,10 @@ def limited() -> str:
 def report(principal, body: Report, query):
     """Open to machines on the boot network; bounded per address and in all."""
     address = limited()
-    machine = discovery.report(config(), body.mac, address, body.facts)
+    known = _node_of(body.mac)
+    machine = discovery.report(config(), body.mac, address, body.facts, known)
     node = machine.node if machine.state is MachineState.APPROVED else None
-    return Action(**discovery.next_action(config(), body.mac, node or _node_of(body.mac)))
+    return Action(**discovery.next_action(config(), body.mac, node or known))
 
 
 @route("/discovery/machines/<mac>/action", "GET", role=None, summary="What a discovered "

@@ -297,3 +297,13 @@ def test_each_address_has_a_budget_of_calls_a_minute(api, config):
     assert report(api, 1, address="10.99.200.9").status_code == 429
     assert poll("10.99.200.10") == 200  # another address has its own budget
     assert not book_path(config).exists()
+
+
+def test_a_machine_whose_node_was_deleted_enlists_anew(api, config):
+    report(api, 1)
+    api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve", json={"names": "n1"})
+    assert action(api, 1)["action"] == "reboot"
+    assert api.call(Role.ADMIN, "DELETE", "/api/v1/nodes/n1").status_code == 204
+    assert action(api, 1)["action"] == "report"
+    assert report(api, 1).json["action"] == "wait"
+    assert [(m["state"], m["node"]) for m in machines(api)] == [("pending", None)]
