@@ -10,6 +10,8 @@ APT_PACKAGES=(
   openssh-client openssl
   # images: kernels from Debian, debootstrap, busybox for the tiny image
   debootstrap busybox-static dpkg-dev
+  # images: layers packed as compressed read-only file systems (mounted at boot)
+  squashfs-tools erofs-utils
   # boot: iPXE binaries served over TFTP/HTTP
   ipxe
   # tests: real DHCP/TFTP/DNS clients; bwrap for the systemd unit's file system sandbox

@@ -1,5 +1,6 @@
-"""Per-node iPXE scripts: kernel, one initrd per image layer, then the node's shared system
-overlays and its own system overlays (unpacked last, so they win).
+"""Per-node iPXE scripts: kernel, one initrd per image layer (its cpio, or for a mounted
+boot the boot modules and each layer's file system image: provisiond.images.squash), then
+the node's shared system overlays and its own system overlays (unpacked last, so they win).
 
 The template is compiled once per process, and a rendered script is kept until the boot
 table or the node's image manifest changes: most requests are a dict lookup, plus a new
@@ -15,6 +16,7 @@ from provisiond.boot.artifacts import LruCache, ManifestCache
 from provisiond.boot.table import BootEntry
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
+from provisiond.images.squash import RDINIT, boot_mode, layer_blobs
 from provisiond.trust import tokens
 
 _ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined,
@@ -69,14 +71,15 @@ def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node
     except ProvisiondError as exc:
         return retry_script(config, f"{entry.node}: {exc}")
     base = base_url(config)
-    initrds = [(f"l{i}", f"{base}/blobs/sha256/{layer['digest'].removeprefix('sha256:')}")
-               for i, layer in enumerate(manifest["layers"])]
+    mode = boot_mode(manifest, (node.record.kernel_args or []) if node is not None else [])
+    initrds = [(f"l{i}", f"{base}/blobs/sha256/{digest.removeprefix('sha256:')}")
+               for i, digest in enumerate(layer_blobs(manifest, mode))]
     for kind in ("shared", "system"):
         initrds.append((f"l{len(initrds)}", f"{base}/overlays/{entry.node}/{kind}"))
     return NODE_SCRIPT.render(
         node=entry.node, image=entry.image, base=base, retry=RETRY_SECONDS,
         kernel=manifest["kernel"]["digest"].removeprefix("sha256:"), initrds=initrds,
-        args=" ".join(kernel_args(config, manifest, entry.node, node, initrds)))
+        args=" ".join(kernel_args(config, manifest, entry.node, node, initrds, mode)))
 
 
 def discovery_script(config: Config, manifests: ManifestCache, mac: str) -> str:
@@ -99,10 +102,13 @@ def discovery_script(config: Config, manifests: ManifestCache, mac: str) -> str:
         args=" ".join(args))
 
 
-def kernel_args(config: Config, manifest: dict, name: str, node, initrds) -> list[str]:
+def kernel_args(config: Config, manifest: dict, name: str, node, initrds,
+                mode: str = "unpacked") -> list[str]:
     """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts);
-    the token is TOKEN_MARK, replaced by a new one each time the script is served."""
+    the token is TOKEN_MARK, replaced by a new one each time the script is served. A
+    mounted boot starts in the boot kit (rdinit=)."""
     args = [f"initrd={n}" for n, _ in initrds]
+    args += [f"rdinit={RDINIT}"] if mode == "mounted" else []
     args += manifest.get("kernel_args") or []
     args += (node.record.kernel_args or []) if node is not None else []
     if manifest.get("init") and manifest["init"] != "/sbin/init":

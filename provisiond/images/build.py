@@ -14,7 +14,7 @@ from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, ProvisiondError
 from provisiond.events import build_events
-from provisiond.images import chroot, oci, steps
+from provisiond.images import chroot, oci, squash, steps
 from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
 from provisiond.images.layers import LayerPlan, build_layer, cached_layer, layer_dir, layer_key
@@ -38,7 +38,9 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
             records = _build_layers(config, recipe, compression,
                                     progress or (lambda e: None), rebuild)
             kernel = _store_kernel(config, recipe, records)
+            mounted = squash.mounted_layers(config, records, kernel["version"], recipe.boot)
             manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
+            manifest["mounted"] = mounted
             save_manifest(config, manifest)
         outcome.update(layers=len(records), size=manifest["total_size"],
                        seconds=manifest["build_seconds"])

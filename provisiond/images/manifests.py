@@ -14,6 +14,7 @@ from provisiond.errors import ImageNotFound
 from provisiond.images.blobs import blob_path
 from provisiond.images.layers import layer_dir
 from provisiond.images.recipe import check_image_name
+from provisiond.images.squash import mounted_digests
 
 MANIFEST = "manifest.json"
 
@@ -88,6 +89,7 @@ def referenced_digests(config: Config) -> set[str]:
     for manifest in list_images(config):
         digests.add(manifest["kernel"]["digest"])
         digests.update(layer["digest"] for layer in manifest["layers"])
+        digests.update(mounted_digests(manifest))
     return digests
 
 

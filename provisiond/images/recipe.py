@@ -133,6 +133,7 @@ class Recipe:
     kernel_args: list[str] = field(default_factory=list)
     init: str = "/sbin/init"
     compression: str | None = None
+    boot: str | None = None  # mounted | unpacked (provisiond.images.squash)
 
 
 class _RecipeHead(BaseModel):
@@ -141,6 +142,7 @@ class _RecipeHead(BaseModel):
     kernel_args: list[str] | None = None
     init: str | None = None
     compression: Literal["zstd", "gzip"] | None = None
+    boot: Literal["mounted", "unpacked"] | None = None
     layers: list[dict]
 
 
@@ -181,7 +183,7 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
             parent = load_recipe(config, step.layer.name, (*_seen, name))
             recipe.steps.extend(parent.steps)
             recipe.kernel_args, recipe.init = parent.kernel_args, parent.init
-            recipe.compression = parent.compression
+            recipe.compression, recipe.boot = parent.compression, parent.boot
         else:
             recipe.steps.append(step)
     _apply_head(recipe, head)
@@ -241,6 +243,8 @@ def _apply_head(recipe: Recipe, head: _RecipeHead) -> None:
         recipe.init = head.init
     if head.compression is not None:
         recipe.compression = head.compression
+    if head.boot is not None:
+        recipe.boot = head.boot
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -1,0 +1,244 @@
+"""Mounted layers: every layer also packed as a compressed read-only file system image that
+the node's /init loop-mounts, stacked under overlayfs with a tmpfs upper layer, instead of
+unpacking the layer's cpio into RAM.
+
+The image (squashfs by default) is the layer's overlayfs upper dir as it is: whiteouts stay
+0/0 character devices and opaque dirs keep their `trusted.overlay.opaque` xattr, so the
+stack shows what the build's merged view showed. The blob is a newc cpio holding that one
+file as `.provisiond/layers/<depth>.<format>`: the kernel unpacks it into the initramfs as
+a file from any loader (Debian 12's iPXE, 1.0.0+git-20190125, wraps a named initrd in a
+cpio header only on BIOS, and without parent dirs; on UEFI its files reach the kernel raw).
+A layer's depth (its number of parents) is part of its cache key's chain, so the name sorts
+the files into layer order. What the node runs before its root exists goes into one more
+small blob, the boot kit: busybox, and the kernel modules (loop, the file system, overlay)
+from the image's own /lib/modules unless its kernel has them built in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from provisiond.archive import Writer, dir_entry, file_entry, symlink_entry
+from provisiond.atomic import write_atomic
+from provisiond.config import Config
+from provisiond.errors import BuildFailed
+from provisiond.images.blobs import blob_path, open_blob
+from provisiond.images.cpio import MTIME_CLAMP
+from provisiond.images.debs import extract_deb, fetch_deb
+from provisiond.images.kernel import scan_modules, select_modules
+
+LAYERS_DIR = ".provisiond/layers"
+MODULES_DIR = ".provisiond/modules"
+KIT_BIN = ".provisiond/bin"
+RDINIT = "/.provisiond/bin/init"  # the kernel's rdinit= for a mounted boot
+APPLETS = ("sh", "mount", "umount", "mkdir", "cp", "rm", "cat", "insmod", "switch_root",
+           "losetup", "ls", "sleep")
+WRAPPER = """#!/.provisiond/bin/sh
+# provisiond mounted boot: the image is not unpacked, so the init overlay's /init runs with
+# the boot kit's busybox
+PATH=/.provisiond/bin
+export PATH
+exec sh /init "$@"
+"""
+KERNEL_FILES = r"^boot/(vmlinuz|initrd\.img)-"
+# erofs-utils 1.5 and the 6.1 kernel know lz4 only (zstd came to erofs in 6.10)
+FORMATS = {
+    "squashfs": {"module": "squashfs", "compressor": "zstd"},
+    "erofs": {"module": "erofs", "compressor": "lz4hc"},
+}
+DEFAULT_FORMAT = "squashfs"
+BOOT_MODES = ("mounted", "unpacked")
+DEFAULT_BOOT = "mounted"
+
+
+def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
+                 level: int | None = None) -> list[str]:
+    """The packer's argv: deterministic (fixed times and UUID), xattrs kept, kernels out."""
+    if fs not in FORMATS:
+        raise BuildFailed(f"unknown mounted layer format {fs!r} (use {', '.join(FORMATS)})")
+    if compressor is None:
+        compressor, level = FORMATS[fs]["compressor"], FORMATS[fs].get("level")
+    if fs == "squashfs":
+        tuning = ["-Xcompression-level", str(level)] if level is not None else []
+        return ["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
+                "-comp", compressor, *tuning, "-xattrs", "-reproducible", "-processors", "2",
+                "-mkfs-time", str(MTIME_CLAMP), "-all-time", str(MTIME_CLAMP),
+                "-wildcards", "-e", "boot/vmlinuz-*", "boot/initrd.img-*"]
+    return ["mkfs.erofs", "--quiet", f"-z{compressor}{f',{level}' if level else ''}",
+            f"-T{MTIME_CLAMP}",
+                "-U00000000-0000-0000-0000-000000000000", f"--exclude-regex={KERNEL_FILES}",
+                str(out), str(tree)]
+
+
+def pack_image(fs: str, tree: Path, out: Path, compressor: str | None = None,
+               level: int | None = None) -> None:
+    """Pack a layer tree into a file system image at `out`; a failure is one line."""
+    argv = pack_command(fs, tree, out, compressor, level)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise BuildFailed(f"{argv[0]} is not installed (Debian: "
+                          f"{'squashfs-tools' if fs == 'squashfs' else 'erofs-utils'})") from None
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
+        raise BuildFailed(f"{argv[0]} failed: {lines[-1]}")
+
+
+def layer_file(depth: int, fs: str) -> str:
+    return f"{LAYERS_DIR}/{depth:03d}.{fs}"
+
+
+def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
+    """Pack one layer tree and store it wrapped in a one-file cpio; its blob record."""
+    with tempfile.TemporaryDirectory(prefix=".mounted.", dir=config.blob_dir) as tmp:
+        image = Path(tmp) / f"layer.{fs}"
+        pack_image(fs, tree, image)
+        os.chmod(image, 0o444)
+        with open_blob(config) as blob:
+            writer = Writer(blob.hashing, mtime=MTIME_CLAMP)
+            for folder in (".provisiond", LAYERS_DIR):
+                writer.add(dir_entry(folder))
+            writer.add_path(layer_file(depth, fs), image, os.stat(image))
+            writer.close()
+            digest = blob.commit()
+        return {"digest": digest, "size": blob.size, "format": fs,
+                "file": layer_file(depth, fs)}
+
+
+def add_mounted(config: Config, layers: Path, records: list[dict], fs: str = DEFAULT_FORMAT
+                ) -> None:
+    """Give each layer record its mounted form (packed now if it has none in `fs` or its
+    blob is gone), saved beside the layer's own record."""
+    config.blob_dir.mkdir(parents=True, exist_ok=True)
+    for depth, record in enumerate(records):
+        mounted = record.get("mounted") or {}
+        if mounted.get("format") == fs and mounted.get("file") == layer_file(depth, fs) \
+                and blob_path(config, mounted["digest"]).is_file():
+            continue
+        record["mounted"] = store_mounted(config, layers / record["key"], depth, fs)
+        write_atomic(layers / f"{record['key']}.json", json.dumps(record, indent=1) + "\n")
+
+
+def boot_kit(config: Config, root: Path, version: str, fs: str = DEFAULT_FORMAT) -> dict:
+    """What a mounted boot runs before the root exists, stored as a cpio blob: busybox
+    (Debian's busybox-static) with the applets /init uses, the RDINIT wrapper, and the
+    modules (loop, the file system, overlay: those not built in) from the image's own
+    /lib/modules/<version>, in load order. Its record, or `{"missing": [...]}` naming what
+    the image's kernel has neither built in nor as a module (its nodes then boot unpacked)."""
+    wanted = ["loop", FORMATS[fs]["module"], "overlay"]
+    moddir = root / "lib/modules" / version
+    if not moddir.is_dir():
+        return {"missing": wanted}
+    index = scan_modules(moddir)
+    builtin = set(index["builtin"])
+    missing = [m for m in wanted if m not in builtin and m not in index["modules"]]
+    if missing:
+        return {"missing": missing}
+    order = _load_order(select_modules(index, [m for m in wanted if m not in builtin]))
+    entries = [dir_entry(d) for d in (".provisiond", KIT_BIN, MODULES_DIR)]
+    entries.append(file_entry(f"{KIT_BIN}/busybox", _busybox(config), 0o755))
+    entries += [symlink_entry(f"{KIT_BIN}/{applet}", "busybox") for applet in APPLETS]
+    entries.append(file_entry(RDINIT.lstrip("/"), WRAPPER.encode(), 0o755))
+    for name in order:
+        data = (moddir / index["modules"][name]["path"]).read_bytes()
+        entries.append(file_entry(f"{MODULES_DIR}/{name}.ko", data))
+    entries.append(file_entry(f"{MODULES_DIR}/order", "".join(f"{n}\n" for n in order)
+                              .encode()))
+    with open_blob(config) as blob:
+        writer = Writer(blob.hashing, mtime=MTIME_CLAMP)
+        for entry in entries:
+            writer.add(entry)
+        writer.close()
+        digest = blob.commit()
+    return {"digest": digest, "size": blob.size, "modules": order, "format": fs}
+
+
+def _busybox(config: Config) -> bytes:
+    """/bin/busybox of Debian's busybox-static (the .deb the tiny image's base uses too)."""
+    deb = fetch_deb(config, "busybox-static")
+    with tempfile.TemporaryDirectory(prefix="kit-busybox.") as tmp:
+        extract_deb(deb, Path(tmp), keep=lambda name: name in ("bin", "bin/busybox"))
+        return (Path(tmp) / "bin/busybox").read_bytes()
+
+
+def _load_order(chosen: dict[str, list[str]]) -> list[str]:
+    """Dependencies before the modules that need them, names sorted otherwise."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        for dep in sorted(chosen.get(name, [])):
+            if dep in chosen:
+                visit(dep)
+        order.append(name)
+
+    for name in sorted(chosen):
+        visit(name)
+    return order
+
+
+def mounted_section(records: list[dict], kit: dict, boot: str) -> dict:
+    """The manifest's `mounted` part: the default boot mode, the format, the layer blobs
+    in order and the boot kit, or why nodes of this image boot unpacked."""
+    section = {"boot": boot, "format": records[0]["mounted"]["format"] if records else None,
+               "layers": [{k: r["mounted"][k] for k in ("digest", "size", "file")}
+                          for r in records]}
+    if "missing" in kit:
+        section.update(boot="unpacked", unavailable="the kernel has no module "
+                       + ", ".join(kit["missing"]))
+    else:
+        section["kit"] = kit
+    return section
+
+
+def boot_mode(manifest: dict, args: list[str]) -> str:
+    """How a node boots this image: `provisiond.boot=` among the image's kernel args, then
+    the node's `args` (the last wins), else the image's setting; unpacked when the build
+    found a mounted boot impossible (or made no mounted form: an older manifest)."""
+    mounted = manifest.get("mounted")
+    if not mounted or mounted.get("unavailable"):
+        return "unpacked"
+    mode = mounted.get("boot", DEFAULT_BOOT)
+    for arg in [*(manifest.get("kernel_args") or []), *args]:
+        if arg.startswith("provisiond.boot=") and arg.split("=", 1)[1] in BOOT_MODES:
+            mode = arg.split("=", 1)[1]
+    return mode
+
+
+def layer_blobs(manifest: dict, mode: str) -> list[str]:
+    """The digests the node's iPXE script loads for its image layers, in order."""
+    if mode != "mounted":
+        return [layer["digest"] for layer in manifest["layers"]]
+    mounted = manifest["mounted"]
+    return [mounted["kit"]["digest"]] + [layer["digest"] for layer in mounted["layers"]]
+
+
+def mounted_layers(config: Config, records: list[dict], version: str,
+                   boot: str | None) -> dict:
+    """Pack the layers' mounted forms and the boot modules: the manifest's `mounted`."""
+    from provisiond.images import chroot  # noqa: PLC0415 (chroot is heavy for the server)
+    from provisiond.images.layers import layer_dir
+
+    layers = layer_dir(config)
+    add_mounted(config, layers, records)
+    view = layers / f"view-modules-{records[-1]['key'][:16]}"
+    with chroot.overlay([layers / r["key"] for r in reversed(records)], None, view / "w",
+                        view / "merged") as merged:
+        kit = boot_kit(config, merged, version)
+    with contextlib.suppress(OSError):
+        view.joinpath("merged").rmdir()
+        view.rmdir()
+    return mounted_section(records, kit, boot or DEFAULT_BOOT)
+
+
+def mounted_digests(manifest: dict) -> list[str]:
+    """The blobs a manifest's mounted form references (kept by gc)."""
+    mounted = manifest.get("mounted") or {}
+    found = [layer["digest"] for layer in mounted.get("layers", [])]
+    return found + ([mounted["kit"]["digest"]] if "kit" in mounted else [])
