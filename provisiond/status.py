@@ -22,8 +22,10 @@ from provisiond.states import NodePhase
 REFUSAL = "token_refused"
 
 
-def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") -> dict:
-    """Note that `node` reached `phase` now; returns the node's new status."""
+def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
+                 memory: dict[str, int] | None = None) -> dict:
+    """Note that `node` reached `phase` now (with the memory the agent reported, if any);
+    returns the node's new status."""
     path = _status_path(config, node)
     now = time.time()
     with locked(path.with_suffix(".lock")):
@@ -35,6 +37,8 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "") 
         status["phase"] = phase.value
         status["updated"] = now
         status["detail"] = detail[:500]
+        if memory:
+            status["memory"] = memory
         write_atomic(path, json.dumps(status, sort_keys=True))
     emit(config, "node.phase", node, {"phase": phase.value, "detail": status["detail"]})
     dhcp = status["phases"].get(NodePhase.DHCP.value)

@@ -48,7 +48,7 @@ exec sh /init "$@"
 KERNEL_FILES = r"^boot/(vmlinuz|initrd\.img)-"
 # erofs-utils 1.5 and the 6.1 kernel know lz4 only (zstd came to erofs in 6.10)
 FORMATS = {
-    "squashfs": {"module": "squashfs", "compressor": "zstd"},
+    "squashfs": {"module": "squashfs", "compressor": "zstd", "level": 3},
     "erofs": {"module": "erofs", "compressor": "lz4hc"},
 }
 DEFAULT_FORMAT = "squashfs"

@@ -20,7 +20,7 @@ def status_document(name: str, found: dict) -> dict:
     return {"node": name, "phase": found.get("phase"), "phases": found.get("phases", {}),
             "boot_started": found.get("boot_started"), "updated": found.get("updated"),
             "detail": found.get("detail") or None,
-            "token_refused": found.get("token_refused")}
+            "token_refused": found.get("token_refused"), "memory": found.get("memory")}
 
 
 def node_status(config: Config, name: str) -> dict:

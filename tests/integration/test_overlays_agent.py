@@ -31,6 +31,7 @@ import pytest
 from provisiond.config import SHIPPED_DIR, load_config
 from provisiond.overlays import ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
+from provisiond.service.status import status_document
 from provisiond.status import read_status
 from tests.conftest import run_provisiond
 from tests.integration.boot.servers import free_port, start_serve, stop_serve, wait_http, \
@@ -342,6 +343,20 @@ def test_agent_under_busybox_against_provisiond_200_then_304_then_a_changed_over
     assert "runtime overlay applied" in fetched.stderr
     assert NEW_KEY in (tmp_path / "root/root/.ssh/authorized_keys").read_text()
     assert kept.read_text().strip() == changed
+
+
+def test_agent_reports_the_nodes_memory_into_its_status(tmp_path, provisiond_http):
+    """MemTotal and MemAvailable (busybox awk reading meminfo) reach the node's status."""
+    state, base = provisiond_http
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        1024000 kB\nMemFree:          100 kB\n"
+                       "MemAvailable:     700000 kB\n")
+    agent = {**busybox_agent(tmp_path), **fresh_token(base), "PROVISIOND_MEMINFO": str(meminfo)}
+    booted = run_agent(tmp_path, base, agent, "boot")
+    assert booted.returncode == 0, booted.stderr
+    status = status_document("n001", read_status(load_config(state), "n001"))
+    assert status["phase"] == "ready"
+    assert status["memory"] == {"total_kib": 1024000, "available_kib": 700000}
 
 
 DELAYS = 10  # refresh waits the loop test lets the agent take (each 0-2 s)

@@ -27,6 +27,8 @@ class NodeStatus(BaseModel):
     detail: str | None
     token_refused: dict | None = Field(None, description="the last refused provisioning "
                                        "token: time, reason, address")
+    memory: dict[str, int] | None = Field(None, description="the node's memory at its last "
+                                          "report: total_kib, available_kib (/proc/meminfo)")
 
 
 class StatusQuery(BaseModel):
@@ -64,6 +66,8 @@ class PhaseReport(BaseModel):
 
     phase: NodePhase
     detail: str = Field("", description="cut to 500 characters")
+    mem_total_kib: int | None = Field(None, ge=0, description="MemTotal of /proc/meminfo")
+    mem_available_kib: int | None = Field(None, ge=0, description="MemAvailable")
 
 
 @route("/status/<node>", "POST", role=None, summary="A node reports a boot phase (with its "
@@ -76,5 +80,7 @@ def report(principal, body: PhaseReport, query, node: str):
     if body.phase in SEEN_BY_SERVER:
         raise InvalidInput(f"phase {body.phase.value} is recorded by the server itself; a "
                            f"node reports one of: {REPORTED}", field="phase")
+    memory = {k: v for k, v in (("total_kib", body.mem_total_kib),
+                                ("available_kib", body.mem_available_kib)) if v is not None}
     return status.status_document(node, record_phase(config(), node, body.phase,
-                                                     body.detail[:500]))
+                                                     body.detail[:500], memory))

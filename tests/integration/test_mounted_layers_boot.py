@@ -1,0 +1,118 @@
+"""Mounted layers boot for real, without network: an image on top of tiny that deletes a
+file (a whiteout) and replaces a directory (an opaque dir), its kernel blob and initrds as
+the iPXE script orders them, handed to QEMU (TCG). The mounted boot must show the same
+root as the unpacked one, on an overlayfs root stacked from read-only squashfs layers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisiond.boot.ipxe import kernel_args
+from provisiond.config import load_config, write_default_config
+from provisiond.images import blob_path, build_image
+from provisiond.images.squash import boot_mode, layer_blobs
+from provisiond.overlays import ensure_overlay
+from tests.tools import command, tool
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.skipif(
+    not tool("qemu-system-x86_64") or not tool("mksquashfs"),
+    reason="needs qemu-system-x86 and squashfs-tools")]
+
+CHECK = """#!/bin/sh
+[ -e /etc/os-release ] && echo "CHECK: os-release present" || echo "CHECK: os-release gone"
+[ -e /usr/share/udhcpc/default.script ] && echo "CHECK: old dir content shows" \\
+    || echo "CHECK: old dir content gone"
+[ -e /usr/share/udhcpc/new ] && echo "CHECK: new dir content shows"
+echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
+grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
+echo "CHECK: done"
+"""
+RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args":
+          ["console=ttyS0"], "layers": [
+              {"kind": "image", "name": "tiny"},
+              {"kind": "run", "commands": [
+                  "rm /etc/os-release",
+                  "rm -rf /usr/share/udhcpc && mkdir /usr/share/udhcpc && : > "
+                  "/usr/share/udhcpc/new"]},
+              {"kind": "copy", "files": [{"src": "check", "dest": "/etc/init.d/S10check",
+                                          "mode": "0755"}]}]}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    os.environ.setdefault("PROVISIOND_CACHE_DIR", "/var/tmp/provisiond-test-cache")
+    state = tmp_path_factory.mktemp("mounted") / "state"
+    write_default_config(state)
+    folder = state / "recipes" / "tinywh"
+    folder.mkdir(parents=True)
+    (folder / "image.yaml").write_text(yaml.safe_dump(RECIPE))
+    (folder / "check").write_text(CHECK)
+    node = {"image": "tinywh", "system_overlays": ["init"],
+            "netdevs": {"eth0": {"mac": "52:54:00:00:00:01"}}}
+    (state / "inventory.yaml").write_text(yaml.safe_dump({"nodes": {"n001": node}}))
+    config = load_config(state)
+    return config, build_image(config, "tinywh")
+
+
+def boot(config, manifest: dict, mode: str, log: Path) -> str:
+    """Kernel + initrds as node_script lists them for `mode`, the kernel args it sets."""
+    parts = [blob_path(config, d) for d in layer_blobs(manifest, mode)]
+    parts += [ensure_overlay(config, "n001", kind) for kind in ("shared", "system")]
+    initrd = log.with_suffix(".initrd")
+    initrd.write_bytes(b"".join(p.read_bytes() for p in parts))
+    args = [a for a in kernel_args(config, manifest, "n001", None, [], mode)
+            if a.startswith(("console=", "rdinit="))]
+    argv = command(["qemu-system-x86_64", "-accel", "tcg", "-m", "256", "-nographic",
+                    "-no-reboot", "-nic", "none", "-kernel",
+                    str(blob_path(config, manifest["kernel"]["digest"])), "-initrd",
+                    str(initrd), "-append", " ".join([*args, "panic=-1"])])
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        try:
+            deadline = 240
+            while deadline > 0 and b"CHECK: done" not in log.read_bytes():
+                try:
+                    proc.wait(timeout=2)
+                    break
+                except subprocess.TimeoutExpired:
+                    deadline -= 2
+        finally:
+            proc.kill()
+            proc.wait()
+    return log.read_text(errors="replace")
+
+
+def test_manifest_has_the_mounted_form_of_every_layer(built):
+    config, manifest = built
+    mounted = manifest["mounted"]
+    assert mounted["format"] == "squashfs" and "unavailable" not in mounted
+    assert [l["file"] for l in mounted["layers"]] == [
+        f".provisiond/layers/{i:03d}.squashfs" for i in range(len(manifest["layers"]))]
+    assert boot_mode(manifest, []) == mounted["boot"]
+    assert boot_mode(manifest, ["provisiond.boot=unpacked"]) == "unpacked"
+    assert set(mounted["kit"]["modules"]) == {"loop", "squashfs", "overlay"}
+    for digest in layer_blobs(manifest, "mounted"):
+        assert blob_path(config, digest).is_file()
+
+
+@pytest.mark.parametrize("mode", ["mounted", "unpacked"])
+def test_both_boots_show_the_same_root(built, tmp_path, mode):
+    config, manifest = built
+    log = boot(config, manifest, mode, tmp_path / f"{mode}.log")
+    assert "CHECK: done" in log, log[-3000:]
+    assert "CHECK: os-release gone" in log, log[-3000:]  # the layer's whiteout
+    assert "CHECK: old dir content gone" in log  # the opaque dir
+    assert "CHECK: new dir content shows" in log
+    count = len(manifest["layers"])
+    if mode == "mounted":
+        assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]
+        assert "CHECK: root is overlay" in log
+    else:
+        assert "provisiond-init: building the root file system in tmpfs" in log
+        assert "CHECK: root is tmpfs" in log
