@@ -8,6 +8,7 @@ import sys
 from provisiond import images
 from provisiond.images.build import interrupt_on_term
 from provisiond.images.shell import image_shell
+from provisiond.images.squash import describe_boot
 from provisiond.cli.context import printable
 from provisiond.audit import cli_actor
 from provisiond.service.images import delete_image
@@ -127,6 +128,7 @@ def cmd_show(args, ctx) -> int:
     ctx.print_line(f"recipe:      {manifest['recipe']['path']}")
     ctx.print_line(f"built:       {manifest['built_at']} in {manifest['build_seconds']:.1f}s, "
           f"total {_size(manifest['total_size'])}")
+    ctx.print_line(f"boot:        {describe_boot(manifest)}")
     rows = [[i, l["kind"], _size(l["size"]), l["digest"][:19], l["description"]]
             for i, l in enumerate(manifest["layers"], 1)]
     ctx.print_table(["#", "KIND", "SIZE", "DIGEST", "DESCRIPTION"], rows)

@@ -242,3 +242,15 @@ def mounted_digests(manifest: dict) -> list[str]:
     mounted = manifest.get("mounted") or {}
     found = [layer["digest"] for layer in mounted.get("layers", [])]
     return found + ([mounted["kit"]["digest"]] if "kit" in mounted else [])
+
+
+def describe_boot(manifest: dict) -> str:
+    """One line for `image show`: the default boot mode and the mounted form's size."""
+    mounted = manifest.get("mounted")
+    if not mounted:
+        return "unpacked (built before mounted layers)"
+    if mounted.get("unavailable"):
+        return f"unpacked (mounted unavailable: {mounted['unavailable']})"
+    size = sum(layer["size"] for layer in mounted["layers"]) + mounted["kit"]["size"]
+    return (f"{mounted['boot']} (mounted: {mounted['format']}, {size / 2**20:.1f} MiB with "
+            f"the boot kit; provisiond.boot=mounted|unpacked per node)")

@@ -1,0 +1,88 @@
+"""Mounted layers' own logic: which blobs a node loads and how it boots, the boot kit's
+module order, the manifest section, and the packers' deterministic, kernel-free images."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from provisiond.errors import BuildFailed
+from provisiond.images import squash
+from tests.tools import tool
+
+LAYERS = [{"digest": "sha256:" + "a" * 64}, {"digest": "sha256:" + "b" * 64}]
+MOUNTED = {"boot": "mounted", "format": "squashfs",
+           "layers": [{"digest": "sha256:" + "c" * 64, "size": 1, "file": "x"},
+                      {"digest": "sha256:" + "d" * 64, "size": 1, "file": "y"}],
+           "kit": {"digest": "sha256:" + "e" * 64, "size": 1, "modules": ["loop"]}}
+
+
+def manifest(**mounted) -> dict:
+    return {"layers": LAYERS, "kernel_args": [], "mounted": {**MOUNTED, **mounted}}
+
+
+def test_a_node_boots_as_its_image_says_unless_its_kernel_args_say_otherwise():
+    assert squash.boot_mode(manifest(), []) == "mounted"
+    assert squash.boot_mode(manifest(boot="unpacked"), []) == "unpacked"
+    assert squash.boot_mode(manifest(boot="unpacked"), ["provisiond.boot=mounted"]) == "mounted"
+    assert squash.boot_mode(manifest(), ["provisiond.boot=unpacked", "quiet"]) == "unpacked"
+    assert squash.boot_mode(manifest(), ["provisiond.boot=bogus"]) == "mounted"
+    image_says = {**manifest(), "kernel_args": ["provisiond.boot=unpacked"]}
+    assert squash.boot_mode(image_says, []) == "unpacked"
+    assert squash.boot_mode(image_says, ["provisiond.boot=mounted"]) == "mounted"
+
+
+def test_an_image_without_a_possible_mounted_boot_boots_unpacked():
+    assert squash.boot_mode({"layers": LAYERS}, ["provisiond.boot=mounted"]) == "unpacked"
+    broken = manifest(unavailable="the kernel has no module squashfs")
+    assert squash.boot_mode(broken, ["provisiond.boot=mounted"]) == "unpacked"
+
+
+def test_a_mounted_boot_loads_the_kit_then_the_layer_images_in_order():
+    assert squash.layer_blobs(manifest(), "unpacked") == [l["digest"] for l in LAYERS]
+    assert squash.layer_blobs(manifest(), "mounted") == [
+        "sha256:" + "e" * 64, "sha256:" + "c" * 64, "sha256:" + "d" * 64]
+    assert squash.mounted_digests(manifest()) == squash.layer_blobs(manifest(), "mounted")[1:] \
+        + ["sha256:" + "e" * 64]
+
+
+def test_modules_load_after_their_dependencies():
+    chosen = {"overlay": [], "squashfs": ["zstd_x"], "zstd_x": [], "loop": []}
+    order = squash._load_order(chosen)
+    assert order.index("zstd_x") < order.index("squashfs") and sorted(order) == sorted(chosen)
+
+
+def test_a_kernel_without_the_modules_makes_the_image_boot_unpacked(tmp_path):
+    (tmp_path / "lib/modules/6.1.0-x").mkdir(parents=True)
+    kit = squash.boot_kit(None, tmp_path, "6.1.0-x")
+    assert kit == {"missing": ["loop", "squashfs", "overlay"]}
+    section = squash.mounted_section([{"mounted": {"format": "squashfs", "digest": "d",
+                                                   "size": 1, "file": "f"}}], kit, "mounted")
+    assert section["boot"] == "unpacked" and "squashfs" in section["unavailable"]
+
+
+def test_an_unknown_format_is_one_clear_error(tmp_path):
+    with pytest.raises(BuildFailed, match="unknown mounted layer format 'ext4'"):
+        squash.pack_command("ext4", tmp_path, tmp_path / "out")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not tool("mksquashfs") or not tool("mkfs.erofs"),
+                    reason="needs root (mknod), squashfs-tools and erofs-utils")
+@pytest.mark.parametrize("fs", sorted(squash.FORMATS))
+def test_packed_images_are_deterministic_and_leave_kernels_out(tmp_path, fs):
+    tree = tmp_path / "tree"
+    (tree / "boot").mkdir(parents=True)
+    (tree / "boot/vmlinuz-6.1").write_text("kernel")
+    (tree / "boot/config-6.1").write_text("config")
+    os.mknod(tree / "gone", 0o20644, os.makedev(0, 0))  # an overlayfs whiteout
+    digests = set()
+    for run in range(2):
+        out = tmp_path / f"{run}.{fs}"
+        squash.pack_image(fs, tree, out)
+        digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
+        os.utime(tree / "boot/config-6.1", (run * 1000, run * 1000))  # mtimes do not count
+    assert len(digests) == 1
+    data = out.read_bytes()
+    assert b"config-6.1" in data and b"vmlinuz-6.1" not in data and b"gone" in data
