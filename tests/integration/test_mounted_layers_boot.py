@@ -1,5 +1,6 @@
 """Mounted layers boot for real, without network: an image on top of tiny that deletes a
-file (a whiteout) and replaces a directory (an opaque dir), its kernel blob and initrds as
+file (a whiteout), replaces a directory (an opaque dir) and has a symlink an overlay
+replaces, its kernel blob and initrds as
 the iPXE script orders them, handed to QEMU (TCG). The mounted boot must show the same
 root as the unpacked one, on an overlayfs root stacked from read-only squashfs layers."""
 
@@ -28,17 +29,21 @@ CHECK = """#!/bin/sh
 [ -e /usr/share/udhcpc/default.script ] && echo "CHECK: old dir content shows" \\
     || echo "CHECK: old dir content gone"
 [ -e /usr/share/udhcpc/new ] && echo "CHECK: new dir content shows"
+echo "CHECK: link to $(readlink /etc/systemd/system/multi-user.target.wants/systemd-networkd.service)"
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
 """
+# the network overlay ships this link too: an overlay file must replace the image's
+WANTS = "/etc/systemd/system/multi-user.target.wants"
 RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args":
           ["console=ttyS0"], "layers": [
               {"kind": "image", "name": "tiny"},
               {"kind": "run", "commands": [
                   "rm /etc/os-release",
                   "rm -rf /usr/share/udhcpc && mkdir /usr/share/udhcpc && : > "
-                  "/usr/share/udhcpc/new"]},
+                  "/usr/share/udhcpc/new",
+                  f"mkdir -p {WANTS} && ln -s /old/target {WANTS}/systemd-networkd.service"]},
               {"kind": "copy", "files": [{"src": "check", "dest": "/etc/init.d/S10check",
                                           "mode": "0755"}]}]}
 
@@ -52,7 +57,7 @@ def built(tmp_path_factory):
     folder.mkdir(parents=True)
     (folder / "image.yaml").write_text(yaml.safe_dump(RECIPE))
     (folder / "check").write_text(CHECK)
-    node = {"image": "tinywh", "system_overlays": ["init"],
+    node = {"image": "tinywh", "system_overlays": ["init", "network"],
             "netdevs": {"eth0": {"mac": "52:54:00:00:00:01"}}}
     (state / "inventory.yaml").write_text(yaml.safe_dump({"nodes": {"n001": node}}))
     config = load_config(state)
@@ -109,6 +114,7 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     assert "CHECK: os-release gone" in log, log[-3000:]  # the layer's whiteout
     assert "CHECK: old dir content gone" in log  # the opaque dir
     assert "CHECK: new dir content shows" in log
+    assert "CHECK: link to /lib/systemd/system/systemd-networkd.service" in log
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]
