@@ -28,7 +28,7 @@ from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import blob_path, open_blob
-from provisiond.images.cpio import MTIME_CLAMP
+from provisiond.images.cpio import source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
 from provisiond.images.kernel import scan_modules, select_modules
 
@@ -58,19 +58,21 @@ DEFAULT_BOOT = "mounted"
 
 def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
                  level: int | None = None) -> list[str]:
-    """The packer's argv: deterministic (fixed times and UUID), xattrs kept, kernels out."""
+    """The packer's argv: deterministic (every time SOURCE_DATE_EPOCH's or the clamp's, a
+    fixed UUID), xattrs kept, kernels out."""
     if fs not in FORMATS:
         raise BuildFailed(f"unknown mounted layer format {fs!r} (use {', '.join(FORMATS)})")
     if compressor is None:
         compressor, level = FORMATS[fs]["compressor"], FORMATS[fs].get("level")
+    epoch = str(source_date_epoch())
     if fs == "squashfs":
         tuning = ["-Xcompression-level", str(level)] if level is not None else []
         return ["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
                 "-comp", compressor, *tuning, "-xattrs", "-reproducible", "-processors", "2",
-                "-mkfs-time", str(MTIME_CLAMP), "-all-time", str(MTIME_CLAMP),
+                "-mkfs-time", epoch, "-all-time", epoch,
                 "-wildcards", "-e", "boot/vmlinuz-*", "boot/initrd.img-*"]
     return ["mkfs.erofs", "--quiet", f"-z{compressor}{f',{level}' if level else ''}",
-            f"-T{MTIME_CLAMP}",
+            f"-T{epoch}",
                 "-U00000000-0000-0000-0000-000000000000", f"--exclude-regex={KERNEL_FILES}",
                 str(out), str(tree)]
 
@@ -100,7 +102,7 @@ def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
         pack_image(fs, tree, image)
         os.chmod(image, 0o444)
         with open_blob(config) as blob:
-            writer = Writer(blob.hashing, mtime=MTIME_CLAMP)
+            writer = Writer(blob.hashing, mtime=source_date_epoch())
             for folder in (".provisiond", LAYERS_DIR):
                 writer.add(dir_entry(folder))
             writer.add_path(layer_file(depth, fs), image, os.stat(image))
@@ -150,7 +152,7 @@ def boot_kit(config: Config, root: Path, version: str, fs: str = DEFAULT_FORMAT)
     entries.append(file_entry(f"{MODULES_DIR}/order", "".join(f"{n}\n" for n in order)
                               .encode()))
     with open_blob(config) as blob:
-        writer = Writer(blob.hashing, mtime=MTIME_CLAMP)
+        writer = Writer(blob.hashing, mtime=source_date_epoch())
         for entry in entries:
             writer.add(entry)
         writer.close()
