@@ -24,6 +24,8 @@ APT_PACKAGES=(
   chromium chromium-driver
   # tests: an OCI distribution registry and skopeo to push to it (image import from registries)
   docker-registry skopeo
+  # hand-off (Ansible): the site repository served by git daemon, ansible-pull as on the nodes
+  git ansible-core
   # lab: QEMU, firmware, libvirt, RA sender
   qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
 )

@@ -49,6 +49,9 @@ def show_status(args, ctx) -> None:
     if not any(row[-1] for row in rows):  # the column only when a node has one
         columns, rows = columns[:-1], [row[:-1] for row in rows]
     ctx.print_table(columns, rows)
+    for status in statuses:  # why it failed, in full: the table cuts details to fit
+        if status["phase"] == NodePhase.FAILED.value and status.get("detail"):
+            ctx.print_line(f"{status['node']} failed: {status['detail']}")
     return None
 
 

@@ -201,7 +201,8 @@ def test_status_detail_with_escape_codes_cannot_repaint_the_table(cli, config):
     out = cli("node", "status").out
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out
     assert "\x9b" not in out and "\u202e" not in out
-    assert len(out.splitlines()) == 3, out  # header, n1, n2: no forged row
+    lines = out.splitlines()  # header, n1, n2, n1's failure in full: no forged row
+    assert len(lines) == 4 and lines[3].startswith("n1 failed: \\x1b[2J"), out
     assert "\\x1b[2J" in out and "FAKE ROW" in out
 
 

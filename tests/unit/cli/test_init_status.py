@@ -50,6 +50,23 @@ def test_status_shows_phases_and_a_new_boot_resets_them(cli, config):
     assert list(read_status(config, "n1")["phases"]) == ["dhcp"]
 
 
+def test_status_prints_a_failed_nodes_detail_in_full_under_the_table(cli, config,
+                                                                     monkeypatch):
+    """The table cuts its widest column to the terminal; a failure's detail (the last lines
+    of an ansible-pull log) is printed whole below it, one line per failed node."""
+    monkeypatch.setenv("COLUMNS", "80")
+    cli("node", "add", "n[1-3]")
+    tail = ("provisiond-configure exit 2: TASK [site : A file] | fatal: [localhost]: FAILED! "
+            "=> {\"msg\": \"Destination directory /etc/x does not exist\"} | PLAY RECAP | "
+            "localhost : ok=3 changed=0 unreachable=0 failed=1")
+    record_phase(config, "n1", NodePhase.FAILED, tail)
+    record_phase(config, "n2", NodePhase.READY, "node ready")
+    lines = cli("node", "status").out.splitlines()
+    assert lines[-1] == f"n1 failed: {tail}", lines
+    assert not any(line.startswith(("n2 failed", "n3 failed")) for line in lines)
+    assert len(lines) == 5 and max(len(line) for line in lines[:4]) <= 80, lines
+
+
 def test_bad_config_is_one_line_not_a_traceback(cli, state_dir):
     (state_dir / "provisiond.yaml").write_text("http: [")
     result = cli("node", "list")
