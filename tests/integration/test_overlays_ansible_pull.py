@@ -108,7 +108,8 @@ def agent(tmp_path: Path, server: NodeServer, script: Path, *args: str):
     extra = {"PROVISIOND_AGENT_CONFIGURE": str(script), "PROVISIOND_AGENT_HTTP": "curl",
              "PROVISIOND_ANSIBLE_DIR": str(tmp_path / "checkout"),
              "PROVISIOND_ANSIBLE_LOG": str(tmp_path / "log/provisiond-ansible.log"),
-             "HOME": str(tmp_path / "home"), "PROVISIOND_AGENT_TRIES": "1"}
+             "HOME": str(tmp_path / "home"), "PROVISIOND_AGENT_TRIES": "1",
+             "PYTHONUNBUFFERED": ""}  # as on a node (a developer's shell may set it)
     url = f"http://127.0.0.1:{server.server_address[1]}"
     result = run_agent(tmp_path, url, extra, *args)
     result.__dict__["log"] = (tmp_path / "log/provisiond-ansible.log").read_text() \
