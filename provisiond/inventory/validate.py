@@ -4,11 +4,13 @@ addresses inside their network and not the server's own."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from provisiond.config import Config
 from provisiond.errors import InvalidInventory
-from provisiond.inventory.merge import Node, merge_all
-from provisiond.inventory.model import Inventory, check_name
+from provisiond.inventory.merge import Node, merge_all, merge_nodes
+from provisiond.inventory.model import Inventory, Record, check_name
 from provisiond.states import BmcDriver
 
 
@@ -18,56 +20,119 @@ def validate_inventory(inventory: Inventory, config: Config | None = None) -> di
     the server's is loopback too (a server on loopback, as in tests and demos, is reached by
     loopback clients only; anywhere else a loopback node address is a mistake, and would
     hand the node's runtime overlay to any local process)."""
-    _check_names(inventory)
+    return check_inventory(inventory, config)[0]
+
+
+def check_inventory(inventory: Inventory, config: Config | None = None
+                    ) -> tuple[dict[str, Node], Claims]:
+    """validate_inventory, also returning who claims each MAC, address and BMC endpoint
+    (what check_changes needs to check a later change of a few nodes)."""
+    _check_names(inventory.profiles, "profile")
+    _check_names(inventory.nodes, "node")
     for name, profile in inventory.profiles.items():
         if profile.profiles:
             raise InvalidInventory(f"profile {name}: profiles: a profile cannot list profiles")
-    for name, record in inventory.nodes.items():
+    _check_profiles_exist(inventory, inventory.nodes)
+    nodes = merge_all(inventory)
+    claims = Claims.for_server(config)
+    for node in nodes.values():
+        _check_node(node, claims)
+    return nodes, claims
+
+
+def check_changes(inventory: Inventory, claims: Claims, names: Iterable[str]) -> Claims:
+    """Check an inventory in which only the nodes `names` were added, replaced or removed
+    since a valid one whose `claims` are given (made with the same config; its profiles
+    unchanged): what
+    check_inventory would find, looking at those nodes alone. Returns the new claims; the
+    given ones are left as they were.
+
+    Every rule check_inventory applies is either about one node (its name, profiles,
+    networks) or about a pair of nodes (a MAC, an address or a BMC endpoint used twice); in
+    a valid inventory every pair of unchanged nodes passed already, so a problem can only
+    involve a changed node: each is checked, and claims what it uses against the claims
+    of the others."""
+    names = list(dict.fromkeys(names))
+    present = {name: inventory.nodes[name] for name in names if name in inventory.nodes}
+    _check_names(present, "node")
+    _check_profiles_exist(inventory, present)
+    claims = claims.without(names)
+    for node in merge_nodes(inventory, list(present)).values():
+        _check_node(node, claims)
+    return claims
+
+
+@dataclass
+class Claims:
+    """Which node holds each MAC, each address (IPv4 and IPv6 together, with the server's
+    own) and each BMC endpoint of a valid inventory, and what each node holds."""
+
+    loopback_ok: bool = True
+    held: dict[tuple[str, object], str] = field(default_factory=dict)
+    """(what, value) -> its holder: "node NAME" or "the server (server.address)" """
+    by_node: dict[str, list[tuple[str, object]]] = field(default_factory=dict)
+
+    @classmethod
+    def for_server(cls, config: Config | None) -> "Claims":
+        claims = cls()
+        if config is not None:
+            server = ipaddress.ip_address(config.server.address)
+            claims.held[("ip", str(server))] = "the server (server.address)"
+            claims.loopback_ok = server.is_loopback
+        return claims
+
+    def without(self, names: list[str]) -> "Claims":
+        """A copy in which the nodes `names` hold nothing."""
+        held, by_node = dict(self.held), dict(self.by_node)
+        for name in names:
+            for key in by_node.pop(name, ()):
+                if held.get(key) == f"node {name}":
+                    del held[key]
+        return Claims(self.loopback_ok, held, by_node)
+
+    def claim(self, what: str, value, node: str, field: str, shown: str | None = None
+              ) -> None:
+        """Record that `node` uses `value`; InvalidInventory if another holds it."""
+        if value is None:
+            return
+        holder = self.held.setdefault((what, value), f"node {node}")
+        if holder != f"node {node}":
+            raise InvalidInventory(
+                f"node {node}: {field}: {shown or value} is already used by {holder}")
+        self.by_node.setdefault(node, []).append((what, value))
+
+
+def _check_profiles_exist(inventory: Inventory, nodes: dict[str, Record]) -> None:
+    for name, record in nodes.items():
         for profile in record.profiles or []:
             if profile not in inventory.profiles:
                 raise InvalidInventory(f"node {name}: profiles: unknown profile {profile!r}")
-    nodes = merge_all(inventory)
-    seen_macs: dict = {}
-    seen_ips: dict = {}
-    seen_bmcs: dict = {}
-    loopback_ok = True
-    if config is not None:
-        server = ipaddress.ip_address(config.server.address)
-        seen_ips[str(server)] = "the server (server.address)"
-        loopback_ok = server.is_loopback
-    for name, node in nodes.items():
-        for dev, netdev in (node.record.netdevs or {}).items():
-            _check_network(name, dev, netdev)
-            if not loopback_ok:
-                _check_not_loopback(name, dev, netdev)
-            _claim(seen_macs, netdev.mac, name, f"netdevs.{dev}.mac")
-            _claim(seen_ips, netdev.ipaddr, name, f"netdevs.{dev}.ipaddr")
-            _claim(seen_ips, netdev.ipaddr6, name, f"netdevs.{dev}.ipaddr6")
-        _claim_bmc(seen_bmcs, node)
-    return nodes
 
 
-def _check_names(inventory: Inventory) -> None:
+def _check_node(node: Node, claims: Claims) -> None:
+    """One merged node's own rules, then its claims on MACs, addresses and its BMC."""
+    name = node.name
+    for dev, netdev in (node.record.netdevs or {}).items():
+        _check_network(name, dev, netdev)
+        if not claims.loopback_ok:
+            _check_not_loopback(name, dev, netdev)
+        claims.claim("mac", netdev.mac, name, f"netdevs.{dev}.mac")
+        claims.claim("ip", netdev.ipaddr, name, f"netdevs.{dev}.ipaddr")
+        claims.claim("ip", netdev.ipaddr6, name, f"netdevs.{dev}.ipaddr6")
+    _claim_bmc(claims, node)
+
+
+def _check_names(records: dict, kind: str) -> None:
     """Record names are checked when a file is parsed; a draft edited in place (a name from
     a request) is checked here, or the file written would no longer load."""
-    for kind, records in (("profile", inventory.profiles), ("node", inventory.nodes)):
-        for name in records:
-            try:
-                check_name(name, f"{kind} name")
-            except ValueError as exc:
-                raise InvalidInventory(str(exc)) from None
+    for name in records:
+        try:
+            check_name(name, f"{kind} name")
+        except ValueError as exc:
+            raise InvalidInventory(str(exc)) from None
 
 
-def _claim(seen: dict, value, node: str, field: str, shown: str | None = None) -> None:
-    if value is None:
-        return
-    owner = seen.setdefault(value, f"node {node}")
-    if owner != f"node {node}":
-        raise InvalidInventory(
-            f"node {node}: {field}: {shown or value} is already used by {owner}")
-
-
-def _claim_bmc(seen: dict, node: Node) -> None:
+def _claim_bmc(claims: Claims, node: Node) -> None:
     """One BMC endpoint per node: address, port and system id together (several Redfish
     systems can share an address, as sushy-tools serves them). A fake BMC is the node's own
     whatever its address (the address only picks a behaviour)."""
@@ -76,7 +141,8 @@ def _claim_bmc(seen: dict, node: Node) -> None:
         return
     shown = bmc.address + (f" port {bmc.port}" if bmc.port else "") + (
         f" system {bmc.system_id}" if bmc.system_id else "")
-    _claim(seen, (bmc.address, bmc.port, bmc.system_id), node.name, "bmc.address", shown)
+    claims.claim("bmc", (bmc.address, bmc.port, bmc.system_id), node.name, "bmc.address",
+                 shown)
 
 
 def _check_not_loopback(node: str, dev: str, netdev) -> None:
