@@ -7,8 +7,11 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from provisiond.errors import Unavailable
 
 
 def write_atomic(path: Path, data: bytes | str, mode: int = 0o644, durable: bool = True) -> None:
@@ -48,16 +51,40 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked(lock_path: Path, shared: bool = False) -> Iterator[None]:
-    """Hold an flock on `lock_path` (created if needed) for the duration of the block."""
+def locked(lock_path: Path, shared: bool = False, wait: float | None = None) -> Iterator[None]:
+    """Hold an flock on `lock_path` (created if needed) for the duration of the block.
+
+    With `wait`, give up after that many seconds (Unavailable), and wait by polling with
+    time.sleep: under gevent (serve's workers) a blocking flock would stop every greenlet
+    of the worker, the one holding the lock included if it is in the same worker."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        if wait is None:
+            fcntl.flock(fd, mode)
+        else:
+            _flock_within(fd, mode, wait, lock_path)
         yield
     finally:
         os.close(fd)
+
+
+def _flock_within(fd: int, mode: int, wait: float, lock_path: Path) -> None:
+    deadline = time.monotonic() + wait
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unavailable(f"{lock_path} is held by another writer (waited "
+                                  f"{wait:g} s): try again") from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
 
 
 def read_json(path: Path) -> dict:

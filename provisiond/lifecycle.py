@@ -26,9 +26,11 @@ from provisiond.trust import forget as forget_credentials
 @contextlib.contextmanager
 def edit_inventory(config: Config, expected_revision: int | None = None,
                    write: bool = True) -> Iterator[Inventory]:
-    """InventoryStore.edit, with the records that changed checked against what exists."""
+    """InventoryStore.edit_records (records are replaced, never changed in place), with
+    the records that changed checked against what exists."""
     check = lambda draft, changed: check_references(config, draft, changed)  # noqa: E731
-    with InventoryStore(config).edit(expected_revision, write=write, check=check) as draft:
+    with InventoryStore(config).edit_records(expected_revision, write=write,
+                                             check=check) as draft:
         yield draft
 
 

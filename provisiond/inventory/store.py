@@ -7,8 +7,8 @@ import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
-import yaml
 from pydantic import ValidationError
 
 from provisiond.atomic import locked, write_atomic
@@ -16,12 +16,54 @@ from provisiond.config import Config
 from provisiond.documents import SCHEMA_KEY, Schema, backup_path, load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
 from provisiond.inventory.model import Inventory
+from provisiond.inventory.text import (CANONICAL, SECTIONS, Text, dump_yaml, sort_key,
+                                       split_pieces)
 from provisiond.inventory.values import CONTROL_RE, check_text
-from provisiond.inventory.validate import validate_inventory
+from provisiond.inventory.validate import Claims, check_changes, check_inventory
+
+__all__ = ["InventoryStore", "Version", "dump_yaml", "parse_inventory"]
 
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
 # The file's format (`schema:`): no older one to migrate yet (Schema's migrations go here).
 INVENTORY_SCHEMA = Schema("inventory", 1)
+LOCK_WAIT = 30.0
+"""Seconds a writer waits for another's write to end (cooperatively: a gevent worker keeps
+serving meanwhile), then gives up with Unavailable."""
+VERSIONS_KEPT = 4  # inventories (state dirs) one process keeps parsed: tests make many
+
+
+@dataclass(eq=False)
+class Version:
+    """One content of inventory.yaml as this process read or wrote it, with what writes
+    derive from it. Shared by every reader and writer of the process: never changed, except
+    that the derived parts are filled in when first needed."""
+
+    digest: str           # the file's sha256 ("" when there is no file)
+    raw: bytes
+    data: dict            # the inventory as plain data (Inventory.to_data()'s form)
+    inventory: Inventory
+    schema: int           # the schema the file had (an older one is migrated on read)
+    canonical: bool       # the file is the text this module writes for `data`
+    text: Text | None = None
+    claims: dict[str, Claims] = field(default_factory=dict)
+    """by server address: who holds each MAC, address and BMC (set once checked valid)"""
+    read_as: Schema = field(default_factory=lambda: INVENTORY_SCHEMA)
+
+    @property
+    def revision(self) -> int:
+        return self.inventory.revision
+
+    def pieces(self) -> Text:
+        """The per-record pieces of the file's text (read back from a canonical file)."""
+        if self.text is None:
+            pieces = None
+            if self.canonical:
+                pieces = split_pieces(self.raw.decode(), _head(self.revision), self.data)
+            self.text = Text.of(self.data, pieces)
+        return self.text
+
+
+_versions: dict[str, Version] = {}
 
 
 class InventoryStore:
@@ -33,40 +75,66 @@ class InventoryStore:
     YAML is slow to parse (1.5 s for 10,000 nodes even with libyaml), so beside it lives a
     JSON copy of the parsed data keyed by the YAML's sha256: a reader whose YAML hashes the
     same loads the JSON (20x faster); a hand-edited or pulled YAML simply misses the cache.
+    Each process also keeps the last version it read or wrote, keyed by that sha256 (a
+    file of 10,000 nodes hashes in ~1 ms): a write then checks and dumps only the records
+    it changes (see edit_records).
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, lock_wait: float = LOCK_WAIT):
         self.config = config
         self.path = config.inventory_path
         self.lock_path = config.state_dir / "inventory.lock"
         self.cache_path = config.state_dir / ".inventory.cache.json"
-        self.read_schema = INVENTORY_SCHEMA.current
-        """The schema of the file last read (an older one is migrated on read)."""
+        self.lock_wait = lock_wait
+
+    @property
+    def read_schema(self) -> int:
+        """The schema of the file as it is now (an older one is migrated on read)."""
+        return self.current().schema
 
     def read(self) -> Inventory:
+        """The inventory, a copy of the caller's own."""
+        return Inventory.model_validate(self.current().data)
+
+    def current(self) -> Version:
+        """The file's version: the one this process last read or wrote if the file still
+        holds it (same sha256), else read anew. Its inventory is shared: read it only."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            return Inventory()
+            return _empty()
         digest = hashlib.sha256(raw).hexdigest()
-        data = self._cached(digest)
+        kept = _versions.get(str(self.path))
+        if kept is not None and kept.digest == digest and kept.read_as == INVENTORY_SCHEMA:
+            return kept
+        version = self._load(raw, digest)
+        _keep(str(self.path), version)
+        return version
+
+    def _load(self, raw: bytes, digest: str) -> Version:
+        cache = self._cached(digest)
+        data = cache.get("data") if cache else None
         if data is None:
             data = load_inventory_yaml(raw, str(self.path))
             self._write_cache(digest, data)
-        data, self.read_schema = INVENTORY_SCHEMA.upgrade(data, str(self.path), InvalidInventory)
-        return validate_inventory_data(data, str(self.path))
+        data, schema = INVENTORY_SCHEMA.upgrade(data, str(self.path), InvalidInventory)
+        inventory = validate_inventory_data(data, str(self.path))
+        canonical = bool(cache) and cache.get("canonical") == CANONICAL
+        return Version(digest, raw, data if canonical else inventory.to_data(), inventory,
+                       schema, canonical)
 
     def _cached(self, digest: str) -> dict | None:
         try:
             cache = json.loads(self.cache_path.read_bytes())
         except (OSError, ValueError):
             return None
-        return cache.get("data") if cache.get("sha256") == digest else None
+        return cache if isinstance(cache, dict) and cache.get("sha256") == digest else None
 
-    def _write_cache(self, digest: str, data: dict) -> None:
+    def _write_cache(self, digest: str, data: dict | str) -> None:
         """Best effort: a reader without write access to the state dir just parses YAML."""
         with contextlib.suppress(OSError, TypeError, ValueError):
-            blob = json.dumps({"sha256": digest, "data": data}, separators=(",", ":"))
+            blob = data if isinstance(data, str) else json.dumps(
+                {"sha256": digest, "data": data}, separators=(",", ":"))
             write_atomic(self.cache_path, blob, durable=False)
 
     @contextlib.contextmanager
@@ -77,31 +145,128 @@ class InventoryStore:
         `check(draft, changed)` sees the ('nodes'|'profiles', name) records that changed,
         then, if anything changed and `write`, it is written with the next revision. An
         exception writes nothing; `write=False` checks exactly what a write would."""
-        with locked(self.lock_path):
-            current = self.read()
-            if expected_revision is not None and expected_revision != current.revision:
-                raise StaleRevision(
-                    f"inventory revision is {current.revision}, not {expected_revision}: "
-                    "reload and retry")
-            before = current.to_data()
-            draft = current  # read() made it for this edit alone: no copy (2 s for 10,000)
+        with self._locked(expected_revision) as base:
+            draft = Inventory.model_validate(base.data)
             yield draft
-            validate_inventory(draft, self.config)
-            data = draft.to_data()
-            changed = [(kind, name) for kind in ("profiles", "nodes")
-                       for name, record in data[kind].items()
-                       if before[kind].get(name) != record]
-            if check is not None:
-                check(draft, changed)
-            draft.revision = before["revision"]
-            if data | {"revision": 0} == before | {"revision": 0} or not write:
-                return
-            draft.revision = data["revision"] = before["revision"] + 1
-            text = (HEADER + dump_yaml({SCHEMA_KEY: INVENTORY_SCHEMA.current, **data})).encode()
-            if self.read_schema < INVENTORY_SCHEMA.current:  # migrated: keep the original
-                shutil.copy2(self.path, backup_path(self.path, self.read_schema))
-            write_atomic(self.path, text)
-            self._write_cache(hashlib.sha256(text).hexdigest(), data)
+            self._commit(base, draft, _changes(base, draft, draft.to_data()), check, write)
+
+    @contextlib.contextmanager
+    def edit_records(self, expected_revision: int | None = None, *, write: bool = True,
+                     check: Callable[[Inventory, list[tuple[str, str]]], None] | None = None
+                     ) -> Iterator[Inventory]:
+        """edit(), for a change of a few records in a large inventory: the inventory yielded
+        shares its records with the one read (and with this process's readers), so records
+        may be added, replaced or removed, never changed in place. Only the records replaced
+        are compared, checked (validate.check_changes) and dumped."""
+        with self._locked(expected_revision) as base:
+            stored = base.inventory
+            draft = Inventory.model_construct(revision=stored.revision,
+                                              profiles=dict(stored.profiles),
+                                              nodes=dict(stored.nodes))
+            yield draft
+            self._commit(base, draft, _changes(base, draft), check, write)
+
+    @contextlib.contextmanager
+    def _locked(self, expected_revision: int | None) -> Iterator[Version]:
+        """Hold the write lock; yield the current version, at `expected_revision` if given."""
+        with locked(self.lock_path, wait=self.lock_wait):
+            base = self.current()
+            if expected_revision is not None and expected_revision != base.revision:
+                raise StaleRevision(
+                    f"inventory revision is {base.revision}, not {expected_revision}: "
+                    "reload and retry")
+            yield base
+
+    def _commit(self, base: Version, draft: Inventory, changes: dict[str, dict],
+                check: Callable | None, write: bool) -> None:
+        """Validate `draft` (`changes`: section -> name -> its data, None if removed), let
+        `check` see it, then write it as the next version."""
+        claims = self._validate(base, draft, changes)
+        if check is not None:
+            check(draft, [(section, name) for section in SECTIONS
+                          for name, data in sorted(changes[section].items(), key=_order(section))
+                          if data is not None])
+        draft.revision = base.revision
+        if not write:
+            return
+        if not any(changes.values()):
+            base.claims[self.config.server.address] = claims
+            return
+        draft.revision = revision = base.revision + 1
+        text = base.pieces().changed(changes)
+        raw = text.yaml_text(_head(revision)).encode()
+        if base.schema < INVENTORY_SCHEMA.current:  # migrated: keep the original
+            shutil.copy2(self.path, backup_path(self.path, base.schema))
+        write_atomic(self.path, raw)
+        digest = hashlib.sha256(raw).hexdigest()
+        self._write_cache(digest, text.json_text(revision, digest, INVENTORY_SCHEMA.current))
+        data = {"revision": revision,
+                **{s: _with(s, base.data[s], changes[s]) for s in SECTIONS}}
+        _keep(str(self.path), Version(digest, raw, data, draft, INVENTORY_SCHEMA.current, True,
+                                      text, {self.config.server.address: claims}))
+
+    def _validate(self, base: Version, draft: Inventory, changes: dict[str, dict]) -> Claims:
+        """The claims of the valid `draft`: only its changed nodes checked when `base` was
+        found valid and no profile changed, else the whole of it."""
+        claims = base.claims.get(self.config.server.address)
+        if claims is None or changes["profiles"]:
+            return check_inventory(draft, self.config)[1]
+        return check_changes(draft, claims, changes["nodes"])
+
+
+def _changes(base: Version, draft: Inventory, data: dict | None = None
+             ) -> dict[str, dict[str, dict | None]]:
+    """Section -> name -> new data (None: removed) of the records whose data differs from
+    `base`: among every record when the draft's `data` is given, else among the records
+    the draft does not share with `base`."""
+    found: dict[str, dict[str, dict | None]] = {}
+    for section in SECTIONS:
+        before, records = base.data[section], getattr(draft, section)
+        if data is not None:
+            after = data[section]
+        else:
+            stored = getattr(base.inventory, section)
+            after = {name: record.to_data() for name, record in records.items()
+                     if stored.get(name) is not record}
+        gone = {name: None for name in before if name not in records}
+        found[section] = {name: record for name, record in after.items()
+                          if before.get(name) != record} | gone
+    return found
+
+
+def _with(section: str, records: dict[str, dict], changes: dict[str, dict | None]
+          ) -> dict[str, dict]:
+    """`records` of `section` (in file order) with `changes` made, still in file order."""
+    if not changes:
+        return records
+    if all(name in records for name in changes):  # replaced or removed: the order holds
+        return {name: changes.get(name, data) for name, data in records.items()
+                if changes.get(name, data) is not None}
+    merged = {**records, **changes}
+    return {name: merged[name] for name in sorted(merged, key=sort_key(section))
+            if merged[name] is not None}
+
+
+def _order(section: str):
+    key = sort_key(section)
+    return (lambda item: key(item[0])) if key else (lambda item: item[0])
+
+
+def _head(revision: int) -> str:
+    """The file's lines before its records."""
+    return f"{HEADER}{SCHEMA_KEY}: {INVENTORY_SCHEMA.current}\nrevision: {revision}\n"
+
+
+def _empty() -> Version:
+    data = {"revision": 0, "profiles": {}, "nodes": {}}
+    return Version("", b"", data, Inventory(), INVENTORY_SCHEMA.current, False)
+
+
+def _keep(path: str, version: Version) -> None:
+    _versions.pop(path, None)
+    if len(_versions) >= VERSIONS_KEPT:
+        _versions.pop(next(iter(_versions)))
+    _versions[path] = version
 
 
 def parse_inventory(text: str, origin: str) -> Inventory:
@@ -175,25 +340,3 @@ def yaml_read_as(value) -> str | None:
     if isinstance(value, bool):
         return "a boolean"
     return "a number" if isinstance(value, (int, float)) else None
-
-
-# libyaml's emitter when PyYAML has it: 3x faster for 10,000 nodes (the largest part of a
-# write). It writes the same data; only its text may differ from the Python emitter's in
-# rare places (a character beyond the BMP escaped, a closing "..." after an open-ended
-# plain scalar).
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
-    pass
-
-
-def _str_presenter(dumper, value: str):
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str_presenter)
-
-
-def dump_yaml(data, dumper: type = _Dumper) -> str:
-    """YAML in the order given (callers sort), block style, for clean git diffs."""
-    return yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=100)

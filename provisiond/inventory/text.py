@@ -176,9 +176,10 @@ class Text:
             parts.append(text)
         return "".join(parts) + (_END if state else "")
 
-    def json_text(self, revision: int, digest: str) -> str:
+    def json_text(self, revision: int, digest: str, schema: int) -> str:
         """The JSON cache of the file whose sha256 is `digest`."""
-        return (f'{{"sha256":{json.dumps(digest)},"data":{{"revision":{revision},'
+        return (f'{{"sha256":{json.dumps(digest)},"data":{{"schema":{schema},'
+                f'"revision":{revision},'
                 f'"profiles":{self.sections["profiles"].json_text()},'
                 f'"nodes":{self.sections["nodes"].json_text()}}},"canonical":{CANONICAL}}}')
 

@@ -21,7 +21,7 @@ from provisiond.errors import InvalidInput, NodeNotFound, ProfileNotFound, NotFo
 from provisiond.inventory.merge import Node, merge_node
 from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
 from provisiond.inventory.ranges import expand, fold
-from provisiond.inventory.store import InventoryStore
+from provisiond.inventory.store import InventoryStore, Version
 
 SNAPSHOTS_KEPT = 4  # state dirs one process reads (tests make many)
 MAX_LIMIT = 1000
@@ -132,12 +132,13 @@ class Snapshot:
         return node
 
 
-_snapshots: dict[str, tuple[tuple, Snapshot]] = {}
+_snapshots: dict[str, tuple[tuple, Version, Snapshot]] = {}
 
 
 def snapshot(config: Config) -> Snapshot:
     """The inventory as it is now: the last snapshot of this state dir if the file has not
-    changed since, else a new one."""
+    changed since (its stat), else the snapshot of the store's current version (the one
+    this process just wrote needs no reading)."""
     path = config.inventory_path
     try:
         st = os.stat(path)
@@ -146,12 +147,17 @@ def snapshot(config: Config) -> Snapshot:
         stamp = None
     kept = _snapshots.get(str(path))
     if kept is not None and stamp is not None and kept[0] == stamp:
-        return kept[1]
-    current = Snapshot(InventoryStore(config).read())
+        return kept[2]
+    version = InventoryStore(config).current()
+    if kept is not None and kept[1] is version:
+        current = kept[2]
+    else:
+        current = Snapshot(version.inventory)
+    _snapshots.pop(str(path), None)
     if len(_snapshots) >= SNAPSHOTS_KEPT:
         _snapshots.pop(next(iter(_snapshots)))
     if stamp is not None:
-        _snapshots[str(path)] = (stamp, current)
+        _snapshots[str(path)] = (stamp, version, current)
     return current
 
 

@@ -5,7 +5,7 @@ import yaml
 
 from provisiond.errors import InvalidInventory, StaleRevision
 from provisiond.inventory import InventoryStore
-from provisiond.inventory import store as store_module
+from provisiond.inventory import text as text_module
 from provisiond.inventory.store import dump_yaml
 from provisiond.inventory.model import Record
 
@@ -117,7 +117,7 @@ class _PythonDumper(yaml.SafeDumper):
     pass
 
 
-_PythonDumper.add_representer(str, store_module._str_presenter)
+_PythonDumper.add_representer(str, text_module._str_presenter)
 
 
 def tricky_inventory(texts=TRICKY) -> dict:
