@@ -1,0 +1,178 @@
+"""What a process keeps of the inventory between writes never hides another writer's change,
+and a writer waits for the lock without stopping a gevent worker."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from provisiond.atomic import locked
+from provisiond.errors import InvalidInventory, Unavailable
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import Record
+from tests.unit.inventory.test_text import whole_dump
+
+
+def _names(config) -> list[str]:
+    return sorted(InventoryStore(config).read().nodes)
+
+
+def test_a_write_by_another_process_is_never_lost(state_dir, config):
+    """This process writes (and keeps that version), the CLI in another process adds a
+    node, this process writes again from what the file holds then: both changes stay."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record(comment="here")
+    env = dict(os.environ, PROVISIOND_STATE_DIR=str(state_dir))
+    subprocess.run([sys.executable, "-m", "provisiond", "node", "add", "n2"], env=env,
+                   check=True, capture_output=True, timeout=120)
+    with InventoryStore(config).edit_records() as inventory:
+        assert "n2" in inventory.nodes
+        inventory.nodes["n3"] = Record(comment="here again")
+    assert _names(config) == ["n1", "n2", "n3"]
+    assert InventoryStore(config).read().revision == 3
+    assert config.inventory_path.read_text() == whole_dump(
+        InventoryStore(config).read().to_data())
+
+
+def test_a_change_keeping_size_mtime_and_inode_is_seen(config):
+    """The kept version is keyed by the file's content, not its stat: an edit in place of
+    the same length, its mtime put back, is still read."""
+    store = InventoryStore(config)
+    with store.edit_records() as inventory:
+        inventory.nodes["n1"] = Record(comment="aaaa")
+    st = os.stat(config.inventory_path)
+    text = config.inventory_path.read_text()
+    with open(config.inventory_path, "r+") as handle:  # same inode, same size
+        handle.write(text.replace("comment: aaaa", "comment: bbbb"))
+    os.utime(config.inventory_path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(config.inventory_path).st_mtime_ns == st.st_mtime_ns
+    assert store.read().nodes["n1"].comment == "bbbb"
+    with store.edit_records() as inventory:
+        assert inventory.nodes["n1"].comment == "bbbb"
+
+
+def test_claims_of_another_server_address_are_not_used(config):
+    """A node on loopback is fine for a server on loopback; the same inventory served from
+    another address refuses every write until it is fixed, as the whole check does."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record.model_validate({"netdevs": {"eth0": {
+            "ipaddr": "127.0.0.5"}}})
+    config.server.address = "10.0.0.200"
+    with pytest.raises(InvalidInventory, match="127.0.0.5 is loopback"):
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n2"] = Record(comment="unrelated")
+
+
+def test_a_refused_write_leaves_the_kept_version_as_it_was(config):
+    store = InventoryStore(config)
+    with store.edit_records() as inventory:
+        inventory.nodes["n1"] = Record.model_validate({"netdevs": {"eth0": {
+            "ipaddr": "10.0.0.1"}}})
+        inventory.nodes["n2"] = Record(comment="kept")
+    with pytest.raises(InvalidInventory):
+        with store.edit_records() as inventory:
+            inventory.nodes["n2"] = Record(comment="lost")
+            inventory.nodes["n3"] = Record.model_validate({"netdevs": {"eth0": {
+                "ipaddr": "10.0.0.1"}}})
+    assert store.current().inventory.nodes["n2"].comment == "kept"
+    assert "n3" not in store.current().inventory.nodes
+    with store.edit_records() as inventory:
+        inventory.nodes["n4"] = Record()
+    assert _names(config) == ["n1", "n2", "n4"]
+    assert InventoryStore(config).read().nodes["n2"].comment == "kept"
+
+
+def test_a_write_gives_up_on_a_lock_held_too_long(config):
+    """Another writer holds the lock: the store waits, bounded, then says so."""
+    fd = os.open(config.state_dir / "inventory.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(Unavailable, match="held by another writer"):
+            with InventoryStore(config, lock_wait=0.3).edit_records() as inventory:
+                inventory.nodes["n1"] = Record()
+    finally:
+        os.close(fd)
+    assert not config.inventory_path.exists()
+
+
+def test_the_lock_is_waited_for_by_sleeping(tmp_path, monkeypatch):
+    """The wait polls with time.sleep (gevent's, in a worker), and ends once released."""
+    path = tmp_path / "x.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 5:
+            os.close(fd)  # the other writer is done
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    with locked(path, wait=10):
+        pass
+    assert len(sleeps) >= 5
+
+
+GEVENT_WAITER = """
+from gevent import monkey
+monkey.patch_all()
+import fcntl, os, sys, time
+import gevent
+from provisiond.atomic import locked
+
+path = sys.argv[1]
+fd = os.open(path, os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)        # a write in progress, in this same worker
+ticks = []
+def other_requests():
+    for _ in range(20):
+        ticks.append(time.monotonic())
+        gevent.sleep(0.01)
+def writer():
+    with locked(path, wait=10):
+        print("locked after", len(ticks), "ticks", flush=True)
+def finish_the_write():
+    gevent.sleep(0.3)
+    os.close(fd)
+gevent.joinall([gevent.spawn(other_requests), gevent.spawn(writer),
+                gevent.spawn(finish_the_write)], timeout=20)
+"""
+
+
+def test_a_gevent_worker_keeps_serving_while_a_write_waits(tmp_path):
+    """In one gevent worker, a write waiting for the lock another greenlet holds: the
+    other greenlets run (a blocking flock would stop the worker, the holder included)."""
+    done = subprocess.run([sys.executable, "-c", GEVENT_WAITER, str(tmp_path / "x.lock")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    ticks = int(done.stdout.split()[2])
+    assert ticks >= 10, done.stdout
+
+
+def test_writers_in_threads_of_one_process_lose_nothing(config):
+    """Threads of one process share the kept version: each write starts from the last."""
+    errors: list[BaseException] = []
+
+    def add(name: str) -> None:
+        try:
+            with InventoryStore(config).edit_records() as inventory:
+                inventory.nodes[name] = Record(comment=name)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=add, args=(f"t{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert _names(config) == sorted(f"t{i}" for i in range(8))
+    assert InventoryStore(config).read().revision == 8
