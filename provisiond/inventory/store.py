@@ -48,10 +48,25 @@ class Version:
     claims: dict[str, Claims] = field(default_factory=dict)
     """by server address: who holds each MAC, address and BMC (set once checked valid)"""
     read_as: Schema = field(default_factory=lambda: INVENTORY_SCHEMA)
+    previous: Version | None = None
+    """the version this process held before it, whose claims can be carried over"""
 
     @property
     def revision(self) -> int:
         return self.inventory.revision
+
+    def claims_for(self, server: str) -> Claims | None:
+        """The claims of this version for a server at `server`, if known valid: checked so
+        in this process, or carried over from the previous version's (the nodes that differ
+        checked against them, as a write would: profiles must be the same)."""
+        before = self.previous
+        if server not in self.claims and before is not None and server in before.claims \
+                and before.data["profiles"] == self.data["profiles"]:
+            changed = _differing(before.data["nodes"], self.data["nodes"])
+            with contextlib.suppress(InvalidInventory, ValueError):  # ValueError: pydantic's
+                self.claims[server] = check_changes(self.inventory, before.claims[server],
+                                                    changed)
+        return self.claims.get(server)
 
     def pieces(self) -> Text:
         """The per-record pieces of the file's text (read back from a canonical file)."""
@@ -107,21 +122,29 @@ class InventoryStore:
         kept = _versions.get(str(self.path))
         if kept is not None and kept.digest == digest and kept.read_as == INVENTORY_SCHEMA:
             return kept
-        version = self._load(raw, digest)
+        version = self._load(raw, digest, kept if kept and kept.read_as == INVENTORY_SCHEMA
+                             else None)
         _keep(str(self.path), version)
         return version
 
-    def _load(self, raw: bytes, digest: str) -> Version:
+    def _load(self, raw: bytes, digest: str, kept: Version | None) -> Version:
+        """The version `raw` holds; with the version this process `kept` before it (another
+        process wrote since), the records equal to kept's are kept's, not parsed again."""
         cache = self._cached(digest)
         data = cache.get("data") if cache else None
         if data is None:
             data = load_inventory_yaml(raw, str(self.path))
             self._write_cache(digest, data)
         data, schema = INVENTORY_SCHEMA.upgrade(data, str(self.path), InvalidInventory)
-        inventory = validate_inventory_data(data, str(self.path))
         canonical = bool(cache) and cache.get("canonical") == CANONICAL
+        if canonical and kept is not None:  # data in to_data()'s form, as kept's
+            inventory = _reusing(kept, data, str(self.path))
+        else:
+            inventory = validate_inventory_data(data, str(self.path))
+        if kept is not None:
+            kept.previous = None  # keep one version back, not a chain
         return Version(digest, raw, data if canonical else inventory.to_data(), inventory,
-                       schema, canonical)
+                       schema, canonical, previous=kept)
 
     def _cached(self, digest: str) -> dict | None:
         try:
@@ -208,7 +231,7 @@ class InventoryStore:
     def _validate(self, base: Version, draft: Inventory, changes: dict[str, dict]) -> Claims:
         """The claims of the valid `draft`: only its changed nodes checked when `base` was
         found valid and no profile changed, else the whole of it."""
-        claims = base.claims.get(self.config.server.address)
+        claims = base.claims_for(self.config.server.address)
         if claims is None or changes["profiles"]:
             return check_inventory(draft, self.config)[1]
         return check_changes(draft, claims, changes["nodes"])
@@ -221,17 +244,37 @@ def _changes(base: Version, draft: Inventory, data: dict | None = None
     the draft does not share with `base`."""
     found: dict[str, dict[str, dict | None]] = {}
     for section in SECTIONS:
-        before, records = base.data[section], getattr(draft, section)
+        records = getattr(draft, section)
         if data is not None:
             after = data[section]
         else:
             stored = getattr(base.inventory, section)
             after = {name: record.to_data() for name, record in records.items()
                      if stored.get(name) is not record}
-        gone = {name: None for name in before if name not in records}
-        found[section] = {name: record for name, record in after.items()
-                          if before.get(name) != record} | gone
+        found[section] = _differing(base.data[section], after, records)
     return found
+
+
+def _differing(before: dict[str, dict], after: dict[str, dict], present=None
+               ) -> dict[str, dict | None]:
+    """name -> data of the records of `after` that differ from `before`'s, and -> None for
+    the names of `before` no longer `present` (by default: in `after`)."""
+    present = after if present is None else present
+    found: dict[str, dict | None] = {n: d for n, d in after.items() if before.get(n) != d}
+    found.update((name, None) for name in before if name not in present)
+    return found
+
+
+def _reusing(kept: Version, data: dict, origin: str) -> Inventory:
+    """The inventory of `data` (in to_data()'s form), in which only the records that differ
+    from `kept`'s are validated anew: the others are kept's own (records are shared, never
+    changed in place)."""
+    fresh = {s: {n: d for n, d in data[s].items() if kept.data[s].get(n) != d}
+             for s in SECTIONS}
+    checked = validate_inventory_data({**data, **fresh}, origin)
+    records = {s: {n: getattr(checked if n in fresh[s] else kept.inventory, s)[n]
+                   for n in data[s]} for s in SECTIONS}
+    return Inventory.model_construct(revision=checked.revision, **records)
 
 
 def _with(section: str, records: dict[str, dict], changes: dict[str, dict | None]

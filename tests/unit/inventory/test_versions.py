@@ -176,3 +176,90 @@ def test_writers_in_threads_of_one_process_lose_nothing(config):
     assert not errors
     assert _names(config) == sorted(f"t{i}" for i in range(8))
     assert InventoryStore(config).read().revision == 8
+
+
+def _as_another_process(config, change) -> None:
+    """Write `change` as another process would: this one keeps the version it had."""
+    from provisiond.inventory import store as store_module
+
+    key = str(config.inventory_path)
+    kept = store_module._versions[key]
+    with InventoryStore(config).edit_records() as inventory:
+        change(inventory)
+    store_module._versions[key] = kept
+
+
+def test_claims_carry_over_a_write_by_another_process(config, monkeypatch):
+    """After another process's write, this one checks the next write against the claims
+    of its own last version with the nodes that differ checked again (never the whole
+    inventory): the other process's new address is taken, its freed one is free."""
+    from provisiond.inventory import store as store_module
+
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record.model_validate({"netdevs": {"eth0": {
+            "ipaddr": "10.0.0.1"}}})
+    _as_another_process(config, lambda inventory: inventory.nodes.update(
+        n1=Record.model_validate({"netdevs": {"eth0": {"ipaddr": "10.0.0.9"}}}),
+        n2=Record.model_validate({"netdevs": {"eth0": {"ipaddr": "10.0.0.2"}}})))
+
+    def whole(*_args, **_kwargs):
+        raise AssertionError("the whole inventory was checked")
+
+    monkeypatch.setattr(store_module, "check_inventory", whole)
+    with pytest.raises(InvalidInventory, match="10.0.0.2 is already used by node n2"):
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n3"] = Record.model_validate({"netdevs": {"eth0": {
+                "ipaddr": "10.0.0.2"}}})
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n3"] = Record.model_validate({"netdevs": {"eth0": {
+            "ipaddr": "10.0.0.1"}}})
+    nodes = InventoryStore(config).read().nodes
+    assert {n: r.netdevs["eth0"].ipaddr for n, r in nodes.items()} == {
+        "n1": "10.0.0.9", "n2": "10.0.0.2", "n3": "10.0.0.1"}
+
+
+def test_an_invalid_version_from_elsewhere_is_refused_as_a_whole(config):
+    """Another writer (by hand) left two nodes on one address: no claims carry over, and
+    the whole check refuses the next write."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record.model_validate({"netdevs": {"eth0": {
+            "ipaddr": "10.0.0.1"}}})
+    InventoryStore(config).read()
+    text = config.inventory_path.read_text()
+    config.inventory_path.write_text(text + "  n2:\n    netdevs:\n      eth0:\n"
+                                            "        ipaddr: 10.0.0.1\n")
+    with pytest.raises(InvalidInventory, match="node n2: netdevs.eth0.ipaddr: 10.0.0.1 is"):
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n3"] = Record()
+
+
+def test_records_changed_elsewhere_are_read_anew(config):
+    """Records equal to the kept version's are reused, the others are the file's."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record(comment="one")
+        inventory.nodes["n2"] = Record(comment="two")
+    before = InventoryStore(config).current().inventory
+    _as_another_process(config, lambda inventory: inventory.nodes.update(
+        n2=Record(comment="changed"), n3=Record(comment="new")))
+    after = InventoryStore(config).current().inventory
+    assert after.nodes["n1"] is before.nodes["n1"]
+    assert {n: r.comment for n, r in after.nodes.items()} == {
+        "n1": "one", "n2": "changed", "n3": "new"}
+    assert after.revision == 2
+
+
+def test_a_profile_changed_elsewhere_carries_no_claims_over(config):
+    """A profile edited by hand gives its two users one MAC: the nodes' own records did
+    not change, yet the next write is refused (the whole inventory is checked)."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.profiles["p"] = Record()
+        inventory.nodes["n1"] = Record(profiles=["p"])
+        inventory.nodes["n2"] = Record(profiles=["p"])
+    InventoryStore(config).read()
+    text = config.inventory_path.read_text()
+    assert "  p: {}\n" in text
+    config.inventory_path.write_text(text.replace(
+        "  p: {}\n", "  p:\n    netdevs:\n      eth0:\n        mac: '52:54:00:00:00:09'\n"))
+    with pytest.raises(InvalidInventory, match="52:54:00:00:00:09 is already used"):
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n3"] = Record()
