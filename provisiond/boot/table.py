@@ -6,6 +6,7 @@ stat at most once a second), so DHCP, DNS and every HTTP worker answer from plai
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -40,6 +41,7 @@ class BootTable:
     by_ip: dict[str, BootEntry]
     nodes: dict          # name -> provisiond.inventory.Node
     by_ip6: dict[str, BootEntry] = field(default_factory=dict)
+    version: object = None  # the provisiond.inventory.store.Version it was built from
 
     @classmethod
     def empty(cls) -> "BootTable":
@@ -90,16 +92,19 @@ class SkippedRecords:
                       shown, more, exc_info=self.bug)
 
 
-def build_table(config: Config) -> BootTable:
+def build_table(config: Config, previous: BootTable | None = None) -> BootTable:
     """Read the inventory, check it with the CLI's rules (validate_inventory with the config:
     known profiles, unique MACs and addresses, not the server's own...) and index every netdev
-    that has a MAC or an address.
+    that has a MAC or an address. With the `previous` table, only the nodes that changed
+    since are merged and checked again (InventoryStore.valid_nodes): 10,000 nodes took
+    1-3 s of a loaded core per change.
 
     Raises InvalidInventory for an inventory the CLI would refuse to write."""
     from provisiond.inventory import InventoryStore
-    from provisiond.inventory.validate import validate_inventory
 
-    return index_nodes(validate_inventory(InventoryStore(config).read(), config))
+    before = (previous.version, previous.nodes) if previous and previous.version else None
+    version, nodes = InventoryStore(config).valid_nodes(before)
+    return dataclasses.replace(index_nodes(nodes), version=version)
 
 
 def index_nodes(nodes: dict) -> BootTable:
@@ -173,7 +178,7 @@ class TableWatcher:
 
     def _load(self, keeping: str) -> bool:
         try:
-            table = build_table(self.config)
+            table = build_table(self.config, self.table if self.valid else None)
         except Exception as exc:  # a bad file (or a bug) must not end the service
             reason = exc if isinstance(exc, ProvisiondError) else f"{type(exc).__name__}: {exc}"
             log.error("inventory %s not loaded, %s: %s", self.config.inventory_path, keeping,

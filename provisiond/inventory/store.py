@@ -15,6 +15,7 @@ from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.documents import SCHEMA_KEY, Schema, backup_path, load_yaml_mapping
 from provisiond.errors import InvalidInventory, StaleRevision
+from provisiond.inventory.merge import Node, merge_all, merge_nodes
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.text import (CANONICAL, SECTIONS, Text, dump_yaml, sort_key,
                                        split_pieces)
@@ -159,6 +160,24 @@ class InventoryStore:
             blob = data if isinstance(data, str) else json.dumps(
                 {"sha256": digest, "data": data}, separators=(",", ":"))
             write_atomic(self.cache_path, blob, durable=False)
+
+    def valid_nodes(self, before: tuple[Version, dict[str, Node]] | None = None
+                    ) -> tuple[Version, dict[str, Node]]:
+        """The current version, checked valid with this config (validate_inventory's rules:
+        InvalidInventory naming the first problem), and every node of it merged. Given the
+        version `before` and its merged nodes, the nodes that did not change are reused
+        (its profiles unchanged) and its claims carried over as a write would."""
+        version = self.current()
+        server = self.config.server.address
+        if version.claims_for(server) is None:
+            nodes, version.claims[server] = check_inventory(version.inventory, self.config)
+            return version, nodes
+        if before is None or before[0].data["profiles"] != version.data["profiles"]:
+            return version, merge_all(version.inventory)
+        changed = _differing(before[0].data["nodes"], version.data["nodes"])
+        fresh = merge_nodes(version.inventory, [n for n, d in changed.items() if d is not None])
+        return version, {name: fresh.get(name) or before[1][name]
+                         for name in version.data["nodes"]}
 
     @contextlib.contextmanager
     def edit(self, expected_revision: int | None = None, *, write: bool = True,

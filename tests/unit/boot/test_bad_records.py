@@ -296,7 +296,7 @@ def test_a_table_build_failing_by_a_bug_is_logged_with_its_traceback(config, cap
 
     add_nodes(config, 1)
     watcher = TableWatcher(config, interval=0)
-    monkeypatch.setattr(table_module, "build_table", lambda config: {}["a bug"])
+    monkeypatch.setattr(table_module, "build_table", lambda config, previous=None: {}["a bug"])
     write_inventory(config, GOOD)
     with caplog.at_level(logging.ERROR, "provisiond.boot"):
         assert watcher.changed() is False

@@ -263,3 +263,24 @@ def test_a_profile_changed_elsewhere_carries_no_claims_over(config):
     with pytest.raises(InvalidInventory, match="52:54:00:00:00:09 is already used"):
         with InventoryStore(config).edit_records() as inventory:
             inventory.nodes["n3"] = Record()
+
+
+def test_the_boot_table_merges_again_only_what_changed(config):
+    """serve's table after a change: the unchanged nodes' merged records are the previous
+    table's, the changed one is merged anew; a profile change merges every node."""
+    from provisiond.boot.table import build_table
+
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.profiles["p"] = Record(comment="p1")
+        for name in ("n1", "n2"):
+            inventory.nodes[name] = Record(profiles=["p"])
+    first = build_table(config)
+    _as_another_process(config, lambda inventory: inventory.nodes.update(
+        n2=Record(profiles=["p"], image="other")))
+    second = build_table(config, first)
+    assert second.nodes["n1"] is first.nodes["n1"]
+    assert second.nodes["n2"].record.image == "other"
+    with InventoryStore(config).edit_records() as inventory:  # this process: claims known
+        inventory.profiles["p"] = Record(comment="p2")
+    third = build_table(config, second)
+    assert {n.record.comment for n in third.nodes.values()} == {"p2"}
