@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import yaml
@@ -253,3 +254,53 @@ def _pieces(section: str, lines: str, names: list[str], records: dict[str, dict]
             return None
         pieces[name] = piece
     return pieces
+
+
+_REVISION = re.compile(r"revision: ([0-9]{1,18})\n")
+
+
+def read_changes(text: str, head: str, kept: Text, load: Callable[[str], dict]
+                 ) -> tuple[int, dict[str, dict[str, dict | None]]] | None:
+    """A file this module wrote, read as its differences from the `kept` pieces of an
+    earlier version: (its revision, section -> name -> data, None if removed). Only the
+    records whose lines differ are parsed (`load`: YAML text to a mapping). None if the
+    text is laid out otherwise (the caller then reads it whole); the caller checks that
+    the pieces make the text again."""
+    if not text.startswith(head):
+        return None
+    found = _REVISION.match(text, len(head))
+    if found is None:
+        return None
+    body, changes = text[found.end():], {}
+    for section, following in (("profiles", "nodes"), ("nodes", None)):
+        empty = body.startswith(f"{section}: {{}}\n")
+        lines, body = _section_lines(body, section, following, not empty)
+        if lines is None:
+            return None
+        changes[section] = _changed_pieces(section, lines, kept.sections[section], load)
+        if changes[section] is None:
+            return None
+    return (int(found.group(1)), changes) if body in ("", _END) else None
+
+
+def _changed_pieces(section: str, lines: str, kept: Section, load: Callable[[str], dict]
+                    ) -> dict[str, dict | None] | None:
+    starts = [m.start() for m in _KEY_LINE.finditer(lines)]
+    if lines and (not lines.startswith("  ") or starts[:1] == [0]):
+        return None
+    starts = [0] + starts if lines else []
+    changes: dict[str, dict | None] = {}
+    seen = set()
+    for index, start in enumerate(starts):
+        text = lines[start:starts[index + 1] if index + 1 < len(starts) else None]
+        name = text[2:text.find(":")].strip("'")
+        seen.add(name)
+        piece = kept.yaml.get(name)
+        if piece is not None and piece.text == text:
+            continue
+        record = load(f"{section}:\n{text}").get(section)
+        if not isinstance(record, dict) or list(record) != [name]:
+            return None
+        changes[name] = record[name]
+    changes.update((name, None) for name in kept.names if name not in seen)
+    return changes

@@ -284,3 +284,63 @@ def test_the_boot_table_merges_again_only_what_changed(config):
         inventory.profiles["p"] = Record(comment="p2")
     third = build_table(config, second)
     assert {n.record.comment for n in third.nodes.values()} == {"p2"}
+
+
+def _read_afresh(config):
+    """The version as a process that kept nothing reads it (the JSON cache or the YAML)."""
+    from provisiond.inventory import store as store_module
+
+    kept = dict(store_module._versions)
+    store_module._versions.clear()
+    try:
+        return InventoryStore(config).current()
+    finally:
+        store_module._versions.clear()
+        store_module._versions.update(kept)
+
+
+def test_a_version_read_as_changes_is_the_version_read_whole(config):
+    """After another process's write, this one reads only the records whose lines changed:
+    the data, records and text it gets are what a whole read gives."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.profiles["p"] = Record(comment="p")
+        for i in range(1, 6):
+            inventory.nodes[f"n{i}"] = Record(profiles=["p"], comment=f"c{i}")
+    _as_another_process(config, lambda inventory: (
+        inventory.nodes.update(n2=Record(comment="changed"), n10=Record(image="new")),
+        inventory.nodes.pop("n4"), inventory.profiles.update(q=Record())))
+    kept_before = InventoryStore(config).current().previous
+    version = InventoryStore(config).current()
+    whole = _read_afresh(config)
+    assert version.text is not None and version.previous is kept_before  # read as changes
+    assert version.data == whole.data
+    assert version.inventory.to_data() == whole.inventory.to_data()
+    assert version.text.yaml_text(store_module_head(version.revision)) == \
+        config.inventory_path.read_text()
+    assert version.inventory.nodes["n1"] is kept_before.inventory.nodes["n1"]
+
+
+def store_module_head(revision: int) -> str:
+    from provisiond.inventory.store import _head
+
+    return _head(revision)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("comment: a", "comment: 'b'"),  # spelled otherwise than a dump would
+    ("      k: v\n", "      k: v\n    image: null\n"),  # dumped so, but no record's data
+])
+def test_a_hand_edit_is_read_whole(config, old, new):
+    """Lines not in the form a write gives are not taken as pieces: the file is read whole,
+    and its records are what it says."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record(comment="a")
+        inventory.nodes["n2"] = Record(tags={"k": "v"})
+    text = config.inventory_path.read_text()
+    config.inventory_path.write_text(text.replace(old, new))
+    version = InventoryStore(config).current()
+    assert version.canonical is False
+    assert version.data == _read_afresh(config).data
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n3"] = Record()
+    assert config.inventory_path.read_text() == whole_dump(InventoryStore(config).read().to_data())
