@@ -3,8 +3,8 @@
 
 Every write goes through `write_records`: under the inventory lock it checks that the names
 exist (or not, to create), the callers' preconditions (a record's ETag, the inventory
-revision), applies the change, validates the whole inventory as the CLI always did, then
-records who changed which fields (audit) and tells watchers (`inventory.changed`).
+revision), applies the change, validates it as the CLI always did (the changed records
+against the others: InventoryStore.edit_records), then records who changed which fields (audit) and tells watchers (`inventory.changed`).
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ def write_records(config: Config, actor: str, kind: Kind, action: str, names: li
                   expected_revision: int | None = None) -> Inventory:
     """Apply `change` to each named record under the lock (see the module doc): `create`
     needs every name free, otherwise each must exist (a PUT may create: create=None).
+    `change` returns a new record: the stored one is shared (InventoryStore.edit_records)
+    and must not be changed in place.
     `etags` is an If-Match list ("*": any existing record); `expected_revision` the
     inventory revision the caller read. Returns the written inventory."""
     deleted: list[str] = []
