@@ -4,7 +4,8 @@
 Every write goes through `write_records`: under the inventory lock it checks that the names
 exist (or not, to create), the callers' preconditions (a record's ETag, the inventory
 revision), applies the change, validates it as the CLI always did (the changed records
-against the others: InventoryStore.edit_records), then records who changed which fields (audit) and tells watchers (`inventory.changed`).
+against the others: InventoryStore.edit_records), then records who changed which fields
+(audit) and tells watchers (`inventory.changed`).
 """
 
 from __future__ import annotations
