@@ -19,11 +19,13 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from provisiond.config import LABEL_RE, Config
+from provisiond.config import LABEL_RE, Config, ipv4_literal
 from provisiond.discovery.facts import FACT_NAMES
 from provisiond.documents import YamlLoader, check_shape, decode_text
 from provisiond.errors import InvalidInput
+from provisiond.inventory.ranges import expand
 from provisiond.inventory.store import describe_validation_error
+from provisiond.inventory.values import check_name
 
 MAX_RULES = 1000
 
@@ -36,8 +38,30 @@ class Rule(BaseModel):
     profile: str | None = None
     names: str = Field(min_length=1, max_length=1000, description="a node range")
     ipaddr: str | None = None
-    netdev: str = "eth0"
+    netdev: str = Field("eth0", pattern=r"^[^\s/:]{1,15}$")
     gateway: str | None = None
+
+    @field_validator("names")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        """A range of node names (checked here, or every approval by the rule fails)."""
+        try:
+            names = expand(value)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        for name in names:
+            check_name(name, "node name")
+        return value
+
+    @field_validator("ipaddr", "gateway")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        return ipv4_literal(value) if value is not None else None
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, value: str | None) -> str | None:
+        return check_name(value, "profile name") if value is not None else None
 
     @field_validator("match")
     @classmethod

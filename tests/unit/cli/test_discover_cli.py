@@ -78,3 +78,22 @@ def test_rules_are_checked(waiting, config, tmp_path):
     bad.write_text("- name: x\n  match: {}\n  names: y\n")
     result = waiting("discover", "rules", "--file", str(bad))
     assert result.code == 2 and "rule 1" in result.err and result.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("rule, words", [
+    ("names: 'n[065-'", "rule 1: names"),
+    ("names: 'n[1-9]'\n  ipaddr: 10.10.0.300", "rule 1: ipaddr"),
+    ("names: 'n[1-9]'\n  gateway: nope", "rule 1: gateway"),
+    ("names: 'n[1-9]'\n  profile: 'a b'", "rule 1: profile"),
+    ("names: 'n[1-9]'\n  netdev: 'a/b'", "rule 1: netdev"),
+])
+def test_rules_check_finds_what_would_make_every_approval_by_the_rule_fail(
+        waiting, tmp_path, rule, words):
+    """`discover rules --file` is how a file is checked before it is put in place: a rule
+    whose names, addresses or profile name can never make a node is refused there, not
+    found out at each report (where it only leaves machines waiting)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"- name: x\n  match: {{dmi.vendor: Dell*}}\n  {rule}\n")
+    result = waiting("discover", "rules", "--file", str(bad))
+    assert result.code == 2, result.out
+    assert words in result.err and result.err.count("\n") == 1 and "Traceback" not in result.err
