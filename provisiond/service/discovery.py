@@ -39,11 +39,15 @@ def check_mac(mac: str, field: str = "mac") -> str:
 
 
 def report(config: Config, mac: str, address: str, facts: Facts, node: str | None = None
-           ) -> Machine:
+           ) -> Machine | None:
     """A discovery image's report (`node`: the node the boot table has for the MAC): the
     machine enlisted (or its facts updated; approved as a node since deleted: anew) and,
-    if it waits and a rule matches, approved by that rule."""
-    machine, new = book.enlist(config, mac, address, facts, reopen=node is None)
+    if it waits and a rule matches, approved by that rule. A node's MAC enlists nothing
+    (None): the machine is told to reboot as the node, and a host on the boot network
+    claiming that MAC adds no waiting machine that no approval could make a node."""
+    if node is not None:
+        return None
+    machine, new = book.enlist(config, mac, address, facts, reopen=True)
     if new:
         emit(config, "discovery.enlisted", mac, {"seq": machine.seq, "address": address})
     if machine.state is MachineState.PENDING:
@@ -129,7 +133,9 @@ def chosen_machines(config: Config, macs: list[str] | None, sort: str | None) ->
         if done:
             raise InvalidInput(f"already approved: {', '.join(done)}", field="macs")
     else:
-        chosen = sorted((m for m in machines.values() if m.state is MachineState.PENDING),
+        nodes = node_macs(config)  # a MAC put in a node by hand (or a crash) since it enlisted
+        chosen = sorted((m for m in machines.values()
+                         if m.state is MachineState.PENDING and m.mac not in nodes),
                         key=lambda m: m.seq)
     if sort is not None:
         if sort not in FACT_NAMES:
@@ -139,6 +145,12 @@ def chosen_machines(config: Config, macs: list[str] | None, sort: str | None) ->
     if not chosen:
         raise InvalidInput("no machine waits for approval", field="macs")
     return chosen
+
+
+def node_macs(config: Config) -> set[str]:
+    """The MACs the inventory's nodes have."""
+    return {device.mac for record in snapshot(config).inventory.nodes.values()
+            for device in (record.netdevs or {}).values() if device.mac}
 
 
 def _missing(mac: str):

@@ -172,7 +172,7 @@ def report(principal, body: Report, query):
     address = limited()
     known = _node_of(body.mac)
     machine = discovery.report(config(), body.mac, address, body.facts, known)
-    node = machine.node if machine.state is MachineState.APPROVED else None
+    node = machine.node if machine and machine.state is MachineState.APPROVED else None
     return Action(**discovery.next_action(config(), body.mac, node or known))
 
 

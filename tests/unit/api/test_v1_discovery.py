@@ -307,3 +307,32 @@ def test_a_machine_whose_node_was_deleted_enlists_anew(api, config):
     assert action(api, 1)["action"] == "report"
     assert report(api, 1).json["action"] == "wait"
     assert [(m["state"], m["node"]) for m in machines(api)] == [("pending", None)]
+
+
+def test_a_report_claiming_a_nodes_mac_enlists_nothing_and_blocks_no_approval(api, config):
+    """A host on the boot network may say it has a known node's MAC: it is told to reboot as
+    that node (as the boot table says), but no machine waits with the node's MAC, so
+    `approve` of every waiting machine is not stopped by a MAC a node has already."""
+    add_nodes(config, 1)
+    report(api, 1)
+    spoof = api.client.post("/api/v1/discovery/reports",
+                            json={"mac": "52:54:00:00:00:01", "facts": facts()},
+                            environ_base={"REMOTE_ADDR": "10.99.200.66"})
+    assert spoof.json["action"] == "reboot"
+    assert [m["mac"] for m in machines(api)] == [mac(1)]
+    answer = api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve", json={"names": "x[1-9]"})
+    assert answer.status_code == 200, answer.json
+    assert [(m["mac"], m["node"]) for m in answer.json["items"]] == [(mac(1), "x1")]
+
+
+def test_a_waiting_machine_whose_mac_became_a_node_is_not_approved_again(api, config):
+    """An admin may `node add` a waiting machine's MAC by hand (or a crash may come between
+    an approval's inventory write and its book write): approving every waiting machine
+    leaves that one out instead of failing on a MAC used twice."""
+    report(api, 1)
+    report(api, 2)
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["hand"] = Record.model_validate({"netdevs": {"eth0": {"mac": mac(1)}}})
+    answer = api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve", json={"names": "x[1-9]"})
+    assert answer.status_code == 200, answer.json
+    assert [(m["mac"], m["node"]) for m in answer.json["items"]] == [(mac(2), "x1")]
