@@ -309,6 +309,28 @@ class DiscoverySettings(_Section):
     def pool_range(self) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address] | None:
         return pool_bounds(self.pool) if self.pool else None
 
+    @model_validator(mode="after")
+    def _pool_network(self) -> "DiscoverySettings":
+        """No lease of the network's own or broadcast address (the netmask's), nor of the
+        gateway, which must be inside that network."""
+        if self.pool_range is None:
+            return self
+        low, high = self.pool_range
+        network = ipaddress.IPv4Network(f"{low}/{self.netmask}", strict=False)
+        if network.prefixlen < 31:
+            for address, what in ((network.network_address, "network"),
+                                  (network.broadcast_address, "broadcast")):
+                if low <= address <= high:
+                    raise ValueError(f"pool: {self.pool} holds {address}, the {what} address "
+                                     f"of {network} (discovery.netmask)")
+        if self.gateway:
+            gateway = ipaddress.IPv4Address(self.gateway)
+            if low <= gateway <= high:
+                raise ValueError(f"pool: {self.pool} holds {gateway}, the discovery.gateway")
+            if gateway not in network:
+                raise ValueError(f"gateway: {gateway} is outside the pool's network {network}")
+        return self
+
 
 def pool_bounds(text: str) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
     """(first, last) of a `FIRST-LAST` IPv4 range of at most 65536 addresses."""
@@ -385,6 +407,16 @@ class Config(_Section):
         if api.bind is not None and api.port == http.port and _overlap(api.bind, http.bind):
             raise ValueError(f"api.port: {api.port} on {api.bind} is http.port on "
                              f"{http.bind} too; give the API listener another port or address")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_not_the_server(self) -> "Config":
+        """The discovery pool never leases the server's own address."""
+        pool = self.discovery.pool_range
+        if pool and ":" not in self.server.address and (
+                pool[0] <= ipaddress.IPv4Address(self.server.address) <= pool[1]):
+            raise ValueError(f"discovery.pool: {self.discovery.pool} holds "
+                             f"{self.server.address}, the server.address")
         return self
 
     @property

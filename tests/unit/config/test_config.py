@@ -95,6 +95,14 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("dns: {upstream: '127.0.0.1'}\n", "dns: upstream 127.0.0.1 is this DNS server itself"),
     ("dns: {bind: '::', port: 5353, upstream: '[::1]:5353'}\n", "dns: .* itself"),
     ("dns: {bind: 10.0.0.1, upstream: '10.0.0.1:53'}\n", "dns: .* itself"),
+    ("server: {address: 10.0.0.5}\ndiscovery: {pool: 10.0.0.2-10.0.0.9}\n",
+     "discovery.pool: .* holds 10.0.0.5, the server.address"),
+    ("discovery: {pool: 10.0.0.2-10.0.0.9, gateway: 10.0.0.3}\n",
+     "discovery: pool: .* holds 10.0.0.3, the discovery.gateway"),
+    ("discovery: {pool: 10.0.0.0-10.0.0.9}\n", "discovery: pool: .* holds 10.0.0.0, the network address"),
+    ("discovery: {pool: 10.0.0.250-10.0.1.9}\n", "discovery: pool: .* holds 10.0.0.255, the broadcast address"),
+    ("discovery: {pool: 10.0.0.10-10.0.0.20, gateway: 10.1.0.1}\n",
+     "discovery: gateway: 10.1.0.1 is outside"),
 ])
 def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
     """Each of these gave a traceback or a dead service once `serve` ran; now the settings
