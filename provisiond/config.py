@@ -635,7 +635,7 @@ dhcp:
 discovery:
   # With dhcp.discovery on, unknown MACs get a short lease from this pool and boot the
   # discovery image, which reports their hardware and waits for `provisiond discover
-  # approve` or a rule (<state>/discovery-rules.yaml). null: unknown MACs are only recorded.
+  # approve` or a rule (<state>/discovery/rules.yaml). null: unknown MACs are only recorded.
   pool: null             # FIRST-LAST, e.g. 10.0.0.200-10.0.0.250
   netmask: 255.255.255.0
   gateway: null

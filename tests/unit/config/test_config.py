@@ -195,3 +195,11 @@ def test_a_newer_or_bad_settings_schema_is_refused_untouched(tmp_path, capsys, s
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
     assert path.read_bytes() == before and not list(tmp_path.glob("*.bak"))
+
+
+def test_the_template_names_the_discovery_rules_file_that_is_read(tmp_path):
+    from provisiond.discovery.rules import rules_path
+
+    config = load_config(tmp_path)
+    where = rules_path(config).relative_to(config.state_dir)
+    assert f"<state>/{where}" in " ".join(CONFIG_TEMPLATE.replace("#", " ").split())
