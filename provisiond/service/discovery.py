@@ -147,9 +147,9 @@ def chosen_machines(config: Config, macs: list[str] | None, sort: str | None) ->
     return chosen
 
 
-def node_macs(config: Config) -> set[str]:
-    """The MACs the inventory's nodes have."""
-    return {device.mac for record in snapshot(config).inventory.nodes.values()
+def node_macs(config: Config) -> dict[str, str]:
+    """The MACs the inventory's nodes have, and whose each is."""
+    return {device.mac: name for name, record in snapshot(config).inventory.nodes.items()
             for device in (record.netdevs or {}).values() if device.mac}
 
 
@@ -221,6 +221,11 @@ def reject(config: Config, actor: str, macs: list[str]) -> list[Machine]:
     for mac in macs:
         if mac not in machines:
             _missing(mac)
+    nodes = node_macs(config)
+    held = [f"{mac} (node {nodes[mac]})" for mac in macs if mac in nodes]
+    if held:  # it would reboot as its node whatever the book said
+        raise InvalidInput(f"a node has the MAC: {', '.join(held)}; delete the node to "
+                           "reject the machine", field="macs")
     decided = book.decide(config, dict.fromkeys(macs), MachineState.REJECTED, actor)
     for machine in decided:
         emit(config, "discovery.rejected", machine.mac, {"by": actor})
