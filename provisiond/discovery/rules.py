@@ -7,8 +7,8 @@
       names: n[065-128]
       ipaddr: 10.10.0.75
 
-Patterns are shell globs (fnmatch, case-sensitive) on the fact's text; a number or a
-boolean matches its text too (cpu.threads: 64). Fact names: provisiond.discovery.facts.
+Patterns are shell globs (fnmatch, case-sensitive but for `mac`) on the fact's text; a
+number or a boolean matches its text too (cpu.threads: 64). Fact names: provisiond.discovery.facts.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ class Rule(BaseModel):
         unknown = sorted(set(value) - set(FACT_NAMES))
         if unknown:
             raise ValueError(f"unknown fact {unknown[0]!r} (facts: {', '.join(FACT_NAMES)})")
+        if isinstance(value.get("mac"), str):  # MACs are kept in lowercase
+            value["mac"] = value["mac"].lower()
         return value
 
     def matches(self, flat: dict[str, object]) -> bool:

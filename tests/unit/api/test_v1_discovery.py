@@ -336,3 +336,25 @@ def test_a_waiting_machine_whose_mac_became_a_node_is_not_approved_again(api, co
     answer = api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve", json={"names": "x[1-9]"})
     assert answer.status_code == 200, answer.json
     assert [(m["mac"], m["node"]) for m in answer.json["items"]] == [(mac(2), "x1")]
+
+
+def test_a_machine_approved_as_an_existing_node_cannot_be_rejected(api, config):
+    """Rejecting it changed the book only: its node stayed, so the machine was told to
+    reboot as that node while `discover list` said rejected."""
+    report(api, 1)
+    api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve", json={"names": "n1"})
+    before = state_files(config)
+    answer = api.call(Role.ADMIN, "POST", "/api/v1/discovery/reject", json={"macs": [mac(1)]})
+    assert_error(answer, 400, "invalid_input")
+    assert "n1" in answer.json["error"]["message"]
+    assert state_files(config) == before
+    assert action(api, 1)["action"] == "reboot"
+
+
+def test_a_rule_on_a_mac_prefix_written_in_capitals_matches(api, config):
+    """MACs are kept in lowercase: a rule's `mac: 'B0:26:28:*'` (as vendors print them)
+    matched no machine, and never said so."""
+    rules_path(config).parent.mkdir(parents=True, exist_ok=True)
+    rules_path(config).write_text("- name: caps\n  match: {mac: '52:54:00:AA:*'}\n"
+                                  "  names: c[1-9]\n")
+    assert report(api, 1).json == {"action": "reboot", "node": "c1", "retry": 10}
