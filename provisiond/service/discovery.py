@@ -10,6 +10,7 @@ leaves a stale `pending`.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from provisiond.boot.discovery import read_discovery
@@ -177,7 +178,26 @@ def assignments(config: Config, count: int, names: str, ipaddr: str | None
     if len(free) < count:
         raise InvalidInput(f"{names} has {len(free)} free names for {count} machines",
                            field="names")
+    check_outside_pool(config, [a for _, a in free[:count] if a])
     return free[:count]
+
+
+def check_outside_pool(config: Config, addresses: list[str]) -> None:
+    """No node gets an address the discovery pool leases (to another machine, maybe now)."""
+    pool = config.discovery.pool_range
+    inside = [a for a in addresses if pool and pool[0] <= _ipv4(a) <= pool[1]]
+    if inside:
+        raise InvalidInput(f"ipaddr: {inside[0]} is in discovery.pool "
+                           f"({config.discovery.pool}), which leases unknown machines",
+                           field="ipaddr")
+
+
+def _ipv4(text: str) -> ipaddress.IPv4Address:
+    """The address, or 0.0.0.0 for what is none (the node's schema names that problem)."""
+    try:
+        return ipaddress.IPv4Address(text)
+    except ValueError:
+        return ipaddress.IPv4Address(0)
 
 
 def approve(config: Config, actor: str, macs: list[str] | None, names: str,

@@ -358,3 +358,15 @@ def test_a_rule_on_a_mac_prefix_written_in_capitals_matches(api, config):
     rules_path(config).write_text("- name: caps\n  match: {mac: '52:54:00:AA:*'}\n"
                                   "  names: c[1-9]\n")
     assert report(api, 1).json == {"action": "reboot", "node": "c1", "retry": 10}
+
+
+def test_approval_gives_no_node_an_address_of_the_discovery_pool(api, config):
+    """A node address in the pool was another waiting machine's lease of the moment (two
+    hosts, one address, until that one renewed); the pool is for machines no node has."""
+    report(api, 1)
+    before = state_files(config)
+    answer = api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve",
+                      json={"names": "n1", "ipaddr": "10.99.200.20"})
+    assert_error(answer, 400, "invalid_input")
+    assert "discovery.pool" in answer.json["error"]["message"]
+    assert state_files(config) == before
