@@ -95,3 +95,24 @@ def test_the_discovery_image_copies_the_agents_collector(config):
     copy = [step for step in load_recipe(config, "discovery").steps if step.kind == "copy"][-1]
     sources = [(copy.folder / item.src).resolve() for item in copy.layer.files]
     assert COLLECTOR.resolve() in sources and all(s.is_file() for s in sources)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_hardware_beyond_the_servers_bounds_still_gives_a_report_it_takes(shell, tree):
+    """An InfiniBand port (a 20-byte address), a NIC without an address, a storage node's 70
+    disks, DMI strings with bytes that are not UTF-8 text or a character cut at the 128th
+    byte: each made the whole report a 400, so such a machine could never enlist nor a node
+    report its facts."""
+    for name, address, kind in (("ib0", ":".join(["80"] * 20), "32"), ("can0", "", "280")):
+        write(tree, f"/sys/class/net/{name}/address", f"{address}\n")
+        write(tree, f"/sys/class/net/{name}/type", f"{kind}\n")
+        (tree / f"sys/class/net/{name}/device").mkdir()
+    write(tree, "/sys/class/net/eno1/type", "1\n")
+    for i in range(70):
+        write(tree, f"/sys/block/sd{i:03d}/size", "1000\n")
+    (tree / "sys/class/dmi/id/product_serial").write_bytes(b"\xff\xfe\x7fSN\x85 9\n")
+    (tree / "sys/class/dmi/id/product_name").write_bytes(("x" * 127 + "é\n").encode())
+    facts = collect(shell, tree)
+    assert [n.name for n in facts.nics] == ["eno1"]
+    assert len(facts.disks) == 64
+    assert facts.dmi.serial == "SN 9" and facts.dmi.product == "x" * 127
