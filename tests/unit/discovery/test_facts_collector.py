@@ -100,7 +100,7 @@ def test_the_discovery_image_copies_the_agents_collector(config):
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
 def test_hardware_beyond_the_servers_bounds_still_gives_a_report_it_takes(shell, tree):
     """An InfiniBand port (a 20-byte address), a NIC without an address, a storage node's 70
-    disks, DMI strings with bytes that are not UTF-8 text or a character cut at the 128th
+    disks (or a disk name with a '!'), DMI strings with bytes that are not UTF-8 text or a character cut at the 128th
     byte: each made the whole report a 400, so such a machine could never enlist nor a node
     report its facts."""
     for name, address, kind in (("ib0", ":".join(["80"] * 20), "32"), ("can0", "", "280")):
@@ -108,11 +108,12 @@ def test_hardware_beyond_the_servers_bounds_still_gives_a_report_it_takes(shell,
         write(tree, f"/sys/class/net/{name}/type", f"{kind}\n")
         (tree / f"sys/class/net/{name}/device").mkdir()
     write(tree, "/sys/class/net/eno1/type", "1\n")
+    write(tree, "/sys/block/cciss!c0d0/size", "1000\n")  # an old HP Smart Array's name
     for i in range(70):
         write(tree, f"/sys/block/sd{i:03d}/size", "1000\n")
     (tree / "sys/class/dmi/id/product_serial").write_bytes(b"\xff\xfe\x7fSN\x85 9\n")
     (tree / "sys/class/dmi/id/product_name").write_bytes(("x" * 127 + "é\n").encode())
     facts = collect(shell, tree)
     assert [n.name for n in facts.nics] == ["eno1"]
-    assert len(facts.disks) == 64
+    assert len(facts.disks) == 64 and "cciss!c0d0" not in [d.name for d in facts.disks]
     assert facts.dmi.serial == "SN 9" and facts.dmi.product == "x" * 127
