@@ -88,6 +88,9 @@ class DiscoveryPool:
         self.seconds = settings.lease_seconds
         self.leases: dict[str, tuple[str, float]] = {}   # mac -> (address, expiry)
         self.holders: dict[str, str] = {}                 # address -> mac
+        self.full: tuple[object, float] | None = None
+        """(reserved, until): found full with these node addresses, and no lease can run out
+        before `until` (a flood of new MACs then costs no scan of the pool each)."""
 
     def offer(self, mac: str, reserved: dict, now: float | None = None) -> str | None:
         """The address for `mac` (kept or newly taken), or None if the pool is full;
@@ -97,12 +100,16 @@ class DiscoveryPool:
         if lease and lease[0] not in reserved:
             self.leases[mac] = (lease[0], now + self.seconds)
             return lease[0]
+        if self.full and self.full[0] is reserved and now < self.full[1]:
+            return None
         for address in self.addresses:
             holder = self.holders.get(address)
             if address in reserved or (holder and self.leases[holder][1] > now):
                 continue
             self._take(mac, address, now)
             return address
+        self.full = (reserved, min((e for _, e in self.leases.values() if e > now),
+                                   default=now + self.seconds))
         return None
 
     def holds(self, mac: str, address: str, now: float | None = None) -> bool:
@@ -112,6 +119,7 @@ class DiscoveryPool:
                     lease[1] > (time.time() if now is None else now))
 
     def release(self, mac: str) -> None:
+        self.full = None
         lease = self.leases.pop(mac, None)
         if lease and self.holders.get(lease[0]) == mac:
             del self.holders[lease[0]]

@@ -95,3 +95,36 @@ def test_an_unbuilt_discovery_image_is_a_retry_script(pool_config):
     client = create_app(pool_config).test_client()
     script = client.get(f"/boot/ipxe/{STRANGER}").get_data(as_text=True)
     assert "discovery of 52:54:00:ee:00:01" in script and "sleep" in script
+
+
+class CountingReserved(dict):
+    """The boot table's by_ip, counting the pool's look-ups in it."""
+
+    looks = 0
+
+    def __contains__(self, key) -> bool:
+        self.looks += 1
+        return super().__contains__(key)
+
+
+def test_a_full_pool_answers_new_macs_without_scanning_it_again(pool_config):
+    """Each DISCOVER from a new (spoofed) MAC scanned the whole pool (up to 65536
+    addresses) while it was full: a flood of them starved the one DHCP loop, and with it the
+    nodes' own leases. Until a lease can run out (or one is given back), full is full."""
+    pool_config.discovery.pool, pool_config.discovery.netmask = "10.99.9.1-10.99.12.255", \
+        "255.255.0.0"
+    pool = DiscoveryPool(pool_config)
+    reserved = CountingReserved()
+    for i, _ in enumerate(pool.addresses):
+        assert pool.offer(f"m{i}", reserved, now=i / 1000) is not None
+    assert pool.offer("new", reserved, now=10) is None
+    looks = reserved.looks
+    for i in range(100):
+        assert pool.offer(f"spoof{i}", reserved, now=10) is None
+    assert reserved.looks - looks < 100 * 10
+    pool.release("m5")
+    assert pool.offer("new", reserved, now=10) is not None  # given back: taken at once
+    assert pool.offer("next", reserved, now=10) is None
+    later = pool_config.discovery.lease_seconds + 0.001  # m0's lease ran out
+    assert pool.offer("next", reserved, now=later) is not None
+    assert pool.offer("next", {**reserved, "10.99.9.1": object()}, now=later) is not None
