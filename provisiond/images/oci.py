@@ -149,7 +149,7 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
             if base == WH_OPAQUE:
                 _mark_opaque(root / parent)
             elif base.startswith(WH_PREFIX):
-                _whiteout(root / parent / base[len(WH_PREFIX):])
+                _whiteout(root / parent / _whited_out(base, member))
             else:
                 _clear(root / rel, member)
                 member.name = rel
@@ -167,6 +167,15 @@ def _check_inside(root: Path, parent: str, member: tarfile.TarInfo) -> None:
         places.append(os.path.realpath(root / member.linkname))
     if not all(p == top or p.startswith(top + "/") for p in places):
         raise BuildFailed(f"layer entry {member.name!r} points outside the image")
+
+
+def _whited_out(base: str, member: tarfile.TarInfo) -> str:
+    """The name a `.wh.NAME` entry deletes; `.wh.`, `.wh..` and `.wh...` name the folder
+    itself or its parent (the latter, at the top, the whole layer cache)."""
+    name = base[len(WH_PREFIX):]
+    if name in ("", ".", ".."):
+        raise BuildFailed(f"layer entry {member.name!r} is not a whiteout of a name")
+    return name
 
 
 def _decompressed(blob: BinaryIO) -> BinaryIO:

@@ -311,3 +311,21 @@ def test_image_of_many_layers_builds(cli, config, tmp_path):
     result = cli("image", "import", str(archive), "many")
     assert result.code == 0, result.err[-700:]
     assert len(load_manifest(config, "many")["layers"]) == 48
+
+
+@pytest.mark.parametrize("entry", [".wh...", ".wh..", ".wh.", "etc/.wh...", "etc/.wh.."])
+def test_a_whiteout_of_dot_or_dot_dot_is_refused(cli, config, tmp_path, entry):
+    """`.wh...` whites out `..`: it removed the layer's parent, the whole layer cache (every
+    image's cached trees); `.wh..` and `.wh.` removed the layer tree itself."""
+    assert cli("image", "import", str(oci_archive(tmp_path / "good.tar",
+                                                  [layer_tar(BOTTOM)])), "good").code == 0
+    cached = sorted(p.name for p in (config.state_dir / "cache/layers").iterdir())
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        add_bytes(tar, entry, b"")
+    archive = oci_archive(tmp_path / "evil.tar", [layer_tar(BOTTOM), buffer.getvalue()])
+    result = cli("image", "import", str(archive), "evil")
+    assert result.code == BuildFailed.exit_code and result.err.count("error") == 1, result.err
+    assert "not a whiteout of a name" in result.err.splitlines()[-1]
+    assert sorted(p.name for p in (config.state_dir / "cache/layers").iterdir()) == cached
+    assert cli("image", "build", "good").code == 0
