@@ -146,13 +146,17 @@ class LayoutWriter:
         target = self.path(descriptor["digest"])
         partial = target.with_name(target.name + ".partial")
         sha, size, limit = hashlib.sha256(), 0, descriptor["size"]
-        with open(partial, "wb") as out:
-            while chunk := stream.read(min(CHUNK, limit + 1 - size)):
-                sha.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-                if size > limit:
-                    break
+        try:
+            with open(partial, "wb") as out:
+                while chunk := stream.read(min(CHUNK, limit + 1 - size)):
+                    sha.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+                    if size > limit:
+                        break
+        except BaseException:  # a broken stream or a full disk: no partial blob stays
+            partial.unlink(missing_ok=True)
+            raise
         actual = "sha256:" + sha.hexdigest()
         if size != limit or actual != descriptor["digest"]:
             partial.unlink()

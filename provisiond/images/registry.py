@@ -7,7 +7,9 @@ its realm, as docker and skopeo fetch one; Basic logins are not sent."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.client
 import ipaddress
 import json
 import re
@@ -103,11 +105,20 @@ class Client:
                     self.token = self._fetch_token(challenge)
                     continue
                 raise self._error(exc.code, url) from None
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
                 raise ImportFailed(f"{self.reference}: cannot reach {self.reference.registry}"
-                                   f": {reason}") from None
+                                   f": {_reason(exc)}") from None
         raise self._error(401, url)
+
+    @contextlib.contextmanager
+    def reading(self, what: str):
+        """An answer's body that breaks off (a closed connection, a timeout, a cut chunk)
+        is one line, not http.client's exception."""
+        try:
+            yield
+        except (OSError, http.client.HTTPException) as exc:
+            raise ImportFailed(f"{self.reference}: reading {what} broke off: "
+                               f"{_reason(exc)}") from None
 
     def _error(self, code: int, url: str):
         if code == 404:
@@ -151,7 +162,8 @@ class Client:
 
     def manifest(self, ref: str) -> tuple[bytes, str]:
         """(bytes, Content-Type) of a manifest or index, refused past MAX_MANIFEST."""
-        with self.get(self.url("manifests", ref), ACCEPT) as response:
+        with self.get(self.url("manifests", ref), ACCEPT) as response, \
+                self.reading(f"the manifest {ref}"):
             length = response.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > MAX_MANIFEST:
                 raise ImportFailed(f"{self.reference}: the manifest is larger than "
@@ -181,6 +193,14 @@ class _NoDowngrade(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+def _reason(exc: BaseException) -> str:
+    """urllib's reason, or the http.client exception's name and text (a BadStatusLine
+    is only the line the peer sent)."""
+    if isinstance(exc, http.client.HTTPException):
+        return f"{type(exc).__name__}: {exc}".rstrip(": ")
+    return str(getattr(exc, "reason", exc))
+
+
 def _loopback_host(host: str | None) -> bool:
     """localhost, 127.0.0.0/8 or ::1 (urlsplit's hostname: no brackets, lower case)."""
     try:
@@ -203,7 +223,7 @@ def pull(reference: Reference, target: LayoutWriter, insecure: bool = False,
             progress({**event, "status": "present", "size": blob["size"]})
             continue
         progress({**event, "status": "fetching"})
-        with client.blob(blob["digest"]) as stream:
+        with client.blob(blob["digest"]) as stream, client.reading(f"blob {blob['digest']}"):
             target.put(blob, stream, what)
         progress({**event, "status": "fetched", "size": blob["size"]})
     target.finish(data, kind, reference.ref)

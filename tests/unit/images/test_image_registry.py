@@ -4,8 +4,12 @@ never serves a manifest past its own 4 MiB limit or asks for Basic logins this w
 
 from __future__ import annotations
 
+import hashlib
 import http.server
+import json
+import socket
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -135,3 +139,65 @@ def test_a_redirect_to_plain_http_elsewhere_is_refused(stub, tmp_path):
     stub.answer = (307, {"Location": "http://0.0.0.0:9/x", "Content-Length": "0"}, b"")
     with pytest.raises(ImportFailed, match=r"redirected to plain HTTP \(0.0.0.0:9\)"):
         _pull(stub, tmp_path)
+
+
+@pytest.fixture
+def raw():
+    """A loopback server that answers each connection with `raw.answer(request line)` and
+    hangs up: what a port that is not a registry, or a registry cut off mid-answer, sends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    server = SimpleNamespace(port=listener.getsockname()[1], answer=None, stop=False)
+
+    def serve():
+        while not server.stop:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                line = conn.recv(65536).split(b"\r\n", 1)[0].decode()
+                conn.sendall(server.answer(line))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server
+    server.stop = True
+    thread.join(timeout=10)
+    listener.close()
+
+
+def _raw_pull(server, tmp_path):
+    reference = parse_reference(f"docker://127.0.0.1:{server.port}/x:1")
+    return pull(reference, LayoutWriter(tmp_path / "layout"))
+
+
+def test_a_port_that_does_not_speak_http_is_one_error(raw, tmp_path):
+    raw.answer = lambda line: b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"
+    with pytest.raises(ImportFailed, match=r"cannot reach 127\.0\.0\.1:\d+: BadStatusLine"):
+        _raw_pull(raw, tmp_path)
+
+
+def _manifest() -> bytes:
+    config, layer = b"{" + b" " * 600 + b"}", b"layer"  # past the cut-off chunk
+    return json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 602,
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "size": 5,
+                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}]}).encode()
+
+
+@pytest.mark.parametrize("cut", ["manifests", "blobs"])
+def test_an_answer_cut_off_mid_chunk_is_one_error_and_leaves_no_partial(raw, tmp_path, cut):
+    def answer(line: str) -> bytes:
+        if f"/{cut}/" in line:
+            return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n{\"sch"
+        body = _manifest()
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1"
+                b"+json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    raw.answer = answer
+    with pytest.raises(ImportFailed, match=r"x:1: .*broke off: IncompleteRead"):
+        _raw_pull(raw, tmp_path)
+    assert list((tmp_path / "layout/blobs/sha256").iterdir()) == []
