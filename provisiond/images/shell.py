@@ -158,6 +158,8 @@ def write_layer(upper: Path, out) -> None:
                 tar.addfile(_plain(os.path.join(parent, WH_PREFIX + base), clamp))
                 continue
             info = tar.gettarinfo(str(upper / rel), rel)
+            if info is None:  # a socket: tar has no type for it (docker skips them too)
+                continue
             info.uname = info.gname = ""
             info.mtime = min(int(info.mtime), clamp)
             if info.isreg():
