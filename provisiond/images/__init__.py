@@ -88,7 +88,7 @@ def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], in
 
 def _kept_blob(config: Config, digest: str) -> Path | None:
     """A blob an earlier import already holds (re-imports and shared base layers are not
-    downloaded again); LayoutWriter checks its size, the build its digest (layer key)."""
+    downloaded again); LayoutWriter checks its size and digest before it links one in."""
     hexdigest = digest.split(":", 1)[1]
     for path in sorted((config.state_dir / "recipes").glob(f"*/oci/blobs/sha256/{hexdigest}")):
         return path

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from provisiond.errors import BuildFailed, InvalidInput, NotFound
+from provisiond.images.blobs import file_sha256
 
 # What a registry or a layout may answer: indexes (manifest lists) and image manifests.
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -135,6 +136,8 @@ class LayoutWriter:
         found = self.reuse(descriptor["digest"])
         if found is None or found.stat().st_size != descriptor["size"]:
             return False
+        if "sha256:" + file_sha256(found) != descriptor["digest"]:
+            return False  # e.g. a layout imported by path, copied unchecked
         try:
             os.link(found, target)
         except OSError:

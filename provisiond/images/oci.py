@@ -4,6 +4,7 @@ opaque directories, so deletions flow into the image's whiteout list like any ot
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -18,7 +19,7 @@ import zstandard
 from provisiond.archive import TRUSTED
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import file_sha256, stream_sha256
-from provisiond.images.layout import check_digest, pick_platform
+from provisiond.images.layout import CHUNK, check_digest, pick_platform
 from provisiond.images.layers import OPAQUE, LayerPlan, layer_key
 from provisiond.images.recipe import Step
 
@@ -97,11 +98,11 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
         raise BuildFailed(f"{step.where}: {path.name} is not a readable OCI or docker "
                           f"archive ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     plans = []
-    for number, (name, digest) in enumerate(names, 1):
-        digest = digest or "sha256:" + _digest_member(archive, name)
+    for number, (name, named) in enumerate(names, 1):
+        digest = named or "sha256:" + _digest_member(archive, name)
         key = layer_key(parent, "oci-layer", {"digest": digest}, {}, compression)
         plans.append(LayerPlan(key, step.kind, f"{path.name} layer {number} ({digest[:19]})",
-                               _maker(lambda name=name: archive.open(name), name),
+                               _maker(lambda name=name: archive.open(name), name, named or None),
                                mount_parents=False))
         parent = key
     return plans
@@ -126,14 +127,37 @@ def plan_tar(step: Step, parent: str | None, compression: str) -> list[LayerPlan
                       mount_parents=False)]
 
 
-def _maker(opener: Opener, name: str):
+def _maker(opener: Opener, name: str, digest: str | None = None):
+    """Unpack the layer; with the digest its manifest names (its cache key), check that
+    the bytes are that digest's, so a layer is never cached under another one's key."""
     def make(root: Path) -> None:
         try:
             with opener() as blob:
-                apply_layer(blob, root)
+                reader = _Hashing(blob)
+                apply_layer(reader, root)
+                if digest is not None and reader.digest() != digest:
+                    raise BuildFailed(f"{name}: the layer does not match its digest {digest} "
+                                      f"(it is {reader.digest()})")
         except (tarfile.TarError, zstandard.ZstdError, EOFError, KeyError) as exc:
             raise BuildFailed(f"{name}: not a readable layer tarball ({exc})") from None
     return make
+
+
+class _Hashing:
+    """A blob read through, hashed on the way; digest() reads what tar left unread."""
+
+    def __init__(self, blob: BinaryIO):
+        self.blob, self.sha = blob, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.blob.read(size)
+        self.sha.update(data)
+        return data
+
+    def digest(self) -> str:
+        while self.read(CHUNK):
+            pass
+        return "sha256:" + self.sha.hexdigest()
 
 
 def apply_layer(blob: BinaryIO, root: Path) -> None:

@@ -329,3 +329,26 @@ def test_a_whiteout_of_dot_or_dot_dot_is_refused(cli, config, tmp_path, entry):
     assert "not a whiteout of a name" in result.err.splitlines()[-1]
     assert sorted(p.name for p in (config.state_dir / "cache/layers").iterdir()) == cached
     assert cli("image", "build", "good").code == 0
+
+
+def test_a_layer_whose_content_is_not_its_digest_is_refused_and_never_cached(
+        cli, config, tmp_path):
+    """A layer is keyed by the digest its manifest names: an archive whose blob under the
+    digest of a genuine layer holds other files built and cached them under the genuine
+    layer's key, so a later import of the genuine image got them as 'cached'."""
+    genuine = layer_tar(BOTTOM)
+    evil = layer_tar({**BOTTOM, "sbin/init": b"#!/bin/sh\necho planted\n"})
+    digest = hashlib.sha256(genuine).hexdigest()
+    archive = oci_archive(tmp_path / "evil.tar", [genuine])
+    with tarfile.open(archive) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(archive, "w") as tar:
+        for member, data in members:
+            add_bytes(tar, member.name, evil if member.name.endswith(digest) else data)
+    result = cli("image", "import", str(archive), "evil")
+    assert result.code == BuildFailed.exit_code and "Traceback" not in result.err, result.err
+    assert f"does not match its digest sha256:{digest}" in result.err.splitlines()[-1]
+    result = cli("image", "import", str(oci_archive(tmp_path / "good.tar", [genuine])), "good")
+    assert result.code == 0 and "cached" not in result.err, result.err
+    unpack_image(config, load_manifest(config, "good"), tmp_path / "root")
+    assert (tmp_path / "root/sbin/init").read_bytes() == b"#!/bin/sh\n"

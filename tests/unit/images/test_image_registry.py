@@ -201,3 +201,19 @@ def test_an_answer_cut_off_mid_chunk_is_one_error_and_leaves_no_partial(raw, tmp
     with pytest.raises(ImportFailed, match=r"x:1: .*broke off: IncompleteRead"):
         _raw_pull(raw, tmp_path)
     assert list((tmp_path / "layout/blobs/sha256").iterdir()) == []
+
+
+def test_a_kept_blob_of_the_right_size_but_other_bytes_is_not_reused(tmp_path):
+    """Blobs an earlier import holds are reused, but a folder imported by path was copied
+    unchecked: a file named for a digest, of its size, need not hold its bytes."""
+    genuine, other = b"genuine layer", b"planted layer"
+    kept = tmp_path / "kept"
+    kept.write_bytes(other)
+    descriptor = {"digest": "sha256:" + hashlib.sha256(genuine).hexdigest(),
+                  "size": len(genuine)}
+    writer = LayoutWriter(tmp_path / "layout", lambda digest: kept)
+    assert not writer.has(descriptor)
+    assert not writer.path(descriptor["digest"]).exists()
+    kept.write_bytes(genuine)
+    assert writer.has(descriptor)
+    assert writer.path(descriptor["digest"]).read_bytes() == genuine
