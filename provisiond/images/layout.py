@@ -89,8 +89,15 @@ def pick_platform(index: dict, what: str) -> dict:
         raise ImportFailed(f"{what}: the index lists no manifests")
     offered = []
     for entry in entries:
-        platform = entry.get("platform") if isinstance(entry, dict) else None
-        if platform is None or (platform.get("os"), platform.get("architecture")) == PLATFORM:
+        if not isinstance(entry, dict):
+            continue
+        platform = entry.get("platform")
+        if platform is None:
+            return entry
+        if not isinstance(platform, dict):
+            offered.append(repr(platform)[:40])
+            continue
+        if (platform.get("os"), platform.get("architecture")) == PLATFORM:
             return entry
         offered.append(f"{platform.get('os')}/{platform.get('architecture')}")
     raise ImportFailed(f"{what}: no linux/amd64 image (the index has "

@@ -217,3 +217,15 @@ def test_a_kept_blob_of_the_right_size_but_other_bytes_is_not_reused(tmp_path):
     kept.write_bytes(genuine)
     assert writer.has(descriptor)
     assert writer.path(descriptor["digest"]).read_bytes() == genuine
+
+
+@pytest.mark.parametrize("platform", ["linux/amd64", ["linux", "amd64"], 7])
+def test_an_index_entry_whose_platform_is_not_an_object_is_refused(platform):
+    index = {"manifests": [{"digest": "sha256:" + "1" * 64, "platform": platform}]}
+    with pytest.raises(ImportFailed, match="no linux/amd64 image"):
+        pick_platform(index, "x")
+
+
+def test_an_index_entry_that_is_not_an_object_is_not_picked():
+    with pytest.raises(ImportFailed, match="no linux/amd64 image"):
+        pick_platform({"manifests": ["sha256:" + "1" * 64]}, "x")
