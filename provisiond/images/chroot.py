@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,6 +152,35 @@ def _last_line(log: Path) -> str:
         handle.seek(max(0, os.path.getsize(log) - 4096))
         lines = handle.read().decode(errors="replace").strip().splitlines()
     return lines[-1].strip() if lines else "(no output)"
+
+
+def end_processes_in(root: Path, timeout: float = 10.0) -> None:
+    """SIGKILL every process whose root directory is `root` or below it (what a command in
+    the chroot left running, e.g. `daemon &`), and wait until they are gone, so the
+    chroot's mounts come off and nothing writes on after the command's end."""
+    prefix = os.path.realpath(root)  # as /proc/PID/root shows it
+    deadline = time.monotonic() + timeout
+    while pids := _rooted_in(prefix):
+        if time.monotonic() > deadline:
+            raise BuildFailed(f"processes {pids[:5]} in {root} do not end")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _rooted_in(prefix: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            where = os.readlink(f"/proc/{entry}/root")
+        except OSError:  # gone, or a zombie (its mounts are released already)
+            continue
+        if where == prefix or where.startswith(prefix + "/"):
+            found.append(int(entry))
+    return found
 
 
 def resolve_in_root(root: Path, path: str, follow_last: bool = False) -> Path:

@@ -108,6 +108,8 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> in
                 proc.kill()
                 proc.wait()
                 raise
+            finally:
+                chroot.end_processes_in(root)  # what it left running (`daemon &`)
         finally:
             signal.signal(signal.SIGINT, previous)
 

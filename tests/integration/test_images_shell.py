@@ -143,3 +143,34 @@ def test_an_image_not_built_is_one_line(tiny):
     code, output = run_cli(config, "image", "shell", "nothere", "--command", "true")
     assert code == ExitCode.NOT_FOUND and output.count("\n") == 1, output
     assert "no image named 'nothere' has been built" in output
+
+
+def _running(token: str) -> list[int]:
+    """PIDs of processes whose command line holds `token` (this test's own sleep)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if token.encode() in handle.read().split(b"\0"):
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("status", [0, 4])
+def test_a_process_the_session_left_running_is_ended(tiny, status):
+    """`daemon &` in the session: it outlived the shell in a chroot whose mounts were only
+    lazily detached, and wrote on while the layer was packed."""
+    config, before = tiny
+    token = str(86000 + os.getpid() % 400 + status)  # this test's own `sleep` argument
+    try:
+        code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                               f"sleep {token} >/dev/null 2>&1 & touch /etc/marker; "
+                               f"exit {status}")
+        assert code == (0 if status == 0 else BuildFailed.exit_code), output
+        assert _running(token) == []
+        assert left_behind(config) == []
+    finally:
+        for pid in _running(token):
+            os.kill(pid, signal.SIGKILL)
