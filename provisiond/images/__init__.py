@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from provisiond.atomic import write_atomic
+from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
 from provisiond.images.blobs import blob_path
@@ -20,7 +20,7 @@ from provisiond.images.chroot import require_build_privileges
 from provisiond.images.build import build_image
 from provisiond.images.layout import LayoutWriter, copy_layout
 from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
-                                         list_images, load_manifest)
+                                         list_images, load_manifest, lock_path)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe
 
 
@@ -36,24 +36,33 @@ def import_image(config: Config, source: str, name: str, progress=None,
     """
     check_name(name)  # before anything is written under recipes/<name>
     require_build_privileges("an image import")
+    # one import of a name at a time: each would take the other's staging folder as stale
+    with locked(lock_path(config, name).with_name(f"{name}.import.lock")):
+        return _import(config, source, name, progress, kernel_args or [], init, insecure)
+
+
+def _import(config: Config, source: str, name: str, progress, kernel_args: list[str],
+            init: str, insecure: bool) -> dict:
     folder = config.state_dir / "recipes" / name
     staged, previous = folder.with_name(f".{name}.import"), folder.with_name(f".{name}.previous")
     for stale in (staged, previous):
         shutil.rmtree(stale, ignore_errors=True)
     try:
-        _stage(config, source, staged, kernel_args or [], init, insecure, progress)
+        _stage(config, source, staged, kernel_args, init, insecure, progress)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    if folder.exists():
-        folder.rename(previous)
-    staged.rename(folder)
+    with locked(lock_path(config, name)):  # not while a build of the name reads it
+        if folder.exists():
+            folder.rename(previous)
+        staged.rename(folder)
     try:
         manifest = build_image(config, name, progress)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        if previous.exists():
-            previous.rename(folder)
+        with locked(lock_path(config, name)):
+            shutil.rmtree(folder, ignore_errors=True)
+            if previous.exists():
+                previous.rename(folder)
         raise
     shutil.rmtree(previous, ignore_errors=True)
     return manifest

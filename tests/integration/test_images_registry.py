@@ -436,3 +436,42 @@ def test_an_image_pushed_to_the_registry_and_imported_boots(registry, tmp_path, 
         proc.wait()
     assert MARKER in output, output[-2000:].decode(errors="replace")
     assert b"Kernel panic" not in output
+
+
+def test_two_imports_of_one_name_at_once_both_succeed(config, registry, layout):
+    """A second import of a name while the first is fetching: both staged into one
+    folder, and the second's clean-up of a 'stale' staging folder took the first's."""
+    from provisiond.images import import_image
+
+    host, _ = registry
+    layout.tag("v1", layout.image(three_layers("twice")))
+    push(layout, "v1", f"{host}/site/twice:v1")
+    results: dict[str, object] = {}
+    second_done = threading.Event()
+
+    def second():
+        try:
+            results["second"] = import_image(config, f"oci:{layout.folder}:v1", "twice")
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            results["second"] = exc
+        second_done.set()
+
+    threads: list[threading.Thread] = []
+
+    def progress(event):
+        if event.get("status") == "fetching" and not threads:
+            threads.append(threading.Thread(target=second, daemon=True))
+            threads[0].start()
+            second_done.wait(5)  # the second import runs now, unless it waits its turn
+
+    try:
+        results["first"] = import_image(config, f"docker://{host}/site/twice:v1", "twice",
+                                        progress)
+    except Exception as exc:  # noqa: BLE001
+        results["first"] = exc
+    threads[0].join(120)
+    assert second_done.is_set()
+    assert not any(isinstance(r, Exception) for r in results.values()), results
+    assert results["first"]["layers"] == results["second"]["layers"]
+    assert load_manifest(config, "twice")["layers"] == results["first"]["layers"]
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["twice"]
