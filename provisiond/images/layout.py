@@ -113,7 +113,8 @@ def check_manifest(doc: dict, kind: str, what: str) -> list[dict]:
     if not isinstance(config, dict) or not isinstance(layers, list) or not layers:
         raise ImportFailed(f"{what}: the manifest has no config or no layers")
     for layer in layers:
-        if not isinstance(layer, dict) or layer.get("mediaType") not in LAYER_TYPES:
+        if not isinstance(layer, dict) or not isinstance(layer.get("mediaType"), str) \
+                or layer["mediaType"] not in LAYER_TYPES:
             kind = layer.get("mediaType") if isinstance(layer, dict) else layer
             raise ImportFailed(f"{what}: layer media type {kind!r} cannot be unpacked "
                                f"(tar, tar+gzip or tar+zstd only)")
@@ -222,9 +223,11 @@ def copy_layout(source: str, target: LayoutWriter) -> str:
 
 
 def _tagged(index: dict, tag: str | None, what: str) -> dict:
-    entries = [e for e in index.get("manifests") or [] if isinstance(e, dict)]
+    listed = index.get("manifests")
+    entries = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
     if tag is not None:
-        named = [e for e in entries if (e.get("annotations") or {}).get(REF_NAME) == tag]
+        named = [e for e in entries if isinstance(e.get("annotations"), dict)
+                 and e["annotations"].get(REF_NAME) == tag]
         if not named:
             raise ImageRefNotFound(f"{what}: the layout has no image tagged {tag!r}")
         entries = named

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from provisiond.errors import InvalidInput
+from provisiond.errors import InvalidInput, NotFound
 from provisiond.images.layout import ImportFailed, LayoutWriter, pick_platform
 from provisiond.images.registry import Client, parse_reference, pull
 
@@ -229,3 +229,23 @@ def test_an_index_entry_whose_platform_is_not_an_object_is_refused(platform):
 def test_an_index_entry_that_is_not_an_object_is_not_picked():
     with pytest.raises(ImportFailed, match="no linux/amd64 image"):
         pick_platform({"manifests": ["sha256:" + "1" * 64]}, "x")
+
+
+def test_a_layer_media_type_that_is_not_a_string_is_refused():
+    from provisiond.images.layout import check_manifest
+
+    doc = {"schemaVersion": 2, "config": {"digest": "sha256:" + "1" * 64, "size": 2},
+           "layers": [{"mediaType": ["tar"], "digest": "sha256:" + "2" * 64, "size": 1}]}
+    with pytest.raises(ImportFailed, match=r"layer media type \['tar'\] cannot be unpacked"):
+        check_manifest(doc, "application/vnd.oci.image.manifest.v1+json", "x")
+
+
+@pytest.mark.parametrize("index", [{"manifests": 5}, {"manifests": [
+    {"digest": "sha256:" + "1" * 64, "annotations": ["org.opencontainers.image.ref.name"]}]}])
+def test_an_oci_layout_index_of_the_wrong_shape_is_one_error(tmp_path, index):
+    from provisiond.images.layout import copy_layout
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/index.json").write_text(json.dumps(index))
+    with pytest.raises((ImportFailed, NotFound)):
+        copy_layout(f"{tmp_path / 'src'}:v1", LayoutWriter(tmp_path / "layout"))
