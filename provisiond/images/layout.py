@@ -85,12 +85,11 @@ def media_type(doc: dict, header: str | None = None) -> str:
 def pick_platform(index: dict, what: str) -> dict:
     """The index entry for linux/amd64 (an entry without a platform counts as it)."""
     entries = index.get("manifests")
-    if not isinstance(entries, list) or not entries:
+    entries = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    if not entries:
         raise ImportFailed(f"{what}: the index lists no manifests")
     offered = []
     for entry in entries:
-        if not isinstance(entry, dict):
-            continue
         platform = entry.get("platform")
         if platform is None:
             return entry

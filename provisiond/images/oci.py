@@ -94,7 +94,8 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
     try:
         archive = Archive(path)
         names = layer_names(archive)
-    except (tarfile.TarError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (tarfile.TarError, ValueError, KeyError, IndexError, TypeError,
+            AttributeError) as exc:  # JSON of the wrong shape
         raise BuildFailed(f"{step.where}: {path.name} is not a readable OCI or docker "
                           f"archive ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     plans = []

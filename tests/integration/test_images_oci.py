@@ -352,3 +352,17 @@ def test_a_layer_whose_content_is_not_its_digest_is_refused_and_never_cached(
     assert result.code == 0 and "cached" not in result.err, result.err
     unpack_image(config, load_manifest(config, "good"), tmp_path / "root")
     assert (tmp_path / "root/sbin/init").read_bytes() == b"#!/bin/sh\n"
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("index.json", b"[]", "is not a readable OCI or docker archive"),
+    ("manifest.json", b'["x"]', "is not a readable OCI or docker archive"),
+    ("index.json", b'{"manifests": [[]]}', "the index lists no manifests")])
+def test_an_archive_index_of_the_wrong_shape_is_one_line(cli, config, tmp_path, name, data,
+                                                         message):
+    archive = tmp_path / "odd.tar"
+    with tarfile.open(archive, "w") as tar:
+        add_bytes(tar, name, data)
+    result = cli("image", "import", str(archive), "odd")
+    assert result.code == BuildFailed.exit_code and result.err.count("\n") == 1, result.err
+    assert message in result.err
