@@ -151,9 +151,9 @@ class Client:
         except urllib.error.HTTPError as exc:
             raise ImportFailed(f"{self.reference}: the token service answered HTTP "
                                f"{exc.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             raise ImportFailed(f"{self.reference}: no token from {realm.geturl()}: "
-                               f"{getattr(exc, 'reason', exc)}") from None
+                               f"{_reason(exc)}") from None
         token = answer.get("token") or answer.get("access_token") if isinstance(
             answer, dict) else None
         if not isinstance(token, str) or not token:

@@ -249,3 +249,17 @@ def test_an_oci_layout_index_of_the_wrong_shape_is_one_error(tmp_path, index):
     (tmp_path / "src/index.json").write_text(json.dumps(index))
     with pytest.raises((ImportFailed, NotFound)):
         copy_layout(f"{tmp_path / 'src'}:v1", LayoutWriter(tmp_path / "layout"))
+
+
+def test_a_token_realm_that_does_not_speak_http_is_one_error(raw, tmp_path):
+    def answer(line: str) -> bytes:
+        if "/token" in line:
+            return b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"
+        challenge = f'Bearer realm="http://127.0.0.1:{raw.port}/token",service="s"'
+        return (b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: %s\r\n"
+                b"Content-Length: 0\r\n\r\n" % challenge.encode())
+
+    raw.answer = answer
+    with pytest.raises(ImportFailed, match=r"no token from http://127\.0\.0\.1:\d+/token: "
+                                           "BadStatusLine"):
+        _raw_pull(raw, tmp_path)
