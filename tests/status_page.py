@@ -13,11 +13,14 @@ Where the server is only reachable inside a network namespace (the VM lab), run 
 there as a command (Selenium talks to chromedriver over the namespace's loopback):
 
     ip netns exec LAB python -m tests.status_page URL n1=ready n2=ready --timeout 300 \
-        --screenshot test-artifacts/lab-page.png
+        --token-file reader.token --screenshots test-artifacts/lab-page
 
-It prints `following` once the page is loaded (start the boot then), and at the end a JSON
-line {node: [every phase the page showed, in order]}; exit 1 if a node did not reach its
-phase in time or the page reloaded.
+It prints `following` once the page is loaded (start the boot then), and at the end one JSON
+line: {"nodes": {node: [every state of its row the page rendered, in order: phase, the
+"Updated" time, the timeline's label (each phase with its offset), when]}, "connection",
+"screenshots", "script_errors"}; exit 1 if a node did not reach its phase in time or the
+page reloaded. `--screenshots PREFIX` saves PREFIX-NN-NODE-PHASE.png each time the page first
+shows a followed node in a new phase, and one at the end.
 """
 
 from __future__ import annotations
@@ -43,6 +46,28 @@ QUIET = [  # Chromium's own services that would call out: off
     "--disable-features=OptimizationHints,MediaRouter,Translate,AutofillServerCommunication",
     "--metrics-recording-only", "--no-first-run", "--no-default-browser-check",
 ]
+RECORDER = """
+if (!window.__provisiondRows) {
+  const rows = window.__provisiondRows = [];
+  const last = {};
+  const text = (row, css) => { const e = row.querySelector(css); return e ? e.textContent : ""; };
+  const note = (row) => {
+    if (row.nodeType !== 1 || !row.dataset.node) return;
+    const bar = row.querySelector(".timeline .bar");
+    const state = {node: row.dataset.node, phase: text(row, ".phase"),
+                   when: text(row, ".when"), at: Date.now() / 1000,
+                   timeline: bar ? bar.getAttribute("aria-label") || "" : ""};
+    const key = [state.phase, state.when, state.timeline].join("|");
+    if (last[state.node] === key) return;  // the same row drawn again (the clock ticks it)
+    last[state.node] = key;
+    rows.push(state);
+  };
+  const body = document.querySelector("#nodes tbody");
+  body.querySelectorAll("tr").forEach(note);
+  new MutationObserver((changes) => changes.forEach((change) => change.addedNodes.forEach(note)))
+    .observe(body, {childList: true});
+}
+"""
 
 
 def only_to(host: str) -> list[str]:
@@ -64,6 +89,12 @@ def missing() -> str | None:
     except ImportError:
         return "selenium is not installed (pip install -e '.[dev]')"
     return None
+
+
+def phases_shown(rows: list[dict]) -> list[str]:
+    """The phases in recorded row states (`StatusPage.follow`), each run of one phase once."""
+    return [row["phase"] for i, row in enumerate(rows)
+            if not i or rows[i - 1]["phase"] != row["phase"]]
 
 
 def artifact_path(name: str) -> Path:
@@ -136,24 +167,45 @@ class StatusPage:
         wait_until(lambda: self.phases().get(node) == phase, timeout,
                    f"the page shows {node} {phase} (it shows {self.phases().get(node)!r})")
 
-    def follow(self, until: dict[str, str], timeout: float) -> dict[str, list[str]]:
-        """Every phase the page shows for each node, in order, until it shows each node of
-        `until` in its phase (TimeoutError otherwise); AssertionError if it reloaded."""
+    def follow(self, until: dict[str, str], timeout: float,
+               on_phase=None) -> dict[str, list[dict]]:
+        """Every state of each node's row the page renders, in order (see `record`), until
+        it shows each node of `until` in its phase (TimeoutError otherwise); AssertionError
+        if it reloaded. `on_phase(node, phase)` is called when a followed node is first
+        seen in a phase it was not in just before (e.g. to take a screenshot)."""
+        self.record()
         self.mark()
-        seen: dict[str, list[str]] = {}
+        seen: dict[str, list[dict]] = {}
 
         def reached() -> bool:
-            for node, phase in self.phases().items():
-                if seen.get(node, [None])[-1] != phase:
-                    seen.setdefault(node, []).append(phase)
-            return all(seen.get(node, [None])[-1] == phase for node, phase in until.items())
+            for row in self.recorded(sum(map(len, seen.values()))):
+                rows = seen.setdefault(row["node"], [])
+                if on_phase and row["node"] in until and (
+                        not rows or rows[-1]["phase"] != row["phase"]):
+                    on_phase(row["node"], row["phase"])
+                rows.append(row)
+            return all(seen.get(node, [{}])[-1].get("phase") == phase
+                       for node, phase in until.items())
 
         try:
             wait_until(reached, timeout, f"the page shows {until}", interval=0.1)
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; it showed {seen}") from None
+            shown = {node: [row["phase"] for row in rows] for node, rows in seen.items()}
+            raise TimeoutError(f"{exc}; it showed {shown}") from None
         assert not self.reloaded(), "the page was reloaded"
         return seen
+
+    def record(self) -> None:
+        """From now on, note in the page every state of a node row it renders (each render
+        replaces the table's rows: a MutationObserver sees every one, however soon the
+        next follows, which polling from here would miss): node, phase, the Updated cell,
+        the timeline bar's label and the browser's time. A reload loses the record."""
+        self.driver.execute_script(RECORDER)
+
+    def recorded(self, start: int = 0) -> list[dict]:
+        """The row states noted since `record`, from the `start`th on."""
+        return self.driver.execute_script(
+            "return (window.__provisiondRows || []).slice(arguments[0]);", start)
 
     def connection(self) -> str:
         """The page's connection badge: live, polling, offline, token..."""
@@ -174,15 +226,19 @@ class StatusPage:
                 if entry["level"] == "SEVERE" and "Failed to load resource" not in
                 entry["message"]]
 
-    def text(self, css: str) -> str:
-        from selenium.webdriver.common.by import By
-
-        return self.driver.find_element(By.CSS_SELECTOR, css).text
+    def text(self, css: str) -> str | None:
+        """The shown text of the first element `css` selects (None: none), read in one
+        step: the page redraws its rows every second while a boot runs, so an element
+        found first and read after may be gone."""
+        return self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+            css)
 
     def screenshot(self, path: Path) -> Path:
         """A PNG of the whole page (beyond the window too) at `path`."""
         shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {
             "format": "png", "captureBeyondViewport": True})
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(shot["data"]))
         SAVED.append(path)
         return path
@@ -195,20 +251,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("expect", nargs="+", metavar="NODE=PHASE")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--token", help="a reader token, if the server asks for one")
-    parser.add_argument("--screenshot", type=Path, help="a PNG of the page at the end")
+    parser.add_argument("--token-file", type=Path, help="a file holding the reader token")
+    parser.add_argument("--screenshots", metavar="PREFIX",
+                        help="PNGs PREFIX-NN-NODE-PHASE.png of each new phase, and at the end")
     args = parser.parse_args(argv)
     until = dict(item.partition("=")[::2] for item in args.expect)
-    with StatusPage.open(args.url, args.token) as page:
+    token = args.token_file.read_text().strip() if args.token_file else args.token
+    shots: list[str] = []
+
+    def shoot(node: str, phase: str) -> None:
+        if args.screenshots:
+            name = f"{args.screenshots}-{len(shots):02d}-{node}-{phase.replace(' ', '_')}.png"
+            shots.append(str(page.screenshot(Path(name))))
+
+    with StatusPage.open(args.url, token) as page:
         print("following", flush=True)
         try:
-            seen = page.follow(until, args.timeout)
+            seen = page.follow(until, args.timeout, on_phase=shoot)
         except (TimeoutError, AssertionError) as exc:
             print(exc, file=sys.stderr)
             return 1
         finally:
-            if args.screenshot:
-                print(f"screenshot: {page.screenshot(args.screenshot)}", file=sys.stderr)
-    print(json.dumps(seen), flush=True)
+            shoot("end", "page")
+        result = {"nodes": seen, "connection": page.connection(), "screenshots": shots,
+                  "script_errors": page.script_errors()}
+    print(json.dumps(result), flush=True)
     return 0
 
 

@@ -134,6 +134,9 @@
     if (typeof name !== "string" || !PHASES.includes(data.phase)) return;
     const old = state.nodes.get(name) || { node: name };
     const at = typeof event.time === "number" ? event.time : Date.now() / 1000;
+    // An event older than the status read (the stream opens before the status is read, and
+    // a resumed stream replays what a reload already showed) must not undo it.
+    if (typeof old.updated === "number" && at < old.updated) return;
     let next;
     if (data.phases && typeof data.phases === "object") {
       next = Object.assign({}, old, data, { node: name });
@@ -175,18 +178,29 @@
   }
 
   // --- the event stream ---------------------------------------------------------------
-  // Reads Server-Sent Events until the stream ends; throws HttpError when refused.
-  async function followEvents() {
+  // Opens the event stream (from the next event, or the last one seen); null when the server
+  // has none (404, 405, or not an event stream); throws HttpError when refused. Opened before
+  // the status is read, so that no phase reached in between is missed.
+  async function openEvents() {
     state.stream = new AbortController();
     const extra = { Accept: "text/event-stream" };
     if (state.lastEventId) extra["Last-Event-ID"] = state.lastEventId;
     const response = await fetch("/api/v1/events", {
       headers: headers(extra), cache: "no-store", signal: state.stream.signal,
     });
-    if (!response.ok) throw await errorOf(response);
-    if (!(response.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
-      throw new HttpError(415, "the events answer is not an event stream");
+    const stream = (response.headers.get("Content-Type") || "").startsWith("text/event-stream");
+    if (response.status === 404 || response.status === 405 || (response.ok && !stream)) {
+      state.stream.abort();
+      state.eventsApi = false;
+      renderEvents();
+      return null;
     }
+    if (!response.ok) throw await errorOf(response);
+    return response;
+  }
+
+  // Reads Server-Sent Events until the stream ends.
+  async function followEvents(response) {
     setMode("live", "live: events");
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
@@ -252,30 +266,29 @@
 
   async function run() {
     for (;;) {
+      let stream = null;
       try {
+        if (state.eventsApi) stream = await openEvents();
         await loadStatus();
         notice("");
       } catch (error) {
+        if (state.stream) state.stream.abort();
+        if (error.name === "AbortError") continue; // a new token: start again
         const needsToken = refused(error);
         if (!needsToken) setMode("offline", "offline: " + error.message + ", retrying");
         await sleep(needsToken ? 3600000 : RETRY_MS); // a token given wakes it
         continue;
       }
       if (Date.now() - state.imagesAt > IMAGES_MS || state.images === null) loadImages();
-      if (state.eventsApi) {
+      if (stream) {
         try {
-          await followEvents();
+          await followEvents(stream);
           continue; // the stream ended: reload, then follow from the last event id
         } catch (error) {
           if (error.name === "AbortError") continue;
-          if (error.status === 404 || error.status === 405 || error.status === 415) {
-            state.eventsApi = false;
-            renderEvents();
-          } else {
-            if (!refused(error)) setMode("offline", "events: " + error.message + ", retrying");
-            await sleep(RETRY_MS);
-            continue;
-          }
+          setMode("offline", "events: " + error.message + ", retrying");
+          await sleep(RETRY_MS);
+          continue;
         }
       }
       setMode("polling", "polling every " + POLL_MS / 1000 + " s");

@@ -10,6 +10,7 @@ import json
 import select
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from loopback_node import prepare
 from provisiond.auth import Role, TokenStore
 from servers import start_serve, stop_serve, wait_http
 from tests.conftest import REPO
-from tests.status_page import StatusPage, artifact_path, missing
+from tests.status_page import StatusPage, artifact_path, missing, phases_shown
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
@@ -113,12 +114,14 @@ def test_the_page_fits_a_phone(served):
 
 def test_the_follow_command_the_lab_runs_in_its_namespace(served, tmp_path):
     """`python -m tests.status_page URL NODE=PHASE`: what the lab test runs where its serve
-    is (inside a network namespace), here on loopback."""
+    is (inside a network namespace), here on loopback. Phases that follow each other within
+    milliseconds are each recorded: the page renders every one."""
     base, token, nodes, kernel = served
     nodes["n6"].dhcp()
-    shot = tmp_path / "follow.png"
+    (tmp_path / "reader.token").write_text(token + "\n")
     follow = subprocess.Popen([sys.executable, "-m", "tests.status_page", base, "n6=booted",
-                               "--token", token, "--timeout", "60", "--screenshot", str(shot)],
+                               "--token-file", str(tmp_path / "reader.token"), "--timeout",
+                               "60", "--screenshots", str(tmp_path / "follow")],
                               cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -133,6 +136,13 @@ def test_the_follow_command_the_lab_runs_in_its_namespace(served, tmp_path):
             follow.kill()
             follow.wait()
     assert follow.returncode == 0, err
-    seen = json.loads(out)
-    assert seen["n6"][0] == "dhcp" and seen["n6"][-1] == "booted", seen
-    assert shot.stat().st_size > 0
+    result = json.loads(out)
+    rows = result["nodes"]["n6"]
+    assert phases_shown(rows) == ["dhcp", "ipxe", "kernel", "booted"], rows
+    assert rows[-1]["timeline"].startswith("dhcp +0.0 s, ipxe +"), rows[-1]
+    assert all(row["when"] for row in rows), rows
+    assert result["connection"] == "live" and result["script_errors"] == []
+    shots = [Path(shot).name for shot in result["screenshots"]]
+    assert shots[0].startswith("follow-00-n6-")
+    assert shots[-1] == f"follow-{len(shots) - 1:02d}-end-page.png"
+    assert all(Path(shot).stat().st_size > 0 for shot in result["screenshots"])
