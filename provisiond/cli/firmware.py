@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from provisiond.cli.power import add_range_command, run_and_print
+from provisiond.cli.power import add_range_command, run_and_print, run_job_and_print
 from provisiond.power import operations
+from provisiond.states import JobKind
 
 COLUMNS = ["NODE", "RESULT", "COMPONENT", "VERSION"]
 
@@ -27,8 +28,8 @@ def list_handler(args, ctx) -> int:
 
 
 def update_handler(args, ctx) -> int:
-    args.timeout = args.timeout or operations.FIRMWARE_UPDATE_TIMEOUT
-    return run_and_print(args, ctx, operations.firmware_update(args.image), "firmware update")
+    params = {"image": args.image, "timeout": args.timeout or operations.FIRMWARE_UPDATE_TIMEOUT}
+    return run_job_and_print(args, ctx, JobKind.FIRMWARE_UPDATE, params, "firmware update")
 
 
 def _firmware_rows(result) -> list[list]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from provisiond.audit import cli_actor
+from provisiond.cli.power import add_reprovision_parser
 from provisiond.cli.records import register_verbs
 from provisiond.inventory import InventoryStore
-from provisiond.power import add_reprovision_parser
 from provisiond.states import NodePhase
 from provisiond.service import credentials
 from provisiond.service.inventory import NODES

@@ -1,13 +1,20 @@
-"""`provisiond power ACTION RANGE` and `provisiond bootdev DEVICE RANGE`: fan-out to BMCs."""
+"""`provisiond power ACTION RANGE`, `provisiond bootdev DEVICE RANGE` and `provisiond node
+reprovision RANGE`: fan-out to BMCs. Each runs as a job in this process (provisiond.jobs
+run_here): the same checks, claims, audit record and `job.*` events as the API's jobs."""
 
 from __future__ import annotations
 
+from provisiond import jobs
+from provisiond.audit import cli_actor
+from provisiond.jobs.model import POWER_STATUS, Job
 from provisiond.power import operations
+from provisiond.power.fanout import NodeResult
 from provisiond.power.progress import ProgressBar
 from provisiond.power.report import print_results
-from provisiond.states import BootDevice, PowerAction
+from provisiond.power.reprovision import DEFAULT_TIMEOUT as REPROVISION_TIMEOUT
+from provisiond.states import BootDevice, JobKind, PowerAction
 
-STATUS = "status"
+STATUS = POWER_STATUS
 SETTLE = "settle"
 
 
@@ -59,16 +66,51 @@ def run_and_print(args, ctx, operation, label: str, **table) -> int:
     return print_results(ctx, results, args.json, **table)
 
 
+def run_job_and_print(args, ctx, kind: JobKind, params: dict, label: str) -> int:
+    """Run a `kind` job over args.range here, with a progress bar; print its results."""
+    total = len(operations.select_nodes(ctx.config, args.range))
+    job = jobs.run_here(ctx.config, kind, [args.range], params, cli_actor(),
+                        ProgressBar(total, label))
+    return print_results(ctx, node_results(job), args.json)
+
+
+def node_results(job: Job) -> list[NodeResult]:
+    """The ended job's per-node results, as the fan-out's tables print them."""
+    return [NodeResult(r.name, r.result == "ok", r.detail, seconds=r.seconds)
+            for r in job.results]
+
+
 def power_handler(args, ctx) -> int:
-    if args.action is None:
-        return run_and_print(args, ctx, operations.power_status, "power status")
-    return run_and_print(args, ctx, operations.power(args.action), f"power {args.verb}")
+    action = STATUS if args.action is None else args.action.value
+    return run_job_and_print(args, ctx, JobKind.POWER,
+                             {"action": action, "timeout": args.timeout}, f"power {args.verb}")
 
 
 def bootdev_handler(args, ctx) -> int:
-    operation = operations.boot_device(ctx.config, args.device, args.persistent, args.uefi)
-    return run_and_print(args, ctx, operation, f"bootdev {args.verb}")
+    params = {"device": args.device.value, "persistent": args.persistent, "uefi": args.uefi,
+              "timeout": args.timeout}
+    return run_job_and_print(args, ctx, JobKind.BOOTDEV, params, f"bootdev {args.verb}")
 
 
 def settle_handler(args, ctx) -> int:
     return run_and_print(args, ctx, operations.settle_boot_device(ctx.config), "settle")
+
+
+def add_reprovision_parser(node_subparsers):
+    """Add `node reprovision RANGE` to the `node` noun's subparsers."""
+    parser = node_subparsers.add_parser(
+        "reprovision", help="PXE boot once, power cycle, wait until the nodes are ready",
+        description="Set the next boot to PXE, power cycle, and wait until every node "
+        "reports ready from the new boot. Exits non-zero if any node is not ready in time.")
+    parser.add_argument("range", metavar="RANGE", help="nodes, e.g. n[001-008]")
+    parser.add_argument("--timeout", type=float, default=REPROVISION_TIMEOUT,
+                        metavar="SECONDS",
+                        help=f"how long to wait for ready (default {REPROVISION_TIMEOUT:g})")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=reprovision_handler)
+    return parser
+
+
+def reprovision_handler(args, ctx) -> int:
+    return run_job_and_print(args, ctx, JobKind.REPROVISION, {"timeout": args.timeout},
+                             "reprovision")

@@ -1,15 +1,19 @@
 """Asynchronous jobs: power, boot device, firmware, reprovision, image and overlay builds.
 
-`start` checks the request (kind, targets, params) as the CLI would, records a pending job
-holding claims on its targets (409 Conflict naming the job that holds one already), and
-starts its runner, a detached process (provisiond.jobs.runner) that calls the same library
-functions as the CLI and records per-target results. `get` and `list_jobs` read the records.
+`start` checks the request (kind, targets, params), records a pending job holding claims on
+its targets (409 Conflict naming the job that holds one already) and its audit record, and
+starts its runner, a detached process (provisiond.jobs.runner) that calls the library
+functions and records per-target results: the API's jobs. `run_here` does the same but runs
+the job in the calling process: the CLI's power, bootdev, firmware update and reprovision.
+`get` and `list_jobs` read the records.
 Events: `job.started`, `job.progress` (batches of per-target results), `job.finished`;
 builds also `build.started|finished|failed`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 from provisiond import audit
@@ -19,15 +23,39 @@ from provisiond.images.recipe import find_recipe
 from provisiond.inventory import load_nodes
 from provisiond.jobs import runner, store
 from provisiond.jobs.model import Job, OverlayBuildParams, parse_params
+from provisiond.power.fanout import NodeResult
 from provisiond.power.operations import select_nodes
 from provisiond.states import JobKind, JobState
 
-__all__ = ["Job", "JobKind", "JobState", "start", "get", "list_jobs"]
+__all__ = ["Job", "JobKind", "JobState", "start", "run_here", "get", "list_jobs"]
 
 
 def start(config: Config, kind: JobKind | str, names: list[str], params: dict,
           actor: str) -> dict:
-    """Record and start a job; its record (with `id`). `names` may hold ranges."""
+    """Record and start a job (the API's way: a runner process of its own); its record
+    (with `id`). `names` may hold ranges."""
+    job = _create(config, kind, names, params, actor)
+    try:
+        pid = runner.spawn(config, job.id)
+    except (OSError, ValueError) as exc:
+        _fail_to_start(config, job, exc)
+    store.record_runner(config, job.id, pid)
+    return store.read(config, job.id).model_dump(mode="json")
+
+
+def run_here(config: Config, kind: JobKind | str, names: list[str], params: dict,
+             actor: str, on_result: Callable[[NodeResult], None] | None = None) -> Job:
+    """Record a job as `start` does (checks, claims, audit) and run it to its end in this
+    process (the CLI's way: it shows the progress, `on_result` gets each node's result);
+    the ended job. The same records and `job.*` events as a started job."""
+    job = _create(config, kind, names, params, actor)
+    runner.run(config, job.id, on_result)
+    return store.read(config, job.id)
+
+
+def _create(config: Config, kind: JobKind | str, names: list[str], params: dict,
+            actor: str) -> Job:
+    """The checked request as a pending job holding its claims, and its audit record."""
     kind = _kind(kind)
     checked = parse_params(kind, params)
     targets = _targets(config, kind, names, checked)
@@ -35,13 +63,15 @@ def start(config: Config, kind: JobKind | str, names: list[str], params: dict,
     try:
         audit.record(config, actor, f"job.{kind.value}", job.target,
                      {"job": job.id, **_shown(job.params)})
-        pid = runner.spawn(config, job.id)
     except (OSError, ValueError) as exc:
-        job.state, job.message = JobState.FAILED, f"cannot start: {exc}"
-        store.finish(config, job)
-        raise ProvisiondError(f"job {job.id}: {job.message}") from None
-    store.record_runner(config, job.id, pid)
-    return store.read(config, job.id).model_dump(mode="json")
+        _fail_to_start(config, job, exc)
+    return job
+
+
+def _fail_to_start(config: Config, job: Job, exc: Exception) -> NoReturn:
+    job.state, job.message = JobState.FAILED, f"cannot start: {exc}"
+    store.finish(config, job)
+    raise ProvisiondError(f"job {job.id}: {job.message}") from None
 
 
 def get(config: Config, job_id: int) -> dict:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
@@ -23,6 +24,7 @@ from provisiond.jobs import store
 from provisiond.jobs.model import Job, JobResult
 from provisiond.events import emit
 from provisiond.jobs.work import Progress, execute, job_subject
+from provisiond.power.fanout import NodeResult
 from provisiond.states import JobState
 
 log = logging.getLogger("provisiond.jobs")
@@ -40,15 +42,17 @@ def spawn(config: Config, job_id: int) -> int:
     return child.pid
 
 
-def run(config: Config, job_id: int) -> int:
-    """Run a pending job to its end in this process; 0 unless the job was not pending."""
+def run(config: Config, job_id: int,
+        on_result: Callable[[NodeResult], None] | None = None) -> int:
+    """Run a pending job to its end in this process; 0 unless the job was not pending.
+    `on_result` gets each node's result as it comes (the CLI's progress bar)."""
     job = store.begin(config, job_id, os.getpid())
     if job is None:
         log.error("job %s is not pending (or has another runner): nothing to do", job_id)
         return 1
     log.info("job %s: %s %s for %s", job.id, job.kind.value, job.target, job.actor)
     emit(config, "job.started", job_subject(job), _summary(job))
-    progress = Progress(config, job)
+    progress = Progress(config, job, on_result)
     results, message = [], None
     try:
         with interrupt_on_term():

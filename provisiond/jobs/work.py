@@ -32,8 +32,9 @@ class Progress:
     """Results as they come: into the job's record and a `job.progress` event, batched so
     that a 10,000-node job writes neither 10,000 records nor 10,000 events."""
 
-    def __init__(self, config: Config, job: Job):
-        self.config, self.job = config, job
+    def __init__(self, config: Config, job: Job,
+                 on_result: Callable[[NodeResult], None] | None = None):
+        self.config, self.job, self.on_result = config, job, on_result
         self.batch: list[JobResult] = []
         self.flushed = 0.0
 
@@ -42,6 +43,8 @@ class Progress:
         self.job.results.append(job_result(result))
         self.batch.append(self.job.results[-1])
         self.flush(force=False)
+        if self.on_result:
+            self.on_result(result)
 
     def count(self, done: int, total: int) -> None:
         """An overlay build's progress callback: nodes built so far."""

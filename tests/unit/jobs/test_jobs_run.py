@@ -25,11 +25,7 @@ def nodes(cli):
 
 def run_here(config, kind, names, params):
     """A job recorded as start() records it, run in this process; its ended record."""
-    checked = jobs.model.parse_params(kind, params)
-    job = store.create(config, kind, jobs._targets(config, kind, names, checked),
-                       checked.model_dump(mode="json"), "cli:test")
-    assert runner.run(config, job.id) == 0
-    return store.read(config, job.id)
+    return jobs.run_here(config, kind, names, params, "cli:test")
 
 
 def kinds_of(config) -> list[str]:

@@ -131,5 +131,5 @@ def test_firmware_update_refuses_a_url_a_bmc_cannot_fetch(nodes, config):
     for url in ("ftp://127.0.0.1/b.bin", "b.bin", "http://127.0.0.1/a b.bin"):
         result = nodes("firmware", "update", "n1", "--image", url)
         assert result.code == 2 and result.err.strip() == (
-            f"provisiond: error: firmware image {url!r}: not an http(s) URL")
+            f"provisiond: error: image: firmware image {url!r}: not an http(s) URL")
     assert fake_state(config) == {}

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from provisiond.power import add_reprovision_parser, reprovision
+from provisiond.cli.power import add_reprovision_parser
+from provisiond.power import reprovision
 from provisiond.power.fake import read_fake_bmcs
 from provisiond.states import NodePhase
 from provisiond.status import record_phase
