@@ -19,7 +19,8 @@ from provisiond.errors import ExitCode, ProvisiondError, exit_code_table
 # parsers; func(args, ctx) returns an exit code (None means 0). Listed in `--help` order.
 NOUN_MODULES = [
     "init", "node", "profile", "apply", "image", "overlay", "serve", "doctor",
-    "power", "firmware", "slurm", "discover", "secret", "token", "audit", "completion", "man",
+    "power", "firmware", "job", "slurm", "discover", "secret", "token", "audit",
+    "completion", "man",
 ]
 
 

@@ -5,13 +5,14 @@ its targets (409 Conflict naming the job that holds one already) and its audit r
 starts its runner, a detached process (provisiond.jobs.runner) that calls the library
 functions and records per-target results: the API's jobs. `run_here` does the same but runs
 the job in the calling process: the CLI's power, bootdev, firmware update and reprovision.
-`get` and `list_jobs` read the records.
+`get`, `wait` and `list_jobs` read the records (the API's job routes and `provisiond job`).
 Events: `job.started`, `job.progress` (batches of per-target results), `job.finished`;
 builds also `build.started|finished|failed`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -27,7 +28,7 @@ from provisiond.power.fanout import NodeResult
 from provisiond.power.operations import select_nodes
 from provisiond.states import JobKind, JobState
 
-__all__ = ["Job", "JobKind", "JobState", "start", "run_here", "get", "list_jobs"]
+__all__ = ["Job", "JobKind", "JobState", "start", "run_here", "get", "wait", "list_jobs"]
 
 
 def start(config: Config, kind: JobKind | str, names: list[str], params: dict,
@@ -77,6 +78,19 @@ def _fail_to_start(config: Config, job: Job, exc: Exception) -> NoReturn:
 def get(config: Config, job_id: int) -> dict:
     """A job's record; JobNotFound if there is none (or it left the history)."""
     return store.get(config, job_id).model_dump(mode="json")
+
+
+def wait(config: Config, job_id: int, timeout: float, poll: float = 0.5) -> dict:
+    """The job's record once it has ended; a ProvisiondError if it runs `timeout` s on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = store.get(config, job_id)
+        if not job.active:
+            return job.model_dump(mode="json")
+        if time.monotonic() >= deadline:
+            raise ProvisiondError(f"job {job_id} ({job.kind.value} {job.target}) is still "
+                                  f"{job.state.value} after {timeout:g} s")
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
 
 def list_jobs(config: Config, limit: int = 100, before: int | None = None,
