@@ -15,6 +15,7 @@ from pydantic import StringConstraints
 from provisiond.config import CONTROL_RE, CONTROLS, LABEL_RE
 
 MAC_RE = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
+MAC_INPUT_RE = re.compile(r"^\s*[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}\s*$")  # normalise_mac's
 OVERLAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -70,10 +71,11 @@ def normalise_netmask(value: str) -> str:
 
 
 def normalise_mac(value: str) -> str:
-    mac = value.strip().lower().replace("-", ":")
-    if not MAC_RE.fullmatch(mac):
+    """aa:bb:cc:dd:ee:ff from any case, ':' or '-', blanks around (MAC_INPUT_RE, which the
+    OpenAPI document shows)."""
+    if not MAC_INPUT_RE.fullmatch(value):
         raise ValueError(f"invalid MAC address {value!r}")
-    return mac
+    return value.strip().lower().replace("-", ":")
 
 
 def check_node_mac(value: str) -> str:

@@ -13,6 +13,7 @@ from pydantic.json_schema import models_json_schema
 
 from provisiond import __version__
 from provisiond.api.v1 import OPERATIONS, PREFIX, Operation, bp, reply, route
+from provisiond.api.v1.formats import FormatsSchema
 
 PAGE = Path(__file__).with_name("docs.html")
 _PARAM_RE = re.compile(r"<(?:[a-z]+:)?([A-Za-z_][A-Za-z0-9_]*)>")
@@ -47,7 +48,8 @@ def docs():
 @functools.cache
 def openapi_document() -> dict:
     """The document for every registered operation (the set is fixed once the app is made)."""
-    refs, schema = models_json_schema(_models(OPERATIONS), ref_template=REF)
+    refs, schema = models_json_schema(_models(OPERATIONS), ref_template=REF,
+                                      schema_generator=FormatsSchema)
     schemas = schema.get("$defs", {})
     paths: dict[str, dict] = {}
     for op in OPERATIONS:
