@@ -60,7 +60,7 @@ def run(config: Config, job_id: int,
     except ProvisiondError as exc:
         message = str(exc)
     except KeyboardInterrupt:
-        message = "interrupted (the runner got SIGTERM)"
+        message = "interrupted (SIGTERM, or Ctrl-C in the CLI)"
     except Exception as exc:  # noqa: BLE001 - a bug fails the job, never leaves it running
         log.exception("job %s", job.id)
         message = f"internal error: {type(exc).__name__}: {exc}"
