@@ -48,7 +48,11 @@ def document(tmp_path_factory):
 
 
 def field_schema(document, model: type, field: str) -> dict:
-    return document["components"]["schemas"][model.__name__]["properties"][field]
+    """The schema of `field` of `model` (pydantic names a model by its module too when
+    another module has a model of the same name)."""
+    schemas = document["components"]["schemas"]
+    qualified = f"{model.__module__}.{model.__name__}".replace(".", "__")
+    return schemas.get(qualified, schemas.get(model.__name__))["properties"][field]
 
 
 def required_of(schema) -> list:
