@@ -15,7 +15,7 @@ there as a command (Selenium talks to chromedriver over the namespace's loopback
     ip netns exec LAB python -m tests.status_page URL n1=ready n2=ready --timeout 300 \
         --token-file reader.token --screenshots test-artifacts/lab-page
 
-It prints `following` once the page is loaded (start the boot then), and at the end one JSON
+It prints `following` once the page has drawn its first status (start the boot then), and at the end one JSON
 line: {"nodes": {node: [every state of its row the page rendered, in order: phase, the
 "Updated" time, the timeline's label (each phase with its offset), when]}, "connection",
 "screenshots", "script_errors"}; exit 1 if a node did not reach its phase in time or the
@@ -38,6 +38,7 @@ from tests.waits import wait_until
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # ignored by git
+LOAD = 90  # seconds for the page's first status read, at most
 SAVED: list[Path] = []  # screenshots of this test session, listed at its end (tests/conftest.py)
 QUIET = [  # Chromium's own services that would call out: off
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -265,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             shots.append(str(page.screenshot(Path(name))))
 
     with StatusPage.open(args.url, token) as page:
+        # the first status read drawn (live or polling is said after it): what the caller
+        # does after `following` shows as changes, never as the page's first state
+        wait_until(lambda: page.connection() in ("live", "polling"), min(args.timeout, LOAD),
+                   "the page loads the status")
         print("following", flush=True)
         try:
             seen = page.follow(until, args.timeout, on_phase=shoot)

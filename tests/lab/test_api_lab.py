@@ -44,7 +44,7 @@ NODE = "n5"  # bios, tiny image, an odd node: Redfish
 EXAMPLE = provision.REPO_ROOT / "examples" / "inventory_sync.py"
 READY_TIMEOUT = 300
 NETNS_REDFISH_PORT = 8100  # on the lab namespace's loopback
-PAGE_LOAD_TIMEOUT = 120  # Chromium starting in the namespace on a loaded machine
+PAGE_LOAD_TIMEOUT = 180  # Chromium starting in the namespace, the first status read (90)
 PHASE_ORDER = [phase.value for phase in NodePhase]
 CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d)$")  # the page's Updated cell, same day (UTC)
 
