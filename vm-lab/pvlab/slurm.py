@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from pvlab import process
+from pvlab.errors import LabError
 from pvlab.layout import SERVER_ADDRESS, LabState
 
 CONTROLLER = "pvlab-ctl"
@@ -108,14 +109,30 @@ def start(state: LabState, timeout: float = 60) -> None:
         state.pids["munged"] = process.spawn(argv, base / "log" / "munged.out",
                                              netns=state.netns)
         state.save()
-        process.wait_for(munge_socket(state).exists, timeout, "munged's socket")
+        _wait_started(state, "munged", munge_socket(state).exists, timeout)
     if not process.alive(state.pids.get("slurmctld"), "slurmctld"):
         argv = in_slurm_namespace(state, ["slurmctld", "-D", "-i"])
         state.pids["slurmctld"] = process.spawn(argv, base / "log" / "slurmctld.out",
                                                 netns=state.netns, env=slurm_env(state))
         state.save()
-    process.wait_for(lambda: "is UP" in command(state, "scontrol", "ping").stdout, timeout,
-                     "slurmctld to answer `scontrol ping`")
+    _wait_started(state, "slurmctld",
+                  lambda: "is UP" in command(state, "scontrol", "ping").stdout, timeout)
+
+
+def _wait_started(state: LabState, name: str, ready, timeout: float) -> None:
+    """Wait until `ready()`; a daemon that died first is a LabError with its last words."""
+    def check():
+        if ready():
+            return True
+        pid = state.pids.get(name)
+        if not process.alive(pid, name):
+            logs = slurm_dir(state) / "log"
+            words = [line for path in (logs / f"{name}.out", logs / f"{name}.log")
+                     if path.exists() for line in path.read_text().splitlines()][-3:]
+            raise LabError(f"{name} ({process.exit_status(pid)}) did not start: "
+                           f"{' | '.join(words)}")
+        return False
+    process.wait_for(check, timeout, f"{name} to start")
 
 
 def command(state: LabState, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
