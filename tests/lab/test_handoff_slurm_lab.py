@@ -43,7 +43,8 @@ def enroll(lab, bmc: tuple[str, int]) -> None:
     with InventoryStore(lab.config).edit() as inventory:
         for name in NODES:
             record = inventory.nodes[name]
-            record.runtime_overlays = [*(record.runtime_overlays or ["ssh"]), "slurm"]
+            overlays = record.runtime_overlays or ["ssh"]
+            record.runtime_overlays = [*overlays, *(["slurm"] if "slurm" not in overlays else [])]
             record.slurm = Slurm(cpus=1, real_memory=2048)
             record.bmc = Bmc(driver="redfish", address=host, port=port, scheme="http",
                              system_id=lab.nodes[name].uuid, username=BMC_USER,
