@@ -146,3 +146,18 @@ def test_a_slurm_node_built_before_slurm_config_fails_with_a_hint(cluster, confi
     with pytest.raises(OverlayBuildFailed) as failed:
         build_overlays(config, ["n1"], kinds=("runtime",))
     assert "run `provisiond slurm config`" in str(failed.value)
+
+
+@pytest.mark.parametrize("slurm, message", [
+    ({"options": {"SlurmUser": "a b"}}, "slurm.options.SlurmUser: 'a b': a slurm.conf value"),
+    ({"options": {"Slurm-User": "x"}}, "'Slurm-User' is not a slurm.conf key"),
+    ({"options": {"Prolog": "/x#y"}}, "without blanks, '#' or control characters"),
+    ({"resume_program": "resume"}, "'resume': an absolute path without blanks"),
+    ({"default_partition": "a,b"}, "'a,b': 1-64 letters, digits"),
+    ({"suspend_time": -5}, "-5 is outside 0-"),
+])
+def test_a_bad_slurm_setting_is_one_clear_line(cli, state_dir, slurm, message):
+    settings(state_dir, **slurm)
+    result = cli("slurm", "config")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert message in result.err and "provisiond.yaml: slurm." in result.err
