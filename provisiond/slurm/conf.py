@@ -152,8 +152,9 @@ def _partition_line(config: Config, name: str, names: list[str]) -> str:
 
 def power_program(config: Config, verb: str) -> str:
     """The shell script slurmctld runs as ResumeProgram or SuspendProgram: Slurm passes
-    the hostlist as the only argument; this adds the state dir and the log."""
-    argv = [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir),
+    the hostlist as the only argument; this adds the state dir and the log. Python runs
+    isolated (-I): slurmctld's working directory and environment choose no module."""
+    argv = [sys.executable, "-I", "-m", "provisiond", "--state-dir", str(config.state_dir),
             "slurm", verb]
     if config.slurm.power_log:
         argv += ["--log", config.slurm.power_log]

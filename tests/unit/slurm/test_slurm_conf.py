@@ -99,13 +99,18 @@ def test_no_slurm_node_or_a_bad_partition_tag_is_one_line_and_writes_nothing(cli
     assert not config.slurm_conf_path.exists()
 
 
-def test_the_written_resume_program_pxe_boots_through_the_fake_bmc(cluster, config):
+def test_the_written_resume_program_pxe_boots_through_the_fake_bmc(cluster, config, tmp_path):
     """The program slurm.conf names, run as slurmctld runs it: the hostlist its only
-    argument (a real process, this interpreter's provisiond)."""
+    argument (a real process, this interpreter's provisiond), from a working directory
+    whose own `provisiond` package it must not run."""
     assert cluster("slurm", "config").code == 0
     program = config.slurm_dir / "resume"
+    decoy = tmp_path / "cwd" / "provisiond"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "__main__.py").write_text("raise SystemExit(99)\n")
     done = subprocess.run([str(program), "n[1-2]"], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=decoy.parent)
     assert done.returncode == 0, done.stderr
     bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
     assert [bmcs[n]["boots"] for n in ("n1", "n2")] == [["pxe"], ["pxe"]]
