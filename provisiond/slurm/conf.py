@@ -20,7 +20,8 @@ from provisiond.config import SLURM_NAME_RE, Config
 from provisiond.errors import InvalidInput
 from provisiond.inventory import load_nodes
 from provisiond.inventory.merge import Node
-from provisiond.inventory.model import node_sort_key
+from provisiond.discovery.facts import facts_of
+from provisiond.inventory.model import Slurm, node_sort_key
 from provisiond.inventory.ranges import fold
 
 OVERLAY = "slurm"
@@ -59,7 +60,8 @@ def slurm_nodes(nodes: dict[str, Node]) -> list[Node]:
 
 
 def render_conf(config: Config, nodes: dict[str, Node]) -> SlurmConf:
-    """slurm.conf for `nodes` (the inventory's, merged) and the settings."""
+    """slurm.conf for `nodes` (the inventory's, merged) and the settings; a node without
+    `slurm.cpus` gets the CPUs its agent last reported (provisiond.discovery.facts)."""
     members = slurm_nodes(nodes)
     if not members:
         raise InvalidInput(f"no node lists the {OVERLAY!r} runtime overlay: slurm.conf "
@@ -70,7 +72,7 @@ def render_conf(config: Config, nodes: dict[str, Node]) -> SlurmConf:
              "# inventory and provisiond.yaml (slurm:). Do not edit: run it again.", ""]
     lines += [f"{key}={value}" for key, value in _options(config).items()]
     lines.append("")
-    lines += _node_lines(members)
+    lines += _node_lines(members, lambda name: reported_cpus(config, name))
     lines += [_partition_line(config, name, names) for name, names in partitions.items()]
     return SlurmConf("\n".join(lines) + "\n", [n.name for n in members], partitions)
 
@@ -99,11 +101,19 @@ def short_hostname() -> str:
     return socket.gethostname().split(".")[0]
 
 
-def _node_lines(members: list[Node]) -> list[str]:
+def reported_cpus(config: Config, name: str) -> int | None:
+    """The logical CPUs the node's agent last reported (what Slurm calls CPUs). Its
+    reported memory is not used: it is the installed memory, above what slurmd reports as
+    RealMemory (the kernel keeps some), and a RealMemory above that drains the node."""
+    stored = facts_of(config, name)
+    return stored.facts.cpu.threads if stored else None
+
+
+def _node_lines(members: list[Node], cpus_of) -> list[str]:
     """One line per group of nodes with the same attributes (and per NODES_PER_LINE)."""
     groups: dict[str, list[Node]] = defaultdict(list)
     for node in members:
-        groups[_attributes(node)].append(node)
+        groups[_attributes(node, cpus_of)].append(node)
     lines = []
     for attributes, group in groups.items():
         for start in range(0, len(group), NODES_PER_LINE):
@@ -114,12 +124,12 @@ def _node_lines(members: list[Node]) -> list[str]:
     return lines
 
 
-def _attributes(node: Node) -> str:
-    """The NodeName line's attributes from the node's `slurm` settings ('' if none)."""
-    slurm = node.record.slurm
-    if slurm is None:
-        return ""
-    pairs = [("CPUs", slurm.cpus), ("Sockets", slurm.sockets),
+def _attributes(node: Node, cpus_of) -> str:
+    """The NodeName line's attributes from the node's `slurm` settings ('' if none), CPUs
+    from its reported facts when the settings have none."""
+    slurm = node.record.slurm or Slurm()
+    cpus = slurm.cpus if slurm.cpus is not None else cpus_of(node.name)
+    pairs = [("CPUs", cpus), ("Sockets", slurm.sockets),
              ("CoresPerSocket", slurm.cores_per_socket),
              ("ThreadsPerCore", slurm.threads_per_core), ("RealMemory", slurm.real_memory),
              ("Weight", slurm.weight),

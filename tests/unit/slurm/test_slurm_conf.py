@@ -166,3 +166,16 @@ def test_a_bad_slurm_setting_is_one_clear_line(cli, state_dir, slurm, message):
     result = cli("slurm", "config")
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
     assert message in result.err and "provisiond.yaml: slurm." in result.err
+
+
+def test_cpus_come_from_reported_facts_when_the_record_has_none(cluster, config, cli):
+    from provisiond.discovery.facts import Cpu, Facts, record_facts
+
+    assert cli("node", "add", "n5", "--ipaddr", "10.0.0.15", "--runtime-overlay",
+               "slurm").code == 0
+    for name in ("n1", "n5"):  # n1's record says 4 CPUs: the record wins
+        record_facts(config, name, Facts(cpu=Cpu(sockets=2, cores=16, threads=32),
+                                         memory_mib=131072))
+    lines = conf_lines(config)
+    assert "NodeName=n5 NodeAddr=10.0.0.15 CPUs=32" in lines
+    assert "NodeName=n[1-2] NodeAddr=10.0.0.11,10.0.0.12 CPUs=4 RealMemory=7800" in lines
