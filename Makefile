@@ -26,7 +26,7 @@ DEMO_ARGS ?=
 demo: deps
 	$(PY) vm-lab/demo.py $(DEMO_ARGS)
 
-# The Slurm hand-off scenario in the lab (README "Slurm hand-off"): slurmctld and munged in
+# The Slurm hand-off scenario in the lab (README "Hand-off: Slurm"): slurmctld and munged in
 # the lab namespace, two debian12-compute VMs join, srun, then power saving end to end.
 demo-slurm: deps
 	PROVISIOND_NO_SKIP=1 $(PY) -m pytest -p no:cacheprovider -s tests/lab/test_handoff_slurm_lab.py
