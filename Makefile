@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: deps test test-fast demo lab-up lab-down bench
+.PHONY: deps test test-fast demo demo-slurm lab-up lab-down bench
 
 deps: .venv/.deps-done
 
@@ -25,6 +25,11 @@ DEMO_ARGS ?=
 
 demo: deps
 	$(PY) vm-lab/demo.py $(DEMO_ARGS)
+
+# The Slurm hand-off scenario in the lab (README "Hand-off: Slurm"): slurmctld and munged in
+# the lab namespace, two debian12-compute VMs join, srun, then power saving end to end.
+demo-slurm: deps
+	PROVISIOND_NO_SKIP=1 $(PY) -m pytest -p no:cacheprovider -s tests/lab/test_handoff_slurm_lab.py
 
 lab-up: deps
 	$(PY) vm-lab/lab.py up --image tiny

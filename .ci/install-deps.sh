@@ -28,6 +28,9 @@ APT_PACKAGES=(
   git ansible-core
   # lab: QEMU, firmware, libvirt, RA sender
   qemu-system-x86 qemu-utils ipxe-qemu ovmf libvirt-daemon-system libvirt-clients dnsmasq-base
+  # Slurm hand-off: slurmctld and munged on the lab's server side, the client commands,
+  # slurmd for `slurmd -C` (package scripts start no daemon where policy-rc.d forbids it)
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -380,6 +380,73 @@ class MetricsSettings(_Section):
     exporters are (it holds counts, never names, addresses or secrets)."""
 
 
+SLURM_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
+SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def slurm_name(value: str) -> str:
+    """A partition, cluster or tag name as slurm.conf takes it unquoted."""
+    if not SLURM_NAME_RE.fullmatch(value):
+        raise ValueError(f"{value!r}: 1-64 letters, digits, '_', '.' or '-'")
+    return value
+
+
+def slurm_value(value) -> str:
+    """A slurm.conf value written as it is: no blank, '#' or control character."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if not text or CONTROL_RE.search(text) or any(c in text for c in " \t#"):
+        raise ValueError(f"{value!r}: a slurm.conf value without blanks, '#' or control "
+                         "characters")
+    return text
+
+
+SlurmValue = Annotated[str | int | float | bool, AfterValidator(slurm_value)]
+Seconds = Annotated[int, bounded(0, 2**31 - 1)]
+
+
+class SlurmSettings(_Section):
+    """What `provisiond slurm config` writes into slurm.conf besides the nodes."""
+
+    cluster_name: Annotated[str, AfterValidator(slurm_name)] = "cluster"
+    controller: Annotated[str, AfterValidator(domain_name)] | None = None
+    """SlurmctldHost's name: the short host name slurmctld runs on (default: this host's)."""
+    controller_address: Annotated[str, AfterValidator(unicast_address)] | None = None
+    """Where slurmd reaches slurmctld (default: server.address)."""
+    suspend_time: Seconds | None = None
+    """Idle seconds before Slurm powers a node off (SuspendTime); None: power saving off."""
+    suspend_timeout: Seconds = 60
+    resume_timeout: Seconds = 600
+    """Seconds from ResumeProgram to slurmd registering (a PXE boot to ready, and more)."""
+    resume_program: str | None = None
+    """Default: <state>/slurm/resume, which `slurm config` writes (it runs `provisiond slurm
+    resume` on this state dir); set it where slurmctld runs another copy."""
+    suspend_program: str | None = None
+    power_log: str | None = None
+    """`--log FILE` of the resume and suspend programs; None: syslog."""
+    partition_tag: Annotated[str, AfterValidator(slurm_name)] = "partition"
+    """The node tag naming its partitions (comma-separated)."""
+    default_partition: Annotated[str, AfterValidator(slurm_name)] = "compute"
+    """The partition of nodes without that tag; Default=YES."""
+    options: dict[Annotated[str, AfterValidator(slurm_name)], SlurmValue] = {}
+    """More slurm.conf lines (Key: value); a key here replaces provisiond's default."""
+
+    @field_validator("resume_program", "suspend_program", "power_log")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or CONTROL_RE.search(value)
+                                  or " " in value):
+            raise ValueError(f"{value!r}: an absolute path without blanks")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _keys(cls, value: dict) -> dict:
+        for key in value:
+            if not SLURM_KEY_RE.fullmatch(key):
+                raise ValueError(f"{key!r} is not a slurm.conf key")
+        return value
+
+
 class Config(_Section):
     """All of provisiond's settings plus where its state lives."""
 
@@ -396,6 +463,7 @@ class Config(_Section):
     power: PowerSettings = PowerSettings()
     trust: TrustSettings = TrustSettings()
     metrics: MetricsSettings = MetricsSettings()
+    slurm: SlurmSettings = SlurmSettings()
     overlay_dirs: list[Path] = []
     """Extra overlay search dirs, searched before the state dir's and the shipped ones."""
     image_dirs: list[Path] = []
@@ -467,6 +535,18 @@ class Config(_Section):
     def run_dir(self) -> Path:
         """What lives only while `provisiond serve` runs (cleared by the next serve)."""
         return self.state_dir / "run"
+
+    @property
+    def slurm_dir(self) -> Path:
+        """What `provisiond slurm config` writes: slurm.conf (the copy the slurm overlay
+        gives nodes) and the resume and suspend programs."""
+        return self.state_dir / "slurm"
+
+    @property
+    def slurm_conf_path(self) -> Path:
+        """slurm.conf as `provisiond slurm config` wrote it (overlays read it as
+        `slurm_conf`)."""
+        return self.slurm_dir / "slurm.conf"
 
     @property
     def metrics_path(self) -> Path:
@@ -678,6 +758,21 @@ metrics:
   # GET /metrics (Prometheus) is open, as most exporters are; true: it needs a reader
   # token (bearer_token in Prometheus's scrape config).
   require_token: false
+
+slurm:
+  # What `provisiond slurm config` writes into slurm.conf (README: Slurm hand-off).
+  cluster_name: cluster
+  controller: null       # SlurmctldHost's short host name; null: this host's
+  controller_address: null   # where slurmd reaches slurmctld; null: server.address
+  suspend_time: null     # idle seconds before Slurm powers a node off; null: never
+  suspend_timeout: 60
+  resume_timeout: 600    # seconds for a resumed node to PXE boot and register
+  resume_program: null   # null: <state>/slurm/resume (written by slurm config)
+  suspend_program: null  # null: <state>/slurm/suspend
+  power_log: null        # the programs' log file; null: syslog
+  partition_tag: partition   # tag holding a node's partitions (comma-separated)
+  default_partition: compute # partition of nodes without the tag (Default=YES)
+  options: {{}}          # more slurm.conf lines, e.g. {{SlurmUser: slurm}}
 """
 
 

@@ -52,6 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def open_standard_streams() -> None:
+    """Give a process started with stdin, stdout or stderr closed /dev/null in their place.
+    slurmctld closes every descriptor before it runs ResumeProgram and SuspendProgram: then
+    sys.stdout is None (main()'s flush failed: exit 1 after the nodes were done), and the
+    first file opened (the --log file) would become descriptor 0, 1 or 2, where a stray
+    write to stdout or stderr lands."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -121,6 +139,7 @@ def _discard_stdout() -> None:
 def entry() -> None:
     """The console script: main(), and a Ctrl-C before its verb runs (while the parser is
     built and the verbs' modules import) ends as one during the verb does."""
+    open_standard_streams()
     try:
         code = main()
     except KeyboardInterrupt:

@@ -22,14 +22,15 @@ BMC_FLAGS = {"driver": str, "address": str, "port": int, "system_id": str, "user
 SCALAR_FLAGS = {"image": "image", "comment": "comment",
                 "nomad_datacenter": "nomad.datacenter", "nomad_node_class": "nomad.node_class",
                 "nomad_node_pool": "nomad.node_pool", "ansible_repo": "ansible.repo",
-                "ansible_branch": "ansible.branch", "ansible_playbook": "ansible.playbook"}
+                "ansible_branch": "ansible.branch", "ansible_playbook": "ansible.playbook",
+                "slurm_cpus": "slurm.cpus", "slurm_real_memory": "slurm.real_memory"}
 # Profiles and overlays may be comma-separated (a comma cannot be part of their names); a
 # comma can be part of a kernel arg (console=ttyS1,115200) or an ssh key's options, so those
 # are repeated instead.
 LIST_FLAGS = {"kernel_arg": "kernel_args", "system_overlay": "system_overlays",
               "runtime_overlay": "runtime_overlays", "ssh_key": "ssh_authorized_keys",
-              "nomad_server": "nomad.servers"}
-COMMA_LISTS = {"profile", "system_overlay", "runtime_overlay"}
+              "nomad_server": "nomad.servers", "slurm_feature": "slurm.features"}
+COMMA_LISTS = {"profile", "system_overlay", "runtime_overlay", "slurm_feature"}
 MAP_FLAGS = {"tag": "tags", "nomad_meta": "nomad.meta", "ansible_var": "ansible.extra_vars"}
 
 
@@ -93,6 +94,11 @@ def add_record_flags(parser: argparse.ArgumentParser, for_node: bool, editing: b
     nomad.add_argument("--ansible-branch")
     nomad.add_argument("--ansible-playbook")
     nomad.add_argument("--ansible-var", action="append", metavar="KEY=VALUE")
+    slurm = parser.add_argument_group("Slurm (slurm.conf's NodeName line: `slurm config`)")
+    slurm.add_argument("--slurm-cpus", type=int, metavar="N")
+    slurm.add_argument("--slurm-real-memory", type=int, metavar="MIB")
+    slurm.add_argument("--slurm-feature", action="append", metavar="NAME",
+                       help="repeat or comma-separate")
     if editing:
         parser.add_argument("--unset", action="append", metavar="FIELD",
                             help="remove a field, e.g. image, tags.rack, netdevs.eth1, bmc")

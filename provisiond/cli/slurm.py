@@ -1,4 +1,5 @@
-"""`provisiond slurm resume|suspend HOSTLIST`: Slurm's ResumeProgram/SuspendProgram.
+"""`provisiond slurm config`: slurm.conf from the inventory; `provisiond slurm
+resume|suspend HOSTLIST`: Slurm's ResumeProgram/SuspendProgram (provisiond.slurm).
 
 What Slurm's Power Saving Guide (power_save.shtml) asks of these programs: slurmctld runs
 them as SlurmUser with one argument, the nodes in hostlist form (`n[001-004],gpu1`); it does
@@ -21,20 +22,20 @@ import sys
 
 from provisiond.cli.context import printable
 from provisiond.errors import BmcError, ExitCode, NotFound
+from provisiond.inventory import load_nodes
+from provisiond.inventory.ranges import fold
 from provisiond.power import operations
-from provisiond.power.base import Driver
 from provisiond.power.report import exit_code
-from provisiond.states import BootDevice, PowerAction, PowerState
+from provisiond.slurm import conf, power
 
 SYSLOG_SOCKET = "/dev/log"
-EPILOG = f"""Slurm runs a program with the hostlist as its only argument, so wrap each verb:
-  /usr/local/sbin/provisiond-resume:
-    #!/bin/sh
-    exec provisiond --state-dir /var/lib/provisiond slurm resume "$1"
-  slurm.conf:
-    ResumeProgram=/usr/local/sbin/provisiond-resume
-    SuspendProgram=/usr/local/sbin/provisiond-suspend
-The program runs as SlurmUser, which must be able to read the state dir and secrets.
+EPILOG = f"""`slurm config` writes <state>/slurm/slurm.conf (the copy the `slurm` runtime
+overlay gives nodes: give slurmctld the same file) and, unless slurm.resume_program and
+slurm.suspend_program are set, the programs slurm.conf names: <state>/slurm/resume and
+<state>/slurm/suspend, which run `slurm resume|suspend` on this state dir with the
+hostlist Slurm passes as their only argument.
+
+resume and suspend run as SlurmUser, which must be able to read the state dir and secrets.
 Every node named is tried; each outcome is one log line. Exit status: 0 when every node
 was done, {NotFound.exit_code} when a name is no node (the known ones were still done), else \
 {BmcError.exit_code} when a BMC
@@ -44,11 +45,17 @@ their outcomes not recorded)."""
 
 def register(subparsers) -> None:
     slurm = subparsers.add_parser(
-        "slurm", help="Slurm power saving (ResumeProgram, SuspendProgram)", epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "slurm", help="Slurm hand-off: slurm.conf, power saving (ResumeProgram, "
+        "SuspendProgram)", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = slurm.add_subparsers(dest="verb", metavar="VERB", required=True)
-    resume = verbs.add_parser("resume", help="PXE boot the nodes: boot device pxe once, "
-                              "then power on (cycle if on)")
+    config = verbs.add_parser(
+        "config", help="write slurm.conf from the inventory (the nodes listing the slurm "
+        "overlay) and provisiond.yaml's slurm settings")
+    config.add_argument("--print", action="store_true", dest="print_only",
+                        help="print slurm.conf instead of writing anything")
+    config.set_defaults(func=config_handler)
+    resume = verbs.add_parser("resume", help="PXE boot the nodes: end their credentials, "
+                              "boot device pxe once, then power on (cycle if on)")
     suspend = verbs.add_parser("suspend", help="power the nodes off")
     for parser, handler in ((resume, resume_handler), (suspend, suspend_handler)):
         parser.add_argument("hostlist", metavar="HOSTLIST", help="Slurm hostlist")
@@ -58,35 +65,38 @@ def register(subparsers) -> None:
         parser.set_defaults(func=handler)
 
 
+def config_handler(args, ctx) -> int:
+    if args.print_only:
+        sys.stdout.write(conf.render_conf(ctx.config, load_nodes(ctx.config)).text)
+        return 0
+    written = conf.write_conf(ctx.config)
+    partitions = ", ".join(f"{name} ({fold(names)})"
+                           for name, names in written.partitions.items())
+    print(f"wrote {ctx.config.slurm_conf_path}: {len(written.nodes)} node(s), partitions "
+          f"{partitions}")
+    if ctx.config.slurm.suspend_time is None:
+        print("power saving is off (slurm.suspend_time is not set)")
+    else:
+        print(f"ResumeProgram {conf.program_path(ctx.config, 'resume')}, SuspendProgram "
+              f"{conf.program_path(ctx.config, 'suspend')}")
+    return 0
+
+
 def resume_handler(args, ctx) -> int:
-    return _run(args, ctx, pxe_boot)
+    return _run(args, ctx, power.resume)
 
 
 def suspend_handler(args, ctx) -> int:
-    return _run(args, ctx, lambda config: operations.power(PowerAction.OFF))
+    return _run(args, ctx, power.suspend)
 
 
-def pxe_boot(config):
-    """Boot device PXE once, then power on, or cycle a node that is already on."""
-    set_pxe = operations.boot_device(config, BootDevice.PXE)
-
-    def operation(driver: Driver) -> str:
-        detail = set_pxe(driver)
-        was_on = driver.get_power_state() is PowerState.ON
-        driver.set_power(PowerAction.CYCLE if was_on else PowerAction.ON)
-        return f"boot {detail}, power {'cycled' if was_on else 'on'}"
-
-    return operation
-
-
-def _run(args, ctx, make_operation) -> int:
+def _run(args, ctx, act) -> int:
     """Log each node's outcome; an error before any node is tried (no state dir, a bad
     range) is logged too (Slurm reads no stderr) and raised for main() to print once."""
     log = _logger(args.log)
     try:
         nodes, unknown = operations.find_nodes(ctx.config, args.hostlist)
-        results = operations.run_nodes(ctx.config, nodes, make_operation(ctx.config),
-                                       args.timeout)
+        results = act(ctx.config, nodes, args.timeout)
     except Exception as exc:
         if not isinstance(log.handlers[0], _TerminalHandler):  # main() prints it there
             log.error("slurm %s %s: %s", args.verb, args.hostlist, exc)

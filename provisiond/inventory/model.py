@@ -18,7 +18,7 @@ from provisiond.inventory.values import (IPMI_CIPHER_SUITES, MAX_BMC_TIMEOUT, OV
                                          normalise_mac, normalise_netmask)
 from provisiond.states import BmcDriver
 
-__all__ = ["Inventory", "Record", "NetDev", "Bmc", "check_name", "normalise_mac",
+__all__ = ["Inventory", "Record", "NetDev", "Bmc", "Slurm", "check_name", "normalise_mac",
            "node_sort_key"]
 
 
@@ -144,6 +144,29 @@ class Ansible(_Record):
     extra_vars: dict[Text, Text] | None = None
 
 
+class Slurm(_Record):
+    """What slurm.conf says of the node (`provisiond slurm config`): unset values are left
+    to Slurm's defaults. Keep them at or below what the node has (`slurmd -C` on it): a
+    node that registers with fewer CPUs or less memory is drained by slurmctld."""
+
+    cpus: int | None = Field(None, ge=1, le=1_000_000)
+    sockets: int | None = Field(None, ge=1, le=65_535)
+    cores_per_socket: int | None = Field(None, ge=1, le=65_535)
+    threads_per_core: int | None = Field(None, ge=1, le=65_535)
+    real_memory: int | None = Field(None, ge=1, le=2**40, description="MiB")
+    features: list[Text] | None = None
+    weight: int | None = Field(None, ge=0, le=2**32 - 2)
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, value: list[str] | None) -> list[str] | None:
+        for feature in value or []:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", feature):
+                raise ValueError(f"invalid Slurm feature {feature!r} (letters, digits, "
+                                 "'_', '.', '-')")
+        return value
+
+
 class Record(_Record):
     """A node or a profile: every field optional."""
 
@@ -159,6 +182,7 @@ class Record(_Record):
     ssh_authorized_keys: list[Text] | None = None
     nomad: Nomad | None = None
     ansible: Ansible | None = None
+    slurm: Slurm | None = None
 
     @field_validator("profiles")
     @classmethod

@@ -137,6 +137,17 @@ def _file_signature(path) -> tuple:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def image_digest(manifest: dict) -> str:
+    """What a node boots, as one digest ("sha256:<hex>"): the kernel's and the layers'
+    digests in order, the kernel args and the init. Not where or when the image was built
+    (the recipe's path, build times): the same content has the same digest on any server,
+    for job constraints (the nomad-client overlay's meta)."""
+    content = {"kernel": manifest.get("kernel", {}).get("digest"),
+               "layers": [layer.get("digest") for layer in manifest.get("layers", [])],
+               "kernel_args": manifest.get("kernel_args"), "init": manifest.get("init")}
+    return f"sha256:{digest_of(content)}"
+
+
 class ImageCache:
     """Image manifests by name, read once per build; a missing image gives None."""
 
@@ -146,10 +157,13 @@ class ImageCache:
 
     def get(self, name: str | None) -> tuple[dict | None, str]:
         """(manifest, digest of its content): when and how fast it was built is left out,
-        so rebuilding an image that did not change rebuilds no overlay."""
+        so rebuilding an image that did not change rebuilds no overlay. The manifest
+        templates see carries `digest` too (image_digest)."""
         if name not in self._manifests:
             manifest = self._load(name) if name else None
             content = {k: v for k, v in (manifest or {}).items() if k not in BUILD_TIMES}
+            if manifest is not None:
+                manifest = {**manifest, "digest": image_digest(manifest)}
             self._manifests[name] = (manifest, digest_of(content if manifest else None))
         return self._manifests[name]
 

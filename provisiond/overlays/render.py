@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
+from jinja2 import StrictUndefined
+
 from provisiond import archive
 from provisiond.config import Config
 from provisiond.errors import InvalidInput
@@ -62,6 +64,7 @@ class Builder:
         self._signatures: dict[str, tuple | None] = {}
         self._overlays: dict[str, Overlay] = {}
         self._plans: dict[tuple, tuple] = {}
+        self._slurm_conf: str | None | bool = False  # False: not read yet
 
     def compression(self, kind: str) -> str:
         return RUNTIME_COMPRESSION if kind == "runtime" else self.config.build.compression
@@ -127,6 +130,8 @@ class Builder:
             parts.append(self.snapshot.server_digest)
         if "image" in uses:
             parts.append(self.images.get(self.snapshot.nodes[node].record.image)[1])
+        if "slurm_conf" in uses:
+            parts.append(digest_of(self.slurm_conf()))
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def uses_secrets(self, node: str, kind: str) -> bool:
@@ -178,9 +183,26 @@ class Builder:
             "server": self.snapshot.server, "overlay": {"name": overlay.name, "kind": kind},
             "image": self.images.get(self.snapshot.nodes[node].record.image)[0],
         }
+        if "slurm_conf" in overlay.uses:
+            text = self.slurm_conf()
+            context["slurm_conf"] = text if text is not None else StrictUndefined(
+                hint=f"no {self.config.slurm_conf_path} yet: run `provisiond slurm config`")
         if kind == "runtime" and "secrets" in overlay.uses:
             context["secrets"] = self.secrets(node)[0]
         return context
+
+    def slurm_conf(self) -> str | None:
+        """slurm.conf as `provisiond slurm config` wrote it (None if it did not), read
+        once per builder: every node gets the text slurmctld was given."""
+        if self._slurm_conf is False:
+            try:
+                self._slurm_conf = self.config.slurm_conf_path.read_text()
+            except FileNotFoundError:
+                self._slurm_conf = None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InvalidInput(f"{self.config.slurm_conf_path}: cannot read: "
+                                   f"{getattr(exc, 'strerror', None) or 'not UTF-8'}") from None
+        return self._slurm_conf
 
     def pack(self, node: str, kind: str) -> bytes:
         """The node's build: one archive per overlay, each compressed (the kernel unpacks a

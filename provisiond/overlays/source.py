@@ -30,7 +30,7 @@ META_FILE = "overlay.yaml"
 TEMPLATE_SUFFIX = ".j2"
 # What a template that reads variables without naming them is taken to read (secrets are
 # only given to the templates that name them).
-EVERY_VARIABLE = frozenset({"node", "nodes", "server", "image", "overlay"})
+EVERY_VARIABLE = frozenset({"node", "nodes", "server", "image", "overlay", "slurm_conf"})
 
 
 @dataclass

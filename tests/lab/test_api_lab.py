@@ -34,8 +34,8 @@ import pytest
 
 from provisiond.states import NodePhase
 from provisiond.status import read_status
-from pvlab import libvirtd, process, provision
-from pvlab.bmc import BMC_HOST, BMC_PASSWORD, BMC_USER, SUSHY_CONFIG
+from pvlab import libvirtd, netns_bmc, process, provision
+from pvlab.bmc import BMC_PASSWORD, BMC_USER
 from pvlab.layout import SERVER_ADDRESS
 from tests.status_page import SAVED, artifact_path, missing, phases_shown
 
@@ -52,17 +52,9 @@ CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d)$")  # the page's Updated cell, same d
 @pytest.fixture
 def redfish_in_netns(lab, tmp_path):
     """(host, port) of a sushy-emulator in the lab namespace, stopped (by PID) afterwards."""
-    config = tmp_path / "sushy-netns.conf"
-    config.write_text(SUSHY_CONFIG.format(host=BMC_HOST, port=NETNS_REDFISH_PORT,
-                                          uri=lab.state.libvirt_uri))
-    pid = process.spawn([process.tool("sushy-emulator"), "--config", str(config)],
-                        tmp_path / "sushy-netns.log", netns=lab.netns)
-    try:
-        process.wait_for(lambda: lab.tcp_open(BMC_HOST, NETNS_REDFISH_PORT), 60,
-                         "sushy-emulator in the lab namespace")
-        yield BMC_HOST, NETNS_REDFISH_PORT
-    finally:
-        process.stop(pid, "sushy-emulator")
+    with netns_bmc.redfish_in_netns(lab.state, NETNS_REDFISH_PORT,
+                                    tmp_path / "sushy-netns.log") as address:
+        yield address
 
 
 def curl(lab, token: str, *args: str) -> str:

@@ -72,7 +72,8 @@ def test_missing_recipe_and_bad_yaml(state_dir, recipes):
 def test_child_inherits_parent_layers_init_and_args(config):
     parent = load_recipe(config, "debian12")
     child = load_recipe(config, "debian12-compute")
-    assert [s.kind for s in child.steps] == [s.kind for s in parent.steps] + ["packages"]
+    assert [s.kind for s in child.steps] == [s.kind for s in parent.steps] + ["packages", "run",
+                                                                       "copy"]
     assert child.init == "/lib/systemd/systemd" == parent.init
     assert child.kernel_args == parent.kernel_args
 

@@ -31,13 +31,14 @@ class FixedSecretsBuilder(Builder):
         keys = {t: {"private": f"PRIVATE {t} KEY OF {node}\n",
                     "public": f"ssh-{t} PUBLIC-{t}-{node} root@{node}\n"}
                 for t in ("ed25519", "ecdsa")}
-        return {"ssh_host_keys": keys}, f"fixed-{node}"
+        return {"ssh_host_keys": keys, "munge.key": f"MUNGE-KEY-OF-{node}"}, f"fixed-{node}"
 
 
 @pytest.fixture(scope="module")
 def builder(tmp_path_factory):
     state = tmp_path_factory.mktemp("golden-state")
-    for name in ("inventory.yaml", "provisiond.yaml"):
+    for name in ("inventory.yaml", "provisiond.yaml", "slurm/slurm.conf"):
+        (state / name).parent.mkdir(exist_ok=True)
         shutil.copy(FIXTURES / name, state / name)
     config = load_config(state)
     assert list_overlay_dirs(config)  # the shipped overlays are on the search path
