@@ -28,7 +28,7 @@ from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import blob_path, open_blob
-from provisiond.images.cpio import source_date_epoch
+from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
 from provisiond.images.kernel import scan_modules, select_modules
 
@@ -58,21 +58,18 @@ DEFAULT_BOOT = "mounted"
 
 def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
                  level: int | None = None) -> list[str]:
-    """The packer's argv: deterministic (every time SOURCE_DATE_EPOCH's or the clamp's, a
-    fixed UUID), xattrs kept, kernels out."""
+    """The packer's argv: deterministic (a fixed UUID; times: pack_image), xattrs kept,
+    kernels out."""
     if fs not in FORMATS:
         raise BuildFailed(f"unknown mounted layer format {fs!r} (use {', '.join(FORMATS)})")
     if compressor is None:
         compressor, level = FORMATS[fs]["compressor"], FORMATS[fs].get("level")
-    epoch = str(source_date_epoch())
     if fs == "squashfs":
         tuning = ["-Xcompression-level", str(level)] if level is not None else []
         return ["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
                 "-comp", compressor, *tuning, "-xattrs", "-reproducible", "-processors", "2",
-                "-mkfs-time", epoch, "-all-time", epoch,
                 "-wildcards", "-e", "boot/vmlinuz-*", "boot/initrd.img-*"]
     return ["mkfs.erofs", "--quiet", f"-z{compressor}{f',{level}' if level else ''}",
-            f"-T{epoch}",
                 "-U00000000-0000-0000-0000-000000000000", f"--exclude-regex={KERNEL_FILES}",
                 str(out), str(tree)]
 
@@ -81,8 +78,13 @@ def pack_image(fs: str, tree: Path, out: Path, compressor: str | None = None,
                level: int | None = None) -> None:
     """Pack a layer tree into a file system image at `out`; a failure is one line."""
     argv = pack_command(fs, tree, out, compressor, level)
+    # both packers clamp file times newer than SOURCE_DATE_EPOCH to it and keep older ones,
+    # as the cpio layers do (-all-time/-T set every file's: a package's .py then no longer
+    # matched the mtime its .pyc was compiled against, and Python recompiled it at boot)
+    env = {**os.environ, EPOCH_ENV: str(source_date_epoch())}
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              env=env)
     except FileNotFoundError:
         raise BuildFailed(f"{argv[0]} is not installed (Debian: "
                           f"{'squashfs-tools' if fs == 'squashfs' else 'erofs-utils'})") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 
 import pytest
 
@@ -82,7 +83,27 @@ def test_packed_images_are_deterministic_and_leave_kernels_out(tmp_path, fs):
         out = tmp_path / f"{run}.{fs}"
         squash.pack_image(fs, tree, out)
         digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
-        os.utime(tree / "boot/config-6.1", (run * 1000, run * 1000))  # mtimes do not count
+        newer = squash.source_date_epoch() + 1000 * (run + 1)  # clamped: does not count
+        os.utime(tree / "boot/config-6.1", (newer, newer))
     assert len(digests) == 1
     data = out.read_bytes()
     assert b"config-6.1" in data and b"vmlinuz-6.1" not in data and b"gone" in data
+
+
+@pytest.mark.skipif(not tool("mksquashfs") or not tool("unsquashfs"),
+                    reason="needs squashfs-tools")
+def test_squashfs_layers_clamp_mtimes_as_the_cpio_layers_do(tmp_path):
+    """Older mtimes stay (a package's .py keeps the mtime its .pyc was compiled against,
+    as in an unpacked boot), newer ones become the clamp."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "old.py").write_text("old")
+    (tree / "new").write_text("new")
+    os.utime(tree / "old.py", (1588636800, 1588636800))  # 2020-05-05
+    os.utime(tree / "new", (squash.source_date_epoch() + 86400,) * 2)
+    squash.pack_image("squashfs", tree, tmp_path / "layer.squashfs")
+    out = tmp_path / "out"
+    subprocess.run([tool("unsquashfs"), "-q", "-n", "-d", str(out),
+                    str(tmp_path / "layer.squashfs")], check=True, capture_output=True)
+    assert (out / "old.py").stat().st_mtime == 1588636800
+    assert (out / "new").stat().st_mtime == squash.source_date_epoch()
