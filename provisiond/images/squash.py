@@ -52,6 +52,9 @@ FORMATS = {
     "erofs": {"module": "erofs", "compressor": "lz4hc"},
 }
 DEFAULT_FORMAT = "squashfs"
+# How layers are packed: a layer's mounted form made by another packing is made again (2:
+# file times clamped, no longer all set to the epoch)
+PACKING = 2
 BOOT_MODES = ("mounted", "unpacked")
 DEFAULT_BOOT = "mounted"
 
@@ -111,17 +114,18 @@ def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
             writer.close()
             digest = blob.commit()
         return {"digest": digest, "size": blob.size, "format": fs,
-                "file": layer_file(depth, fs)}
+                "file": layer_file(depth, fs), "packing": PACKING}
 
 
 def add_mounted(config: Config, layers: Path, records: list[dict], fs: str = DEFAULT_FORMAT
                 ) -> None:
-    """Give each layer record its mounted form (packed now if it has none in `fs` or its
-    blob is gone), saved beside the layer's own record."""
+    """Give each layer record its mounted form (packed now if it has none in `fs` by this
+    PACKING or its blob is gone), saved beside the layer's own record."""
     config.blob_dir.mkdir(parents=True, exist_ok=True)
     for depth, record in enumerate(records):
         mounted = record.get("mounted") or {}
         if mounted.get("format") == fs and mounted.get("file") == layer_file(depth, fs) \
+                and mounted.get("packing") == PACKING \
                 and blob_path(config, mounted["digest"]).is_file():
             continue
         record["mounted"] = store_mounted(config, layers / record["key"], depth, fs)

@@ -107,3 +107,26 @@ def test_squashfs_layers_clamp_mtimes_as_the_cpio_layers_do(tmp_path):
                     str(tmp_path / "layer.squashfs")], check=True, capture_output=True)
     assert (out / "old.py").stat().st_mtime == 1588636800
     assert (out / "new").stat().st_mtime == squash.source_date_epoch()
+
+
+@pytest.mark.skipif(not tool("mksquashfs"), reason="needs squashfs-tools")
+def test_a_layer_packed_by_an_older_packer_is_packed_again(tmp_path):
+    """A mounted form's record names the packing it had: one made before a change of how
+    layers are packed (e.g. times set, not clamped) is not served again."""
+    from provisiond.config import load_config, write_default_config
+
+    write_default_config(tmp_path / "state")
+    config = load_config(tmp_path / "state")
+    layers = tmp_path / "layers"
+    (layers / "k0").mkdir(parents=True)
+    (layers / "k0" / "file").write_text("x")
+    records = [{"key": "k0"}]
+    squash.add_mounted(config, layers, records)
+    first = records[0]["mounted"]
+    squash.add_mounted(config, layers, records)
+    assert records[0]["mounted"] == first  # same packing: kept
+    old = {k: v for k, v in first.items() if k != "packing"}
+    records = [{"key": "k0", "mounted": {**old, "digest": "sha256:" + "0" * 64}}]
+    (config.blob_dir / ("0" * 64)).write_bytes(b"packed with -all-time")
+    squash.add_mounted(config, layers, records)
+    assert records[0]["mounted"] == first
