@@ -30,7 +30,7 @@ from provisiond.errors import BuildFailed
 from provisiond.images.blobs import blob_path, open_blob
 from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
-from provisiond.images.kernel import scan_modules, select_modules
+from provisiond.images.kernel import module_bytes, scan_modules, select_modules
 
 LAYERS_DIR = ".provisiond/layers"
 MODULES_DIR = ".provisiond/modules"
@@ -153,7 +153,7 @@ def boot_kit(config: Config, root: Path, version: str, fs: str = DEFAULT_FORMAT)
     entries += [symlink_entry(f"{KIT_BIN}/{applet}", "busybox") for applet in APPLETS]
     entries.append(file_entry(RDINIT.lstrip("/"), WRAPPER.encode(), 0o755))
     for name in order:
-        data = (moddir / index["modules"][name]["path"]).read_bytes()
+        data = module_bytes(moddir / index["modules"][name]["path"])
         entries.append(file_entry(f"{MODULES_DIR}/{name}.ko", data))
     entries.append(file_entry(f"{MODULES_DIR}/order", "".join(f"{n}\n" for n in order)
                               .encode()))
