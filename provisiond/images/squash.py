@@ -55,6 +55,7 @@ DEFAULT_FORMAT = "squashfs"
 # How layers are packed: a layer's mounted form made by another packing is made again (2:
 # file times clamped, no longer all set to the epoch)
 PACKING = 2
+NEWC_MAX_FILE = 0xFFFFFFFF  # a newc entry's size is 8 hex digits (archive.Writer refuses more)
 BOOT_MODES = ("mounted", "unpacked")
 DEFAULT_BOOT = "mounted"
 
@@ -101,10 +102,16 @@ def layer_file(depth: int, fs: str) -> str:
 
 
 def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
-    """Pack one layer tree and store it wrapped in a one-file cpio; its blob record."""
+    """Pack one layer tree and store it wrapped in a one-file cpio; its blob record, or
+    why it has none (an image a newc entry cannot hold: the image's nodes boot unpacked)."""
+    record = {"format": fs, "file": layer_file(depth, fs), "packing": PACKING}
     with tempfile.TemporaryDirectory(prefix=".mounted.", dir=config.blob_dir) as tmp:
         image = Path(tmp) / f"layer.{fs}"
         pack_image(fs, tree, image)
+        size = image.stat().st_size
+        if size > NEWC_MAX_FILE:
+            return {**record, "unavailable": f"layer {depth + 1}'s {fs} image is "
+                    f"{size / 2**30:.1f} GiB (a boot loads less than 4 GiB per file)"}
         os.chmod(image, 0o444)
         with open_blob(config) as blob:
             writer = Writer(blob.hashing, mtime=source_date_epoch())
@@ -113,8 +120,7 @@ def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
             writer.add_path(layer_file(depth, fs), image, os.stat(image))
             writer.close()
             digest = blob.commit()
-        return {"digest": digest, "size": blob.size, "format": fs,
-                "file": layer_file(depth, fs), "packing": PACKING}
+        return {**record, "digest": digest, "size": blob.size}
 
 
 def add_mounted(config: Config, layers: Path, records: list[dict], fs: str = DEFAULT_FORMAT
@@ -123,13 +129,18 @@ def add_mounted(config: Config, layers: Path, records: list[dict], fs: str = DEF
     PACKING or its blob is gone), saved beside the layer's own record."""
     config.blob_dir.mkdir(parents=True, exist_ok=True)
     for depth, record in enumerate(records):
-        mounted = record.get("mounted") or {}
-        if mounted.get("format") == fs and mounted.get("file") == layer_file(depth, fs) \
-                and mounted.get("packing") == PACKING \
-                and blob_path(config, mounted["digest"]).is_file():
+        if _is_current(config, record.get("mounted") or {}, depth, fs):
             continue
         record["mounted"] = store_mounted(config, layers / record["key"], depth, fs)
         write_atomic(layers / f"{record['key']}.json", json.dumps(record, indent=1) + "\n")
+
+
+def _is_current(config: Config, mounted: dict, depth: int, fs: str) -> bool:
+    """Packed as this build would pack it, and its blob still there (or none possible)."""
+    if (mounted.get("format"), mounted.get("file"), mounted.get("packing")) != (
+            fs, layer_file(depth, fs), PACKING):
+        return False
+    return "unavailable" in mounted or blob_path(config, mounted["digest"]).is_file()
 
 
 def boot_kit(config: Config, root: Path, version: str, fs: str = DEFAULT_FORMAT) -> dict:
@@ -196,8 +207,11 @@ def mounted_section(records: list[dict], kit: dict, boot: str) -> dict:
     in order and the boot kit, or why nodes of this image boot unpacked."""
     section = {"boot": boot, "format": records[0]["mounted"]["format"] if records else None,
                "layers": [{k: r["mounted"][k] for k in ("digest", "size", "file")}
-                          for r in records]}
-    if "missing" in kit:
+                          for r in records if "unavailable" not in r["mounted"]]}
+    too_big = [r["mounted"]["unavailable"] for r in records if "unavailable" in r["mounted"]]
+    if too_big:
+        section.update(boot="unpacked", layers=[], unavailable="; ".join(too_big))
+    elif "missing" in kit:
         section.update(boot="unpacked", unavailable="the kernel has no module "
                        + ", ".join(kit["missing"]))
     else:

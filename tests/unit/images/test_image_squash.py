@@ -130,3 +130,33 @@ def test_a_layer_packed_by_an_older_packer_is_packed_again(tmp_path):
     (config.blob_dir / ("0" * 64)).write_bytes(b"packed with -all-time")
     squash.add_mounted(config, layers, records)
     assert records[0]["mounted"] == first
+
+
+@pytest.mark.skipif(not tool("mksquashfs"), reason="needs squashfs-tools")
+def test_a_layer_image_too_big_for_a_boot_makes_the_image_boot_unpacked(tmp_path,
+                                                                        monkeypatch):
+    """A newc entry holds less than 4 GiB (monkeypatched small here): such a layer's image
+    cannot reach a node, so the image boots unpacked, saying why, instead of its build
+    failing (as it did even for `boot: unpacked`); the verdict is kept, not repacked."""
+    from provisiond.config import load_config, write_default_config
+
+    write_default_config(tmp_path / "state")
+    config = load_config(tmp_path / "state")
+    layers = tmp_path / "layers"
+    for key, size in (("k0", 10), ("k1", 20000)):
+        (layers / key).mkdir(parents=True)
+        (layers / key / "file").write_bytes(os.urandom(size))
+    monkeypatch.setattr(squash, "NEWC_MAX_FILE", 10000)
+    records = [{"key": "k0"}, {"key": "k1"}]
+    squash.add_mounted(config, layers, records)
+    kit = {"digest": "sha256:" + "e" * 64, "size": 1, "modules": [], "format": "squashfs"}
+    section = squash.mounted_section(records, kit, "mounted")
+    assert section["boot"] == "unpacked" and section["layers"] == []
+    assert "layer 2" in section["unavailable"] and "4 GiB" in section["unavailable"]
+    manifest = {"layers": LAYERS, "mounted": section}
+    assert squash.boot_mode(manifest, ["provisiond.boot=mounted"]) == "unpacked"
+    assert squash.mounted_digests(manifest) == []
+    assert "unpacked (mounted unavailable: " in squash.describe_boot(manifest)
+    (layers / "k1.json").unlink()
+    squash.add_mounted(config, layers, records)
+    assert not (layers / "k1.json").exists()  # nothing packed again
