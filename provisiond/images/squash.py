@@ -43,6 +43,11 @@ WRAPPER = """#!/.provisiond/bin/sh
 # the boot kit's busybox
 PATH=/.provisiond/bin
 export PATH
+if [ ! -f /init ]; then  # pid 1 ending would be a kernel panic saying nothing of why
+    echo "provisiond: no /init: the node needs the init system overlay (system_overlays)"
+    echo "provisiond: cannot boot; starting a shell on the console"
+    exec sh
+fi
 exec sh /init "$@"
 """
 KERNEL_FILES = r"^boot/(vmlinuz|initrd\.img)-"

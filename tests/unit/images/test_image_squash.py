@@ -160,3 +160,29 @@ def test_a_layer_image_too_big_for_a_boot_makes_the_image_boot_unpacked(tmp_path
     (layers / "k1.json").unlink()
     squash.add_mounted(config, layers, records)
     assert not (layers / "k1.json").exists()  # nothing packed again
+
+
+@pytest.mark.skipif(not tool("bwrap") or not tool("busybox"), reason="needs bwrap, busybox")
+@pytest.mark.parametrize("with_init", [False, True])
+def test_the_kits_init_says_what_is_missing_instead_of_ending_pid_1(tmp_path, with_init):
+    """Without the init overlay's /init the kit's wrapper stopped at once (pid 1 ending: a
+    kernel panic with no word of why); now it says so and starts a shell."""
+    root = tmp_path / "root"
+    kit = root / squash.KIT_BIN
+    kit.mkdir(parents=True)
+    (kit / "busybox").write_bytes(open(tool("busybox"), "rb").read())
+    (kit / "busybox").chmod(0o755)
+    for applet in squash.APPLETS:
+        (kit / applet).symlink_to("busybox")
+    (root / squash.RDINIT.lstrip("/")).write_text(squash.WRAPPER)
+    (root / squash.RDINIT.lstrip("/")).chmod(0o755)
+    if with_init:
+        (root / "init").write_text('echo "init ran with $*"\n')
+    proc = subprocess.run([tool("bwrap"), "--bind", str(root), "/", "--dev", "/dev",
+                           squash.RDINIT, "quiet"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    if with_init:
+        assert proc.stdout == "init ran with quiet\n"
+    else:
+        assert "no /init" in proc.stdout and "init system overlay" in proc.stdout
+        assert "starting a shell" in proc.stdout and proc.returncode == 0
