@@ -186,3 +186,16 @@ def test_the_kits_init_says_what_is_missing_instead_of_ending_pid_1(tmp_path, wi
     else:
         assert "no /init" in proc.stdout and "init system overlay" in proc.stdout
         assert "starting a shell" in proc.stdout and proc.returncode == 0
+
+
+@pytest.mark.skipif(not tool("mksquashfs") or not tool("mkfs.erofs"),
+                    reason="needs squashfs-tools and erofs-utils")
+@pytest.mark.parametrize("fs", sorted(squash.FORMATS))
+def test_layers_pack_with_source_date_epoch_set(tmp_path, monkeypatch, fs):
+    """A reproducible build sets SOURCE_DATE_EPOCH: mksquashfs refused it beside -all-time
+    ('can't be used at the same time'), so every such build failed."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "file").write_text("x")
+    squash.pack_image(fs, tmp_path / "tree", tmp_path / f"out.{fs}")
+    assert (tmp_path / f"out.{fs}").stat().st_size > 0
