@@ -6,16 +6,33 @@ No depmod is needed on the build host: module dependencies are read from each mo
 
 from __future__ import annotations
 
+import gzip
+import lzma
 import re
 import struct
 from pathlib import Path
 
+import zstandard
+
 MODULE_FILES = ("modules.builtin", "modules.builtin.modinfo", "modules.order")
+
+
+def module_bytes(path: Path) -> bytes:
+    """A module's ELF: a .ko as it is, a .ko.xz, .ko.zst or .ko.gz (Debian 13 ships .ko.xz)
+    decompressed, as busybox's insmod and modinfo need it."""
+    data = path.read_bytes()
+    if path.name.endswith(".xz"):
+        return lzma.decompress(data)
+    if path.name.endswith(".zst"):
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    if path.name.endswith(".gz"):
+        return gzip.decompress(data)
+    return data
 
 
 def modinfo(path: Path) -> dict[str, str]:
     """The key=value strings of a .ko's .modinfo section (64-bit little-endian ELF)."""
-    data = path.read_bytes()
+    data = module_bytes(path)
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)

@@ -28,9 +28,9 @@ from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import blob_path, open_blob
-from provisiond.images.cpio import source_date_epoch
+from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
-from provisiond.images.kernel import scan_modules, select_modules
+from provisiond.images.kernel import module_bytes, scan_modules, select_modules
 
 LAYERS_DIR = ".provisiond/layers"
 MODULES_DIR = ".provisiond/modules"
@@ -43,6 +43,11 @@ WRAPPER = """#!/.provisiond/bin/sh
 # the boot kit's busybox
 PATH=/.provisiond/bin
 export PATH
+if [ ! -f /init ]; then  # pid 1 ending would be a kernel panic saying nothing of why
+    echo "provisiond: no /init: the node needs the init system overlay (system_overlays)"
+    echo "provisiond: cannot boot; starting a shell on the console"
+    exec sh
+fi
 exec sh /init "$@"
 """
 KERNEL_FILES = r"^boot/(vmlinuz|initrd\.img)-"
@@ -52,27 +57,28 @@ FORMATS = {
     "erofs": {"module": "erofs", "compressor": "lz4hc"},
 }
 DEFAULT_FORMAT = "squashfs"
+# How layers are packed: a layer's mounted form made by another packing is made again (2:
+# file times clamped, no longer all set to the epoch)
+PACKING = 2
+NEWC_MAX_FILE = 0xFFFFFFFF  # a newc entry's size is 8 hex digits (archive.Writer refuses more)
 BOOT_MODES = ("mounted", "unpacked")
 DEFAULT_BOOT = "mounted"
 
 
 def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
                  level: int | None = None) -> list[str]:
-    """The packer's argv: deterministic (every time SOURCE_DATE_EPOCH's or the clamp's, a
-    fixed UUID), xattrs kept, kernels out."""
+    """The packer's argv: deterministic (a fixed UUID; times: pack_image), xattrs kept,
+    kernels out."""
     if fs not in FORMATS:
         raise BuildFailed(f"unknown mounted layer format {fs!r} (use {', '.join(FORMATS)})")
     if compressor is None:
         compressor, level = FORMATS[fs]["compressor"], FORMATS[fs].get("level")
-    epoch = str(source_date_epoch())
     if fs == "squashfs":
         tuning = ["-Xcompression-level", str(level)] if level is not None else []
         return ["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
                 "-comp", compressor, *tuning, "-xattrs", "-reproducible", "-processors", "2",
-                "-mkfs-time", epoch, "-all-time", epoch,
                 "-wildcards", "-e", "boot/vmlinuz-*", "boot/initrd.img-*"]
     return ["mkfs.erofs", "--quiet", f"-z{compressor}{f',{level}' if level else ''}",
-            f"-T{epoch}",
                 "-U00000000-0000-0000-0000-000000000000", f"--exclude-regex={KERNEL_FILES}",
                 str(out), str(tree)]
 
@@ -81,8 +87,13 @@ def pack_image(fs: str, tree: Path, out: Path, compressor: str | None = None,
                level: int | None = None) -> None:
     """Pack a layer tree into a file system image at `out`; a failure is one line."""
     argv = pack_command(fs, tree, out, compressor, level)
+    # both packers clamp file times newer than SOURCE_DATE_EPOCH to it and keep older ones,
+    # as the cpio layers do (-all-time/-T set every file's: a package's .py then no longer
+    # matched the mtime its .pyc was compiled against, and Python recompiled it at boot)
+    env = {**os.environ, EPOCH_ENV: str(source_date_epoch())}
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              env=env)
     except FileNotFoundError:
         raise BuildFailed(f"{argv[0]} is not installed (Debian: "
                           f"{'squashfs-tools' if fs == 'squashfs' else 'erofs-utils'})") from None
@@ -96,10 +107,16 @@ def layer_file(depth: int, fs: str) -> str:
 
 
 def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
-    """Pack one layer tree and store it wrapped in a one-file cpio; its blob record."""
+    """Pack one layer tree and store it wrapped in a one-file cpio; its blob record, or
+    why it has none (an image a newc entry cannot hold: the image's nodes boot unpacked)."""
+    record = {"format": fs, "file": layer_file(depth, fs), "packing": PACKING}
     with tempfile.TemporaryDirectory(prefix=".mounted.", dir=config.blob_dir) as tmp:
         image = Path(tmp) / f"layer.{fs}"
         pack_image(fs, tree, image)
+        size = image.stat().st_size
+        if size > NEWC_MAX_FILE:
+            return {**record, "unavailable": f"layer {depth + 1}'s {fs} image is "
+                    f"{size / 2**30:.1f} GiB (a boot loads less than 4 GiB per file)"}
         os.chmod(image, 0o444)
         with open_blob(config) as blob:
             writer = Writer(blob.hashing, mtime=source_date_epoch())
@@ -108,22 +125,27 @@ def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
             writer.add_path(layer_file(depth, fs), image, os.stat(image))
             writer.close()
             digest = blob.commit()
-        return {"digest": digest, "size": blob.size, "format": fs,
-                "file": layer_file(depth, fs)}
+        return {**record, "digest": digest, "size": blob.size}
 
 
 def add_mounted(config: Config, layers: Path, records: list[dict], fs: str = DEFAULT_FORMAT
                 ) -> None:
-    """Give each layer record its mounted form (packed now if it has none in `fs` or its
-    blob is gone), saved beside the layer's own record."""
+    """Give each layer record its mounted form (packed now if it has none in `fs` by this
+    PACKING or its blob is gone), saved beside the layer's own record."""
     config.blob_dir.mkdir(parents=True, exist_ok=True)
     for depth, record in enumerate(records):
-        mounted = record.get("mounted") or {}
-        if mounted.get("format") == fs and mounted.get("file") == layer_file(depth, fs) \
-                and blob_path(config, mounted["digest"]).is_file():
+        if _is_current(config, record.get("mounted") or {}, depth, fs):
             continue
         record["mounted"] = store_mounted(config, layers / record["key"], depth, fs)
         write_atomic(layers / f"{record['key']}.json", json.dumps(record, indent=1) + "\n")
+
+
+def _is_current(config: Config, mounted: dict, depth: int, fs: str) -> bool:
+    """Packed as this build would pack it, and its blob still there (or none possible)."""
+    if (mounted.get("format"), mounted.get("file"), mounted.get("packing")) != (
+            fs, layer_file(depth, fs), PACKING):
+        return False
+    return "unavailable" in mounted or blob_path(config, mounted["digest"]).is_file()
 
 
 def boot_kit(config: Config, root: Path, version: str, fs: str = DEFAULT_FORMAT) -> dict:
@@ -147,7 +169,7 @@ def boot_kit(config: Config, root: Path, version: str, fs: str = DEFAULT_FORMAT)
     entries += [symlink_entry(f"{KIT_BIN}/{applet}", "busybox") for applet in APPLETS]
     entries.append(file_entry(RDINIT.lstrip("/"), WRAPPER.encode(), 0o755))
     for name in order:
-        data = (moddir / index["modules"][name]["path"]).read_bytes()
+        data = module_bytes(moddir / index["modules"][name]["path"])
         entries.append(file_entry(f"{MODULES_DIR}/{name}.ko", data))
     entries.append(file_entry(f"{MODULES_DIR}/order", "".join(f"{n}\n" for n in order)
                               .encode()))
@@ -190,8 +212,11 @@ def mounted_section(records: list[dict], kit: dict, boot: str) -> dict:
     in order and the boot kit, or why nodes of this image boot unpacked."""
     section = {"boot": boot, "format": records[0]["mounted"]["format"] if records else None,
                "layers": [{k: r["mounted"][k] for k in ("digest", "size", "file")}
-                          for r in records]}
-    if "missing" in kit:
+                          for r in records if "unavailable" not in r["mounted"]]}
+    too_big = [r["mounted"]["unavailable"] for r in records if "unavailable" in r["mounted"]]
+    if too_big:
+        section.update(boot="unpacked", layers=[], unavailable="; ".join(too_big))
+    elif "missing" in kit:
         section.update(boot="unpacked", unavailable="the kernel has no module "
                        + ", ".join(kit["missing"]))
     else:

@@ -30,6 +30,7 @@ CHECK = """#!/bin/sh
     || echo "CHECK: old dir content gone"
 [ -e /usr/share/udhcpc/new ] && echo "CHECK: new dir content shows"
 echo "CHECK: link to $(readlink /etc/systemd/system/multi-user.target.wants/systemd-networkd.service)"
+echo "CHECK: old mtime $(stat -c %Y /etc/old)"
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
@@ -41,6 +42,7 @@ RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args"
               {"kind": "image", "name": "tiny"},
               {"kind": "run", "commands": [
                   "rm /etc/os-release",
+                  "touch -t 202005050000 /etc/old",  # older than the clamp: kept
                   "rm -rf /usr/share/udhcpc && mkdir /usr/share/udhcpc && : > "
                   "/usr/share/udhcpc/new",
                   f"mkdir -p {WANTS} && ln -s /old/target {WANTS}/systemd-networkd.service"]},
@@ -115,6 +117,7 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     assert "CHECK: old dir content gone" in log  # the opaque dir
     assert "CHECK: new dir content shows" in log
     assert "CHECK: link to /lib/systemd/system/systemd-networkd.service" in log
+    assert "CHECK: old mtime 1588636800" in log  # not the clamp (as -all-time made it)
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 
 import pytest
 
@@ -82,7 +83,119 @@ def test_packed_images_are_deterministic_and_leave_kernels_out(tmp_path, fs):
         out = tmp_path / f"{run}.{fs}"
         squash.pack_image(fs, tree, out)
         digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
-        os.utime(tree / "boot/config-6.1", (run * 1000, run * 1000))  # mtimes do not count
+        newer = squash.source_date_epoch() + 1000 * (run + 1)  # clamped: does not count
+        os.utime(tree / "boot/config-6.1", (newer, newer))
     assert len(digests) == 1
     data = out.read_bytes()
     assert b"config-6.1" in data and b"vmlinuz-6.1" not in data and b"gone" in data
+
+
+@pytest.mark.skipif(not tool("mksquashfs") or not tool("unsquashfs"),
+                    reason="needs squashfs-tools")
+def test_squashfs_layers_clamp_mtimes_as_the_cpio_layers_do(tmp_path):
+    """Older mtimes stay (a package's .py keeps the mtime its .pyc was compiled against,
+    as in an unpacked boot), newer ones become the clamp."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "old.py").write_text("old")
+    (tree / "new").write_text("new")
+    os.utime(tree / "old.py", (1588636800, 1588636800))  # 2020-05-05
+    os.utime(tree / "new", (squash.source_date_epoch() + 86400,) * 2)
+    squash.pack_image("squashfs", tree, tmp_path / "layer.squashfs")
+    out = tmp_path / "out"
+    subprocess.run([tool("unsquashfs"), "-q", "-n", "-d", str(out),
+                    str(tmp_path / "layer.squashfs")], check=True, capture_output=True)
+    assert (out / "old.py").stat().st_mtime == 1588636800
+    assert (out / "new").stat().st_mtime == squash.source_date_epoch()
+
+
+@pytest.mark.skipif(not tool("mksquashfs"), reason="needs squashfs-tools")
+def test_a_layer_packed_by_an_older_packer_is_packed_again(tmp_path):
+    """A mounted form's record names the packing it had: one made before a change of how
+    layers are packed (e.g. times set, not clamped) is not served again."""
+    from provisiond.config import load_config, write_default_config
+
+    write_default_config(tmp_path / "state")
+    config = load_config(tmp_path / "state")
+    layers = tmp_path / "layers"
+    (layers / "k0").mkdir(parents=True)
+    (layers / "k0" / "file").write_text("x")
+    records = [{"key": "k0"}]
+    squash.add_mounted(config, layers, records)
+    first = records[0]["mounted"]
+    squash.add_mounted(config, layers, records)
+    assert records[0]["mounted"] == first  # same packing: kept
+    old = {k: v for k, v in first.items() if k != "packing"}
+    records = [{"key": "k0", "mounted": {**old, "digest": "sha256:" + "0" * 64}}]
+    (config.blob_dir / ("0" * 64)).write_bytes(b"packed with -all-time")
+    squash.add_mounted(config, layers, records)
+    assert records[0]["mounted"] == first
+
+
+@pytest.mark.skipif(not tool("mksquashfs"), reason="needs squashfs-tools")
+def test_a_layer_image_too_big_for_a_boot_makes_the_image_boot_unpacked(tmp_path,
+                                                                        monkeypatch):
+    """A newc entry holds less than 4 GiB (monkeypatched small here): such a layer's image
+    cannot reach a node, so the image boots unpacked, saying why, instead of its build
+    failing (as it did even for `boot: unpacked`); the verdict is kept, not repacked."""
+    from provisiond.config import load_config, write_default_config
+
+    write_default_config(tmp_path / "state")
+    config = load_config(tmp_path / "state")
+    layers = tmp_path / "layers"
+    for key, size in (("k0", 10), ("k1", 20000)):
+        (layers / key).mkdir(parents=True)
+        (layers / key / "file").write_bytes(os.urandom(size))
+    monkeypatch.setattr(squash, "NEWC_MAX_FILE", 10000)
+    records = [{"key": "k0"}, {"key": "k1"}]
+    squash.add_mounted(config, layers, records)
+    kit = {"digest": "sha256:" + "e" * 64, "size": 1, "modules": [], "format": "squashfs"}
+    section = squash.mounted_section(records, kit, "mounted")
+    assert section["boot"] == "unpacked" and section["layers"] == []
+    assert "layer 2" in section["unavailable"] and "4 GiB" in section["unavailable"]
+    manifest = {"layers": LAYERS, "mounted": section}
+    assert squash.boot_mode(manifest, ["provisiond.boot=mounted"]) == "unpacked"
+    assert squash.mounted_digests(manifest) == []
+    assert "unpacked (mounted unavailable: " in squash.describe_boot(manifest)
+    (layers / "k1.json").unlink()
+    squash.add_mounted(config, layers, records)
+    assert not (layers / "k1.json").exists()  # nothing packed again
+
+
+@pytest.mark.skipif(not tool("bwrap") or not tool("busybox"), reason="needs bwrap, busybox")
+@pytest.mark.parametrize("with_init", [False, True])
+def test_the_kits_init_says_what_is_missing_instead_of_ending_pid_1(tmp_path, with_init):
+    """Without the init overlay's /init the kit's wrapper stopped at once (pid 1 ending: a
+    kernel panic with no word of why); now it says so and starts a shell."""
+    root = tmp_path / "root"
+    kit = root / squash.KIT_BIN
+    kit.mkdir(parents=True)
+    (kit / "busybox").write_bytes(open(tool("busybox"), "rb").read())
+    (kit / "busybox").chmod(0o755)
+    for applet in squash.APPLETS:
+        (kit / applet).symlink_to("busybox")
+    (root / squash.RDINIT.lstrip("/")).write_text(squash.WRAPPER)
+    (root / squash.RDINIT.lstrip("/")).chmod(0o755)
+    if with_init:
+        (root / "init").write_text('echo "init ran with $*"\n')
+    proc = subprocess.run([tool("bwrap"), "--bind", str(root), "/", "--dev", "/dev",
+                           squash.RDINIT, "quiet"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    if with_init:
+        assert proc.stdout == "init ran with quiet\n"
+    else:
+        assert "no /init" in proc.stdout and "init system overlay" in proc.stdout
+        assert "starting a shell" in proc.stdout and proc.returncode == 0
+
+
+@pytest.mark.skipif(not tool("mksquashfs") or not tool("mkfs.erofs"),
+                    reason="needs squashfs-tools and erofs-utils")
+@pytest.mark.parametrize("fs", sorted(squash.FORMATS))
+def test_layers_pack_with_source_date_epoch_set(tmp_path, monkeypatch, fs):
+    """A reproducible build sets SOURCE_DATE_EPOCH: mksquashfs refused it beside -all-time
+    ('can't be used at the same time'), so every such build failed."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "file").write_text("x")
+    squash.pack_image(fs, tmp_path / "tree", tmp_path / f"out.{fs}")
+    assert (tmp_path / f"out.{fs}").stat().st_size > 0
