@@ -227,3 +227,20 @@ def test_a_configure_run_that_hangs_is_stopped_and_reported_failed(tmp_path, sta
     detail = server.phases[-1][1]
     assert detail.startswith("provisiond-configure timed out after 2 s: "), detail
     assert detail.endswith("TASK [wait for something that never comes]"), detail
+
+
+def test_credentials_in_the_repository_url_never_reach_the_server(tmp_path, stand_in):
+    """ansible-pull logs its command line and git its URL: the failure's detail (the server,
+    node status, the API) and the journal get the URL without its user:password."""
+    if not tool("ansible-pull"):
+        pytest.skip("ansible-core is not installed (.ci/install-deps.sh)")
+    script, runtime = configure_script(tmp_path, Ansible(
+        repo="http://deploy:s3cret-token@127.0.0.1:9/site.git", playbook="site.yml"))
+    server = stand_in(runtime)
+    booted = agent(tmp_path, server, script, "boot")
+    assert booted.returncode == 1
+    assert [p for p, _ in server.phases] == ["booted", "runtime", "failed"], server.phases
+    detail = server.phases[-1][1]
+    assert "127.0.0.1:9" in detail and "s3cret-token" not in detail, detail
+    assert "s3cret-token" in booted.log  # the node's own log, root's only, keeps it
+    assert "s3cret-token" not in booted.stderr
