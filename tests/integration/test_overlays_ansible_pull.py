@@ -244,3 +244,17 @@ def test_credentials_in_the_repository_url_never_reach_the_server(tmp_path, stan
     assert "127.0.0.1:9" in detail and "s3cret-token" not in detail, detail
     assert "s3cret-token" in booted.log  # the node's own log, root's only, keeps it
     assert "s3cret-token" not in booted.stderr
+
+
+def test_extra_vars_with_spaces_and_quotes_reach_the_playbook_whole(tmp_path, site, stand_in):
+    """ansible's key=value form splits a value at its spaces (site_cluster="a b" gave "a"):
+    each extra var goes as JSON."""
+    repo, out = site
+    cluster = "c1 \"east\" o'clock & <more>"
+    script, runtime = configure_script(tmp_path, Ansible(
+        repo=f"file://{repo}", branch="main", playbook="site.yml",
+        extra_vars={"out_dir": str(out), "cluster": cluster}))
+    server = stand_in(runtime)
+    booted = agent(tmp_path, server, script, "boot")
+    assert booted.returncode == 0, booted.stderr
+    assert (out / "site.conf").read_text() == f"cluster {cluster}\n"
