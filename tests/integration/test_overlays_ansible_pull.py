@@ -180,3 +180,81 @@ def test_a_repository_that_cannot_be_reached_at_boot_fails_the_boot(tmp_path, st
     assert [p for p, _ in server.phases] == ["booted", "runtime", "failed"]
     assert server.phases[-1][1].startswith("provisiond-configure exit "), server.phases
     assert "Could not read from remote repository." in server.phases[-1][1], server.phases
+
+
+def test_a_failed_run_runs_again_on_the_timer_although_the_repository_did_not_change(
+        tmp_path, site, stand_in):
+    """--only-if-changed skips an unchanged repository only after a run that succeeded: a
+    run that failed for a cause outside the repository (here a missing directory, made
+    afterwards) is retried by the next timer run, and the node leaves `failed`."""
+    repo, out = site
+    commit(repo, PLAYBOOK + BROKEN, "a task that needs out/missing")
+    script, runtime = configure_script(tmp_path, Ansible(
+        repo=f"file://{repo}", branch="main", playbook="site.yml",
+        extra_vars={"out_dir": str(out), "cluster": "c1"}))
+    server = stand_in(runtime)
+    booted = agent(tmp_path, server, script, "boot")
+    assert booted.returncode == 1
+    assert [p for p, _ in server.phases] == ["booted", "runtime", "failed"]
+
+    (out / "missing").mkdir()  # the cause is gone; the repository is the same
+    again = agent(tmp_path, server, script, "configure", "--only-if-changed")
+    assert again.returncode == 0, again.stderr
+    assert [p for p, _ in server.phases[3:]] == ["configured", "ready"], server.phases
+    assert (out / "missing/settings").read_text() == "never written\n"
+
+    unchanged = agent(tmp_path, server, script, "configure", "--only-if-changed")
+    assert unchanged.returncode == 0 and len(server.phases) == 5, server.phases
+
+
+def test_a_configure_run_that_hangs_is_stopped_and_reported_failed(tmp_path, stand_in):
+    """The boot's run is bounded (PROVISIOND_CONFIGURE_TIMEOUT s): a playbook that hangs
+    must not hold the boot (and ssh, ordered after the agent) forever."""
+    _, runtime = configure_script(tmp_path, None)
+    script = tmp_path / "hanging-configure"
+    script.write_text("#!/bin/sh\necho 'TASK [wait for something that never comes]'\n"
+                      "exec sleep 600\n")
+    script.chmod(0o755)
+    server = stand_in(runtime)
+    (tmp_path / "home").mkdir()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    booted = run_agent(tmp_path, url, {"PROVISIOND_AGENT_CONFIGURE": str(script),
+                                       "PROVISIOND_AGENT_HTTP": "curl",
+                                       "PROVISIOND_AGENT_TRIES": "1",
+                                       "PROVISIOND_CONFIGURE_TIMEOUT": "2"}, "boot")
+    assert booted.returncode == 1, booted.stderr
+    assert [p for p, _ in server.phases] == ["booted", "runtime", "failed"], server.phases
+    detail = server.phases[-1][1]
+    assert detail.startswith("provisiond-configure timed out after 2 s: "), detail
+    assert detail.endswith("TASK [wait for something that never comes]"), detail
+
+
+def test_credentials_in_the_repository_url_never_reach_the_server(tmp_path, stand_in):
+    """ansible-pull logs its command line and git its URL: the failure's detail (the server,
+    node status, the API) and the journal get the URL without its user:password."""
+    if not tool("ansible-pull"):
+        pytest.skip("ansible-core is not installed (.ci/install-deps.sh)")
+    script, runtime = configure_script(tmp_path, Ansible(
+        repo="http://deploy:s3cret-token@127.0.0.1:9/site.git", playbook="site.yml"))
+    server = stand_in(runtime)
+    booted = agent(tmp_path, server, script, "boot")
+    assert booted.returncode == 1
+    assert [p for p, _ in server.phases] == ["booted", "runtime", "failed"], server.phases
+    detail = server.phases[-1][1]
+    assert "127.0.0.1:9" in detail and "s3cret-token" not in detail, detail
+    assert "s3cret-token" in booted.log  # the node's own log, root's only, keeps it
+    assert "s3cret-token" not in booted.stderr
+
+
+def test_extra_vars_with_spaces_and_quotes_reach_the_playbook_whole(tmp_path, site, stand_in):
+    """ansible's key=value form splits a value at its spaces (site_cluster="a b" gave "a"):
+    each extra var goes as JSON."""
+    repo, out = site
+    cluster = "c1 \"east\" o'clock & <more>"
+    script, runtime = configure_script(tmp_path, Ansible(
+        repo=f"file://{repo}", branch="main", playbook="site.yml",
+        extra_vars={"out_dir": str(out), "cluster": cluster}))
+    server = stand_in(runtime)
+    booted = agent(tmp_path, server, script, "boot")
+    assert booted.returncode == 0, booted.stderr
+    assert (out / "site.conf").read_text() == f"cluster {cluster}\n"
