@@ -208,7 +208,8 @@ def test_default_cipher_suite_fails_clearly_against_a_pyghmi_bmc(ipmi_nodes):
 def test_a_failed_handshake_leaves_no_noise_for_the_next_sessions(ipmi_nodes):
     ipmi_nodes("node", "set", "i1", "--bmc-cipher-suite", "17")
     for _ in range(2):  # same process: the failed session must not disturb later ones
-        result = ipmi_nodes("power", "status", "i[1-2]", "--json", "--timeout", "30")  # a loaded CI missed 8 s
+        # 30 s: the good BMC's answer missed 8 s in a loaded CI run
+        result = ipmi_nodes("power", "status", "i[1-2]", "--json", "--timeout", "30")
         status = rows(result)  # stdout is clean JSON (pyghmi prints nothing into it)
         assert "set bmc.cipher_suite: 3" in status["i1"]["detail"]
         assert status["i2"]["detail"] == "off"
