@@ -29,7 +29,11 @@ _END = "...\n"
 # rare places (a character beyond the BMP escaped, a closing "..." after an open-ended
 # plain scalar).
 class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
-    pass
+    def ignore_aliases(self, data) -> bool:
+        """Never an anchor: a record's piece is dumped alone, so anchors would restart at
+        &id001 in each, and a file with one anchor twice does not load (so lines with an
+        anchor are never a write's: see read_changes)."""
+        return True
 
 
 def _str_presenter(dumper, value: str):

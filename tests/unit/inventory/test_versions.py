@@ -344,3 +344,23 @@ def test_a_hand_edit_is_read_whole(config, old, new):
     with InventoryStore(config).edit_records() as inventory:
         inventory.nodes["n3"] = Record()
     assert config.inventory_path.read_text() == whole_dump(InventoryStore(config).read().to_data())
+
+
+def test_anchors_written_by_hand_are_read_as_a_fresh_process_reads_them(config):
+    """Each changed record's lines are parsed alone, so an anchor they share with another
+    record's (YAML refuses an anchor defined twice in one file) was not seen: this process
+    took a file every other process refuses, and kept it so in its next writes. A write
+    never makes anchors, so lines with one are not a write's: the file is read whole."""
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record(comment="one")
+        inventory.nodes["n2"] = Record(comment="two")
+    InventoryStore(config).read()
+    shared = "    nomad:\n      meta: &id001\n        a: b\n    ansible:\n      extra_vars: *id001\n"
+    text = config.inventory_path.read_text()
+    for name in ("one", "two"):
+        text = text.replace(f"    comment: {name}\n", f"    comment: {name}\n{shared}")
+    config.inventory_path.write_text(text)
+    with pytest.raises(InvalidInventory, match="duplicate anchor"):
+        _read_afresh(config)
+    with pytest.raises(InvalidInventory, match="duplicate anchor"):
+        InventoryStore(config).current()
