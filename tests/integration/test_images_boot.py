@@ -7,6 +7,7 @@ import os
 import selectors
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,12 @@ def test_tiny_boots_to_init_under_tcg(tmp_path, monkeypatch):
     write_default_config(tmp_path / "state")
     config = load_config(tmp_path / "state")
     manifest = build_image(config, "tiny")
+    boot_to_marker(config, manifest, tmp_path, 120)
+
+
+def boot_to_marker(config, manifest: dict, tmp_path: Path, seconds: float) -> None:
+    """QEMU (TCG, no network) boots `manifest`'s kernel with its cpio layers as the initrd
+    until tiny's rcS marker; a failure shows the console's end."""
     initrd = tmp_path / "initrd"
     initrd.write_bytes(b"".join(blob_path(config, l["digest"]).read_bytes()
                                 for l in manifest["layers"]))
@@ -47,7 +54,7 @@ def test_tiny_boots_to_init_under_tcg(tmp_path, monkeypatch):
                  "-initrd", str(initrd), "-append", args]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        output = read_until(proc, MARKER, 120)
+        output = read_until(proc, MARKER, seconds)
     finally:
         proc.kill()
         proc.wait()

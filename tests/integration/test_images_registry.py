@@ -395,8 +395,7 @@ def test_an_image_pushed_to_the_registry_and_imported_boots(registry, tmp_path, 
     from provisiond.images import build_image
     from provisiond.images.layers import layer_dir
     from provisiond.images.shell import write_layer
-    from tests.integration.test_images_boot import MARKER, read_until
-    from tests.tools import command
+    from tests.integration.test_images_boot import boot_to_marker
 
     monkeypatch.setenv("PROVISIOND_CACHE_DIR",
                        os.environ.get("PROVISIOND_CACHE_DIR", "/var/tmp/provisiond-test-cache"))
@@ -419,23 +418,7 @@ def test_an_image_pushed_to_the_registry_and_imported_boots(registry, tmp_path, 
     manifest = load_manifest(config, "tiny-boot")
     assert len(manifest["layers"]) == len(tiny["layers"])
     assert manifest["kernel"]["digest"] == tiny["kernel"]["digest"]
-    initrd = tmp_path / "initrd"
-    initrd.write_bytes(b"".join(blob_path(config, l["digest"]).read_bytes()
-                                for l in manifest["layers"]))
-    append = " ".join([*manifest["kernel_args"], f"rdinit={manifest['init']}", "panic=-1"])
-    proc = subprocess.Popen(
-        command(["qemu-system-x86_64", "-accel", "tcg", "-m", "384", "-nographic",
-                 "-no-reboot", "-nic", "none",
-                 "-kernel", str(blob_path(config, manifest["kernel"]["digest"])),
-                 "-initrd", str(initrd), "-append", append]),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        output = read_until(proc, MARKER, 180)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert MARKER in output, output[-2000:].decode(errors="replace")
-    assert b"Kernel panic" not in output
+    boot_to_marker(config, manifest, tmp_path, 180)
 
 
 def test_two_imports_of_one_name_at_once_both_succeed(config, registry, layout):
