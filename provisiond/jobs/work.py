@@ -102,7 +102,8 @@ def execute(config: Config, job: Job, progress: Progress) -> list[JobResult]:
 
 def _fan_out(config: Config, job: Job, operation, timeout: float | None,
              progress: Progress) -> list[JobResult]:
-    results = operations.run(config, job.target, operation, timeout, progress.node)
+    # job.target is for people (shortened when long); job.names are the targets
+    results = operations.run(config, ",".join(job.names), operation, timeout, progress.node)
     return [job_result(r) for r in results]
 
 
