@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from provisiond import audit
 from provisiond.config import Config
-from provisiond.errors import InvalidInput, ProvisiondError
+from provisiond.errors import ExitCode, InvalidInput, ProvisiondError
 from provisiond.images.recipe import find_recipe
 from provisiond.inventory import load_nodes
 from provisiond.jobs import runner, store
@@ -48,9 +48,12 @@ def run_here(config: Config, kind: JobKind | str, names: list[str], params: dict
              actor: str, on_result: Callable[[NodeResult], None] | None = None) -> Job:
     """Record a job as `start` does (checks, claims, audit) and run it to its end in this
     process (the CLI's way: it shows the progress, `on_result` gets each node's result);
-    the ended job. The same records and `job.*` events as a started job."""
+    the ended job. The same records and `job.*` events as a started job. Ctrl-C (or
+    SIGTERM) ends the job, recorded as interrupted, and then raises KeyboardInterrupt, as
+    the command did before it ran as a job (exit 130)."""
     job = _create(config, kind, names, params, actor)
-    runner.run(config, job.id, on_result)
+    if runner.run(config, job.id, on_result) == ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt
     return store.read(config, job.id)
 
 

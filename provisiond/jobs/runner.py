@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from provisiond.config import Config
-from provisiond.errors import ProvisiondError
+from provisiond.errors import ExitCode, ProvisiondError
 from provisiond.images.build import interrupt_on_term
 from provisiond.jobs import store
 from provisiond.jobs.model import Job, JobResult
@@ -44,7 +44,8 @@ def spawn(config: Config, job_id: int) -> int:
 
 def run(config: Config, job_id: int,
         on_result: Callable[[NodeResult], None] | None = None) -> int:
-    """Run a pending job to its end in this process; 0 unless the job was not pending.
+    """Run a pending job to its end in this process; 0, 1 if the job was not pending, 130
+    (ExitCode.INTERRUPTED) if SIGTERM or Ctrl-C ended it (its record says so).
     `on_result` gets each node's result as it comes (the CLI's progress bar)."""
     job = store.begin(config, job_id, os.getpid())
     if job is None:
@@ -53,20 +54,20 @@ def run(config: Config, job_id: int,
     log.info("job %s: %s %s for %s", job.id, job.kind.value, job.target, job.actor)
     emit(config, "job.started", job_subject(job), _summary(job))
     progress = Progress(config, job, on_result)
-    results, message = [], None
+    results, message, code = [], None, 0
     try:
         with interrupt_on_term():
             results = execute(config, job, progress)
     except ProvisiondError as exc:
         message = str(exc)
     except KeyboardInterrupt:
-        message = "interrupted (SIGTERM, or Ctrl-C in the CLI)"
+        message, code = "interrupted (SIGTERM, or Ctrl-C in the CLI)", ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - a bug fails the job, never leaves it running
         log.exception("job %s", job.id)
         message = f"internal error: {type(exc).__name__}: {exc}"
     progress.flush()
     _end(config, job, results or job.results, message)
-    return 0
+    return code
 
 
 def _end(config: Config, job: Job, results: list[JobResult], message: str | None) -> None:

@@ -28,3 +28,54 @@ def test_a_scattered_range_longer_than_a_job_target_powers_every_node_it_names(c
     assert sorted(r.name for r in job.results) == sorted(odd)
     powered = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
     assert len(powered) == len(odd)
+
+
+def _start_power_on(state_dir, pattern: str) -> subprocess.Popen:
+    provisiond = os.path.join(os.path.dirname(sys.executable), "provisiond")
+    return subprocess.Popen([provisiond, "--state-dir", str(state_dir), "power", "on", pattern,
+                             "--timeout", "300"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _running_job(config, process) -> None:
+    from tests.waits import wait_until
+    wait_until(lambda: store.job_ids(config) and store.read(config, 1).state
+               is JobState.RUNNING and store.read(config, 1).results, 60,
+               "the CLI's job runs and n1 answered", )
+
+
+@pytest.fixture
+def hanging(cli, config):
+    assert cli("node", "add", "n1", "--bmc-driver", "fake", "--bmc-address", "bmc").code == 0
+    assert cli("node", "add", "n2", "--bmc-driver", "fake", "--bmc-address", "hang").code == 0
+    return cli
+
+
+def test_ctrl_c_mid_fan_out_exits_130_and_frees_the_nodes(hanging, cli, config, state_dir):
+    process = _start_power_on(state_dir, "n[1-2]")
+    try:
+        _running_job(config, process)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == ExitCode.INTERRUPTED, (out, err)
+    assert "Traceback" not in err
+    job = store.get(config, 1)
+    assert job.state is JobState.FAILED and job.message.startswith("interrupted")
+    assert cli("power", "on", "n1").code == 0  # the claims were freed
+
+
+def test_a_killed_cli_run_does_not_leave_its_nodes_busy(hanging, cli, config, state_dir):
+    process = _start_power_on(state_dir, "n[1-2]")
+    try:
+        _running_job(config, process)
+        process.kill()
+    finally:
+        process.kill()
+        process.wait()
+    result = cli("power", "on", "n[1-2]", "--timeout", "0.2")
+    assert result.code == ExitCode.BMC_FAILED, result.err  # n2 hangs; nothing is busy
+    assert store.get(config, 1).state is JobState.FAILED
+    assert "ended without finishing" in store.get(config, 1).message
