@@ -28,7 +28,7 @@ from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.errors import Conflict, JobNotFound
 from provisiond.inventory.ranges import names_text
-from provisiond.jobs.model import Job
+from provisiond.jobs.model import POWER_STATUS, Job
 from provisiond.states import JobKind, JobState
 
 log = logging.getLogger("provisiond.jobs")
@@ -51,14 +51,18 @@ def log_path(config: Config, job_id: int) -> Path:
     return config.jobs_dir / f"{job_id}.log"
 
 
-def claims_of(kind: JobKind, names: list[str]) -> list[str]:
+def claims_of(kind: JobKind, names: list[str], params: dict) -> list[str]:
+    """What a job holds while it runs: none for `power status`, which only reads (it is
+    not refused during a node's reprovision, nor refuses one)."""
+    if kind is JobKind.POWER and params.get("action") == POWER_STATUS:
+        return []
     prefix = CLAIM_PREFIX.get(kind, "node")
     return [f"{prefix}/{name}" for name in names]
 
 
 def create(config: Config, kind: JobKind, names: list[str], params: dict, actor: str) -> Job:
     """A new pending job holding claims on `names`; Conflict if one is claimed already."""
-    wanted = claims_of(kind, names)
+    wanted = claims_of(kind, names, params)
     with _locked(config):
         index = _read_index(config)
         _reap(config, index)
@@ -228,7 +232,7 @@ def _rebuilt_index(config: Config) -> Index:
         with contextlib.suppress(JobNotFound):
             job = read(config, job_id)
             if job.active:
-                index.active[job_id] = claims_of(job.kind, job.names)
+                index.active[job_id] = claims_of(job.kind, job.names, job.params)
     return index
 
 

@@ -13,7 +13,7 @@ from provisiond.errors import ExitCode
 from provisiond.inventory.ranges import MAX_NAMES_TEXT, fold
 from provisiond.jobs import store
 from provisiond.power.fake import read_fake_bmcs
-from provisiond.states import JobState
+from provisiond.states import JobKind, JobState
 
 
 def test_a_scattered_range_longer_than_a_job_target_powers_every_node_it_names(cli, config):
@@ -79,3 +79,13 @@ def test_a_killed_cli_run_does_not_leave_its_nodes_busy(hanging, cli, config, st
     assert result.code == ExitCode.BMC_FAILED, result.err  # n2 hangs; nothing is busy
     assert store.get(config, 1).state is JobState.FAILED
     assert "ended without finishing" in store.get(config, 1).message
+
+
+def test_power_status_is_not_refused_while_a_job_holds_a_node_nor_holds_one(cli, config):
+    assert cli("node", "add", "n[1-3]", "--bmc-driver", "fake", "--bmc-address", "bmc").code == 0
+    held = store.create(config, JobKind.REPROVISION, ["n2"], {"timeout": 600}, "token:sync")
+    result = cli("power", "status", "n[1-3]")
+    assert result.code == 0, result.err
+    reading = store.create(config, JobKind.POWER, ["n1"], {"action": "status"}, "token:poll")
+    assert cli("power", "on", "n1").code == 0  # a running status read holds nothing
+    assert store.read(config, held.id).active and store.read(config, reading.id).active
