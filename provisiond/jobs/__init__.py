@@ -12,6 +12,7 @@ builds also `build.started|finished|failed`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import NoReturn
@@ -85,6 +86,9 @@ def get(config: Config, job_id: int) -> dict:
 
 def wait(config: Config, job_id: int, timeout: float, poll: float = 0.5) -> dict:
     """The job's record once it has ended; a ProvisiondError if it runs `timeout` s on."""
+    if not 0 < timeout < math.inf:  # nan: never a deadline, and a busy loop (sleeps of 0 s)
+        raise InvalidInput(f"timeout: {timeout:g} is not a number of seconds above 0",
+                           field="timeout")
     deadline = time.monotonic() + timeout
     while True:
         job = store.get(config, job_id)

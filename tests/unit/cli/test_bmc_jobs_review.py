@@ -89,3 +89,14 @@ def test_power_status_is_not_refused_while_a_job_holds_a_node_nor_holds_one(cli,
     reading = store.create(config, JobKind.POWER, ["n1"], {"action": "status"}, "token:poll")
     assert cli("power", "on", "n1").code == 0  # a running status read holds nothing
     assert store.read(config, held.id).active and store.read(config, reading.id).active
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-5", "0", "inf"])
+def test_job_wait_refuses_a_timeout_that_is_no_deadline(cli, config, timeout):
+    """nan never passed the deadline and slept 0 s a round: a busy loop until the job ended."""
+    assert cli("node", "add", "n1", "--bmc-driver", "fake", "--bmc-address", "bmc").code == 0
+    job = store.create(config, JobKind.POWER, ["n1"], {"action": "on"}, "token:sync")
+    store.record_runner(config, job.id, os.getpid())  # "runs" as long as this test does
+    result = cli("job", "wait", str(job.id), f"--timeout={timeout}")
+    assert result.code == ExitCode.INVALID_INPUT, result
+    assert result.err.startswith("provisiond: error: timeout: ") and "Traceback" not in result.err
