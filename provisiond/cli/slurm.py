@@ -20,7 +20,9 @@ import logging.handlers
 import os
 import sys
 
+from provisiond.audit import cli_actor
 from provisiond.cli.context import printable
+from provisiond.cli.power import node_results
 from provisiond.errors import BmcError, ExitCode, NotFound
 from provisiond.inventory import load_nodes
 from provisiond.inventory.ranges import fold
@@ -87,7 +89,11 @@ def resume_handler(args, ctx) -> int:
 
 
 def suspend_handler(args, ctx) -> int:
-    return _run(args, ctx, power.suspend)
+    def suspend(config, nodes, timeout):
+        job = power.suspend(config, nodes, timeout, cli_actor())
+        return node_results(job) if job else []
+
+    return _run(args, ctx, suspend)
 
 
 def _run(args, ctx, act) -> int:

@@ -5,17 +5,22 @@ Resume is a PXE boot: the boot device is set to PXE once, then the node is power
 power cycled when it is already on (Slurm thought it down, but it runs an older boot). The
 nodes' credentials end first, with every token minted until then, as for `node
 reprovision`: only the new boot's agent can report (and fetch the runtime overlay) again.
-Suspend is a hard power off: nodes are stateless, there is nothing to save.
+Suspend is a hard power off: nodes are stateless, there is nothing to save. It runs as a
+`power off` job (provisiond.jobs.run_here), as `provisiond power off` does: audited, with
+`job.*` events, and refused (Conflict) while a node is busy in another job (a reprovision).
 """
 
 from __future__ import annotations
 
+from provisiond import jobs
 from provisiond.config import Config
 from provisiond.inventory.merge import Node
 from provisiond.power import operations
 from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult
-from provisiond.states import BootDevice, PowerAction, PowerState
+from provisiond.inventory.ranges import fold
+from provisiond.jobs.model import Job
+from provisiond.states import BootDevice, JobKind, PowerAction, PowerState
 from provisiond.trust import revoke
 
 
@@ -25,9 +30,13 @@ def resume(config: Config, nodes: dict[str, Node],
     return operations.run_nodes(config, nodes, pxe_boot(config), timeout)
 
 
-def suspend(config: Config, nodes: dict[str, Node],
-            timeout: float | None = None) -> list[NodeResult]:
-    return operations.run_nodes(config, nodes, operations.power(PowerAction.OFF), timeout)
+def suspend(config: Config, nodes: dict[str, Node], timeout: float | None,
+            actor: str) -> Job | None:
+    """The ended `power off` job of `nodes` (None when there is none)."""
+    if not nodes:
+        return None
+    return jobs.run_here(config, JobKind.POWER, [fold(list(nodes))],
+                         {"action": PowerAction.OFF.value, "timeout": timeout}, actor)
 
 
 def pxe_boot(config: Config) -> operations.Operation:

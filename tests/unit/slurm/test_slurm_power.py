@@ -62,3 +62,44 @@ def test_programs_run_with_every_descriptor_closed_as_slurmctld_runs_them(config
         "slurm resume n1: ok: boot pxe once, power on",
         "slurm resume n2: ok: boot pxe once, power on",
         "slurm suspend n1: ok: off requested", "slurm suspend n2: ok: off requested"]
+
+
+def _slurm_nodes(config, cli) -> None:
+    for args in (["node", "add", "n[1-2]", "--runtime-overlay", "slurm", "--bmc-driver", "fake",
+                  "--bmc-address", "bmc"], ["node", "set", "n[1-2]", "--ipaddr", "10.0.0.11"]):
+        assert cli(*args).code == 0
+
+
+def test_suspend_is_a_power_job_audited_with_its_events(config, cli):
+    """Like every power command: a job (claims), an audit record, `job.*` events."""
+    from provisiond import audit, jobs
+    from provisiond.events import read_since
+
+    _slurm_nodes(config, cli)
+    result = cli("slurm", "suspend", "n[1-2],zz9", "--log", str(config.state_dir / "p.log"))
+    assert result.code == 3, result.err  # zz9 is no node; n1 and n2 were done
+    listed, _ = jobs.list_jobs(config)
+    assert [(j["kind"], j["target"], j["params"]["action"], j["state"]) for j in listed] == \
+        [("power", "n[1-2]", "off", "finished")]
+    assert [e["action"] for e in audit.read(config)][-1] == "job.power"
+    kinds = [e.kind for e in read_since(config, 0)]
+    assert {"job.started", "job.finished"} <= set(kinds), kinds
+
+
+def test_suspend_leaves_a_node_busy_in_a_provisiond_job_on(config, cli):
+    """A node being reprovisioned is not powered off under it: the suspend is refused
+    (logged as one line) and no BMC is touched."""
+    import os
+
+    from provisiond.jobs import store
+    from provisiond.states import JobKind
+
+    _slurm_nodes(config, cli)
+    assert cli("power", "on", "n[1-2]").code == 0
+    busy = store.create(config, JobKind.REPROVISION, ["n1"], {"timeout": 60}, "cli:test")
+    store.record_runner(config, busy.id, os.getpid())
+    log = config.state_dir / "p.log"
+    result = cli("slurm", "suspend", "n[1-2]", "--log", str(log))
+    assert result.code != 0 and "n1 is busy" in log.read_text(), log.read_text()
+    bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert bmcs["n1"]["power"] == "on"
