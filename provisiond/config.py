@@ -421,6 +421,8 @@ class SlurmSettings(_Section):
     """Default: <state>/slurm/resume, which `slurm config` writes (it runs `provisiond slurm
     resume` on this state dir); set it where slurmctld runs another copy."""
     suspend_program: str | None = None
+    scontrol: str = "/usr/bin/scontrol"
+    """What the resume program runs to set a node whose BMC failed DOWN, with the reason."""
     power_log: str | None = None
     """`--log FILE` of the resume and suspend programs; None: syslog."""
     partition_tag: Annotated[str, AfterValidator(slurm_name)] = "partition"
@@ -430,7 +432,7 @@ class SlurmSettings(_Section):
     options: dict[Annotated[str, AfterValidator(slurm_name)], SlurmValue] = {}
     """More slurm.conf lines (Key: value); a key here replaces provisiond's default."""
 
-    @field_validator("resume_program", "suspend_program", "power_log")
+    @field_validator("resume_program", "suspend_program", "scontrol", "power_log")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and (not value.startswith("/") or CONTROL_RE.search(value)

@@ -5,7 +5,8 @@ What Slurm's Power Saving Guide (power_save.shtml) asks of these programs: slurm
 them as SlurmUser with one argument, the nodes in hostlist form (`n[001-004],gpu1`); it does
 not log their stdout or stderr, so each node's outcome goes to syslog or `--log FILE`; they
 have no time limit but must end (every BMC call here has a deadline); a node that does not
-register within ResumeTimeout is set DOWN by Slurm (and ResumeFailProgram runs). So one name
+register within ResumeTimeout is set DOWN by Slurm (and ResumeFailProgram runs), and one
+whose BMC failed is set DOWN by resume at once (provisiond.slurm.power.mark_down). So one name
 provisiond does not know never holds back the others: the known nodes are acted on, each
 unknown one is logged as an error, and the exit status is non-zero (for people and scripts:
 the guide gives Slurm no use for it).
@@ -31,6 +32,7 @@ from provisiond.power.report import exit_code
 from provisiond.slurm import conf, power
 
 SYSLOG_SOCKET = "/dev/log"
+LOGGER = "provisiond.slurm"
 EPILOG = f"""`slurm config` writes <state>/slurm/slurm.conf (the copy the `slurm` runtime
 overlay gives nodes: give slurmctld the same file) and, unless slurm.resume_program and
 slurm.suspend_program are set, the programs slurm.conf names: <state>/slurm/resume and
@@ -38,7 +40,8 @@ slurm.suspend_program are set, the programs slurm.conf names: <state>/slurm/resu
 hostlist Slurm passes as their only argument.
 
 resume and suspend run as SlurmUser, which must be able to read the state dir and secrets.
-Every node named is tried; each outcome is one log line. Exit status: 0 when every node
+Every node named is tried; each outcome is one log line. resume sets a node whose BMC
+failed DOWN in Slurm with the reason (slurm.scontrol); suspend is a `power off` job. Exit status: 0 when every node
 was done, {NotFound.exit_code} when a name is no node (the known ones were still done), else \
 {BmcError.exit_code} when a BMC
 failed; {int(ExitCode.FAILED)} when --log FILE could not be written (the nodes were done,
@@ -85,7 +88,14 @@ def config_handler(args, ctx) -> int:
 
 
 def resume_handler(args, ctx) -> int:
-    return _run(args, ctx, power.resume)
+    def resume(config, nodes, timeout):
+        results = power.resume(config, nodes, timeout)
+        for ok, what in power.mark_down(config, results):
+            logging.getLogger(LOGGER).log(logging.INFO if ok else logging.ERROR,
+                                          "slurm resume %s", what)
+        return results
+
+    return _run(args, ctx, resume)
 
 
 def suspend_handler(args, ctx) -> int:
@@ -118,7 +128,7 @@ def _run(args, ctx, act) -> int:
 
 
 def _logger(path: str | None) -> logging.Logger:
-    log = logging.getLogger("provisiond.slurm")
+    log = logging.getLogger(LOGGER)
     log.setLevel(logging.INFO)
     log.propagate = False
     for handler in list(log.handlers):

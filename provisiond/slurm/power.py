@@ -5,6 +5,8 @@ Resume is a PXE boot: the boot device is set to PXE once, then the node is power
 power cycled when it is already on (Slurm thought it down, but it runs an older boot). The
 nodes' credentials end first, with every token minted until then, as for `node
 reprovision`: only the new boot's agent can report (and fetch the runtime overlay) again.
+A node its BMC did not boot is set DOWN with the reason (`scontrol update`), at once:
+slurmctld would otherwise hold its jobs for ResumeTimeout before it gave up on the node.
 Suspend is a hard power off: nodes are stateless, there is nothing to save. It runs as a
 `power off` job (provisiond.jobs.run_here), as `provisiond power off` does: audited, with
 `job.*` events, and refused (Conflict) while a node is busy in another job (a reprovision).
@@ -12,8 +14,11 @@ Suspend is a hard power off: nodes are stateless, there is nothing to save. It r
 
 from __future__ import annotations
 
+import subprocess
+from collections import defaultdict
+
 from provisiond import jobs
-from provisiond.config import Config
+from provisiond.config import CONTROL_RE, Config
 from provisiond.inventory.merge import Node
 from provisiond.power import operations
 from provisiond.power.base import Driver
@@ -50,3 +55,32 @@ def pxe_boot(config: Config) -> operations.Operation:
         return f"boot {detail}, power {'cycled' if was_on else 'on'}"
 
     return operation
+
+
+SCONTROL_TIMEOUT = 30.0
+MAX_REASON = 200
+
+
+def mark_down(config: Config, results: list[NodeResult]) -> list[tuple[bool, str]]:
+    """Set the nodes whose resume failed DOWN in Slurm, one `scontrol update` per distinct
+    reason; (ok, what happened) per call, for the log."""
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for result in results:
+        if not result.ok:
+            detail = CONTROL_RE.sub(" ", result.detail).replace('"', "'")
+            reasons[f"provisiond resume: {detail}"[:MAX_REASON]].append(result.node)
+    return [_scontrol_down(config, fold(names), reason) for reason, names in reasons.items()]
+
+
+def _scontrol_down(config: Config, names: str, reason: str) -> tuple[bool, str]:
+    argv = [config.slurm.scontrol, "update", f"NodeName={names}", "State=DOWN",
+            f"Reason={reason}"]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{names}: cannot set DOWN: {exc}"
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        return False, f"{names}: cannot set DOWN: {said[-1] if said else done.returncode}"
+    return True, f"{names}: set DOWN ({reason})"

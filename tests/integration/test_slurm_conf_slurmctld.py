@@ -89,3 +89,23 @@ def test_slurmctld_takes_the_written_conf_with_the_nodes_hardware(controller):
     assert conf["ResumeProgram"] == str(config.slurm_dir / "resume")
     assert conf["SuspendProgram"] == str(config.slurm_dir / "suspend")
     assert Path(conf["ResumeProgram"]).stat().st_mode & 0o111
+
+
+def test_a_resume_whose_bmc_fails_sets_the_node_down_with_the_reason(controller):
+    """slurmctld would wait ResumeTimeout (600 s) for a node whose BMC refused to boot it,
+    the job held that long: the resume program sets it DOWN at once, saying why."""
+    provisiond(controller, "init", "--address", "10.99.77.1")
+    provisiond(controller, "node", "add", "n[1-2]", "--ipaddr", "10.99.77.11",
+               "--runtime-overlay", "slurm", "--bmc-driver", "fake", "--bmc-address", "bmc")
+    provisiond(controller, "node", "set", "n2", "--bmc-address", "unreachable")
+    slurm.configure(controller, 120)
+    provisiond(controller, "slurm", "config")
+    slurm.start(controller)
+    config = load_config(controller.state_dir)
+    done = slurm.command(controller, "sh", "-c", 'exec "$0" "$1"',
+                         str(config.slurm_dir / "resume"), "n[1-2]")
+    assert done.returncode != 0
+    failed, booted = scontrol(controller, "node", "n2"), scontrol(controller, "node", "n1")
+    assert "DOWN" in failed["State"] and "DOWN" not in booted["State"], (failed, booted)
+    out = slurm.command(controller, "scontrol", "show", "node", "n2").stdout
+    assert re.search(r"Reason=provisiond resume: \S", out), out
