@@ -174,7 +174,8 @@ class Builder:
         if node not in self._secrets:
             keys = ensure_host_keys(self.config, node, durable=self.durable_secrets)
             self._signatures.pop(node, None)
-            self._secrets[node] = {**self.stored_secrets(node), "ssh_host_keys": keys}
+            self._secrets[node] = _Secrets(node, {**self.stored_secrets(node),
+                                                  "ssh_host_keys": keys})
         return self._secrets[node], self.secrets_key(node)
 
     def context(self, overlay: Overlay, node: str, kind: str) -> dict:
@@ -245,3 +246,17 @@ def _union(field_sets) -> frozenset | None:
             return None
         result |= fields
     return result
+
+
+class _Secrets(dict):
+    """A node's secrets as templates see them: one not set is an error that says how to
+    set it (not jinja's "'dict object' has no attribute")."""
+
+    def __init__(self, node: str, values: dict):
+        super().__init__(values)
+        self.node = node
+
+    def __missing__(self, key):
+        return StrictUndefined(hint=f"secret {key} of node {self.node} is not set: "
+                               f"`provisiond secret set node {self.node} {key} --file FILE` "
+                               "(or set it on a profile)")

@@ -179,3 +179,11 @@ def test_cpus_come_from_reported_facts_when_the_record_has_none(cluster, config,
     lines = conf_lines(config)
     assert "NodeName=n5 NodeAddr=10.0.0.15 CPUs=32" in lines
     assert "NodeName=n[1-2] NodeAddr=10.0.0.11,10.0.0.12 CPUs=4 RealMemory=7800" in lines
+
+
+def test_a_slurm_node_without_a_munge_key_fails_saying_how_to_set_it(cluster, config):
+    assert cluster("slurm", "config").code == 0
+    result = cluster("overlay", "build", "n1")
+    assert result.code != 0 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "secret munge.key of node n1 is not set" in result.err, result.err
+    assert "provisiond secret set node n1 munge.key" in result.err, result.err
