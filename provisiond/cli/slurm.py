@@ -39,7 +39,8 @@ slurm.suspend_program are set, the programs slurm.conf names: <state>/slurm/resu
 <state>/slurm/suspend, which run `slurm resume|suspend` on this state dir with the
 hostlist Slurm passes as their only argument.
 
-resume and suspend run as SlurmUser, which must be able to read the state dir and secrets.
+resume and suspend run as SlurmUser, which must be able to read the state dir and secrets
+and write its records (credentials, jobs, audit, events).
 Every node named is tried; each outcome is one log line. resume sets a node whose BMC
 failed DOWN in Slurm with the reason (slurm.scontrol); suspend is a `power off` job. Exit status: 0 when every node
 was done, {NotFound.exit_code} when a name is no node (the known ones were still done), else \
