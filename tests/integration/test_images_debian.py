@@ -74,6 +74,10 @@ def test_debian12_rebuild_reuses_layers_and_compute_shares_them(debian):
     top = listing(config, compute["layers"][4])
     assert "usr/bin/ansible-pull" in top and "usr/bin/git" in top and "usr/sbin/chronyd" in top
     assert not [p for p in top if p.startswith("var/lib/apt/lists/")]
+    slurm = listing(config, compute["layers"][5])
+    assert "usr/sbin/slurmd" in slurm and "usr/sbin/munged" in slurm
+    assert not [layer for layer in compute["layers"]  # layers are public: no node's key
+                if "etc/munge/munge.key" in listing(config, layer)]
 
 
 def test_two_debian12_builds_give_identical_digests(debian, tmp_path):
