@@ -21,6 +21,7 @@ import logging.handlers
 import os
 import sys
 
+from provisiond import jobs
 from provisiond.audit import cli_actor
 from provisiond.cli.context import printable
 from provisiond.cli.power import node_results
@@ -30,6 +31,7 @@ from provisiond.inventory.ranges import fold
 from provisiond.power import operations
 from provisiond.power.report import exit_code
 from provisiond.slurm import conf, power
+from provisiond.states import JobKind, PowerAction
 
 SYSLOG_SOCKET = "/dev/log"
 LOGGER = "provisiond.slurm"
@@ -101,8 +103,12 @@ def resume_handler(args, ctx) -> int:
 
 def suspend_handler(args, ctx) -> int:
     def suspend(config, nodes, timeout):
-        job = power.suspend(config, nodes, timeout, cli_actor())
-        return node_results(job) if job else []
+        """A `power off` job, as `provisiond power off` runs: audited, claims, events."""
+        if not nodes:
+            return []
+        job = jobs.run_here(config, JobKind.POWER, [fold(list(nodes))],
+                            {"action": PowerAction.OFF.value, "timeout": timeout}, cli_actor())
+        return node_results(job)
 
     return _run(args, ctx, suspend)
 

@@ -8,8 +8,8 @@ reprovision`: only the new boot's agent can report (and fetch the runtime overla
 A node its BMC did not boot is set DOWN with the reason (`scontrol update`), at once:
 slurmctld would otherwise hold its jobs for ResumeTimeout before it gave up on the node.
 Suspend is a hard power off: nodes are stateless, there is nothing to save. It runs as a
-`power off` job (provisiond.jobs.run_here), as `provisiond power off` does: audited, with
-`job.*` events, and refused (Conflict) while a node is busy in another job (a reprovision).
+`power off` job (provisiond.cli.slurm: jobs.run_here), as `provisiond power off` does:
+audited, with `job.*` events, refused (Conflict) while a node is busy in another job.
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ from __future__ import annotations
 import subprocess
 from collections import defaultdict
 
-from provisiond import jobs
 from provisiond.config import CONTROL_RE, Config
 from provisiond.inventory.merge import Node
+from provisiond.inventory.ranges import fold
 from provisiond.power import operations
 from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult
-from provisiond.inventory.ranges import fold
-from provisiond.jobs.model import Job
-from provisiond.states import BootDevice, JobKind, PowerAction, PowerState
+from provisiond.states import BootDevice, PowerAction, PowerState
 from provisiond.trust import revoke
 
 
@@ -33,15 +31,6 @@ def resume(config: Config, nodes: dict[str, Node],
            timeout: float | None = None) -> list[NodeResult]:
     revoke(config, list(nodes))
     return operations.run_nodes(config, nodes, pxe_boot(config), timeout)
-
-
-def suspend(config: Config, nodes: dict[str, Node], timeout: float | None,
-            actor: str) -> Job | None:
-    """The ended `power off` job of `nodes` (None when there is none)."""
-    if not nodes:
-        return None
-    return jobs.run_here(config, JobKind.POWER, [fold(list(nodes))],
-                         {"action": PowerAction.OFF.value, "timeout": timeout}, actor)
 
 
 def pxe_boot(config: Config) -> operations.Operation:
