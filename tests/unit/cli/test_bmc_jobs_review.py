@@ -32,9 +32,12 @@ def test_a_scattered_range_longer_than_a_job_target_powers_every_node_it_names(c
 
 def _start_power_on(state_dir, pattern: str) -> subprocess.Popen:
     provisiond = os.path.join(os.path.dirname(sys.executable), "provisiond")
+    # SIGINT as a terminal's shell leaves it: a CI started in the background ignores it, the
+    # child inherits that, and Python then makes no KeyboardInterrupt of a Ctrl-C
     return subprocess.Popen([provisiond, "--state-dir", str(state_dir), "power", "on", pattern,
                              "--timeout", "300"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _running_job(config, process) -> None:
