@@ -93,6 +93,18 @@ class Layout:
         return self.root / CONFIG_NAME
 
     @property
+    @entry("store.key", "0600: the key secret values are sealed with in etcd, never stored "
+           "there (provisiond.state.crypt, provisiond.state.open)")
+    def store_key(self):
+        return self.root / "store.key"
+
+    @property
+    @entry(".store/", "the files store's revisions: `changes.jsonl`, `meta/<key>.rev`, "
+           "`locks/N` (provisiond.state.files; git-ignored)")
+    def files_store(self):
+        return self.root / ".store"
+
+    @property
     @entry("inventory.yaml", "nodes and profiles (provisiond.inventory.store); `schema: 1` "
            "on top; lock inventory.lock")
     def inventory(self):

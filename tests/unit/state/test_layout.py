@@ -92,7 +92,8 @@ NOT_MOVED = {"provisiond/auth.py", "provisiond/audit.py", "provisiond/events.py"
              "provisiond/status.py", "provisiond/inventory/store.py",
              "provisiond/inventory/secrets.py", "provisiond/trust/tokens.py",
              "provisiond/trust/credentials.py", "provisiond/boot/table.py",
-             "provisiond/images/squash.py", "provisiond/cli/init.py"}
+             "provisiond/images/squash.py", "provisiond/cli/init.py",
+             "provisiond/state/open.py"}
 PATH_BUILDING = re.compile(r"state_dir\)?\s*/|state_dir\}/|\.(inventory_path|secrets_path|"
                            r"blob_dir|images_dir|status_dir|trust_dir)\b")
 
