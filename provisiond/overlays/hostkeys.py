@@ -20,6 +20,8 @@ from pathlib import Path
 from provisiond.atomic import fsync_dir, locked, write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
+from provisiond.state.layout import Layout
+from provisiond.state.local import Stamp, file_stamp
 
 KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 """Every type a node may have, in the order they are offered."""
@@ -27,7 +29,7 @@ RSA_BITS = 3072  # ssh-keygen's default
 
 
 def host_key_dir(config: Config, node: str) -> Path:
-    return config.state_dir / "secrets" / "ssh-host-keys" / node
+    return Layout.of(config).host_keys(node)
 
 
 def _key_names(key_type: str) -> tuple[str, str]:
@@ -40,17 +42,13 @@ def wanted_types(config: Config) -> tuple[str, ...]:
     return tuple(dict.fromkeys(config.build.ssh_host_key_types))
 
 
-def host_key_signature(config: Config, node: str) -> tuple | None:
+def host_key_signature(layout: Layout, node: str) -> Stamp | None:
     """What identifies the node's key files, or None when it has none yet: their
-    directory's inode and mtime, which change whenever a key file is made, renamed in or
-    deleted (every write here is a rename). One stat, so a build of 10,000 nodes can tell
+    directory's stamp (its mtime changes whenever a key file is made, renamed in or
+    deleted: every write here is a rename). One stat, so a build of 10,000 nodes can tell
     whether keys changed without reading them (listing and stat-ing each file cost ~0.3 s);
     a key file edited in place is not seen: replace it by renaming a new file over it."""
-    try:
-        st = os.stat(f"{config.state_dir}/secrets/ssh-host-keys/{node}")
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns
+    return file_stamp(layout.host_keys(node))
 
 
 def _stat(path: Path) -> bool:
@@ -88,7 +86,8 @@ def _make_missing_keys(config: Config, node: str, durable: bool) -> None:
     _make_private_parent(folder.parent)
     if not folder.exists() and _make_key_dir(folder, node, config, durable):
         return
-    with locked(folder / ".lock"):  # another builder may be making the same node's keys
+    # another builder may be making the same node's keys
+    with locked(Layout.of(config).host_keys_lock(node)):
         for key_type in wanted_types(config):
             if not _has_key(folder, key_type):
                 for name, data in _new_key(node, key_type):  # private first
@@ -188,7 +187,7 @@ def rotate_host_keys(config: Config, node: str) -> None:
         make_host_keys(config, node)
         return
     try:
-        with locked(folder / ".lock"):
+        with locked(Layout.of(config).host_keys_lock(node)):
             for key_type in KEY_TYPES:
                 if key_type in wanted_types(config) or _has_key(folder, key_type):
                     for name, data in _new_key(node, key_type):  # private first
@@ -206,6 +205,5 @@ def sync_new_keys() -> None:
 def forget_host_keys(config: Config, node: str) -> None:
     """Delete a node's keys (a new set is made on its next runtime build), and the lock
     file that earlier builds kept beside its key directory."""
-    folder = host_key_dir(config, node)
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder.parent / f".{node}.lock").unlink(missing_ok=True)
+    shutil.rmtree(host_key_dir(config, node), ignore_errors=True)
+    Layout.of(config).host_keys_old_lock(node).unlink(missing_ok=True)
