@@ -5,7 +5,6 @@ Manifests are cached until their file changes; overlays are built on demand when
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections import OrderedDict
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, InvalidInput, NodeNotFound, NotFound
-from provisiond.images import load_manifest
+from provisiond.images.manifests import manifest_entry, parse_manifest
 from provisiond.overlays.build import build_node, output_path
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
@@ -57,13 +56,14 @@ class LruCache:
 
 
 class ManifestCache:
-    """Image manifests by name, re-read only when manifest.json changes; a name is stat'ed
-    at most once per `interval` seconds (no syscall on most requests)."""
+    """Image manifests by name, parsed again only when the stored manifest's revision
+    changes (a build here or on another server); a name is read from the store at most
+    once per `interval` seconds."""
 
     def __init__(self, config: Config, interval: float = 1.0, size: int = 256):
         self.config = config
         self.interval = interval
-        self._cache = LruCache(size)  # name -> (stat stamp, manifest, checked at)
+        self._cache = LruCache(size)  # name -> (revision, manifest, checked at)
 
     def get(self, name: str) -> dict:
         now = time.monotonic()
@@ -73,16 +73,14 @@ class ManifestCache:
         return self._load(name, cached, now)
 
     def _load(self, name: str, cached: tuple | None, now: float) -> dict:
-        path = self.config.images_dir / name / "manifest.json"
         try:
-            st = os.stat(path)
-            stamp = (st.st_mtime_ns, st.st_ino, st.st_size)  # a rename within a tick: new inode
-        except (FileNotFoundError, NotADirectoryError):
+            entry = manifest_entry(self.config, name)
+        except ImageNotFound:
             self._cache.pop(name)
-            raise ImageNotFound(f"no image named {name!r} has been built") from None
-        manifest = cached[1] if cached and cached[0] == stamp else load_manifest(self.config,
-                                                                                 name)
-        self._cache.put(name, (stamp, manifest, now))
+            raise
+        same = cached and cached[0] == entry.revision
+        manifest = cached[1] if same else parse_manifest(entry)
+        self._cache.put(name, (entry.revision, manifest, now))
         return manifest
 
 

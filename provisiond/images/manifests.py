@@ -1,5 +1,10 @@
 """Image manifests (`images/<name>/manifest.json`): read, list, write, delete, and the
-garbage collection of blobs that no manifest references."""
+garbage collection of blobs that no manifest references.
+
+Manifests are documents on the store (provisiond.state): with the files store the file it
+always was, with etcd one key every server reads. A build publishes its image by putting
+the manifest; a server that lacks the blobs it names fetches them from a peer when a node
+asks (provisiond.boot.peers)."""
 
 from __future__ import annotations
 
@@ -8,15 +13,18 @@ import re
 import shutil
 from pathlib import Path
 
-from provisiond.atomic import locked, write_atomic
+from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound
 from provisiond.images.blobs import blob_path
 from provisiond.images.layers import layer_dir
 from provisiond.images.recipe import check_image_name
 from provisiond.images.squash import mounted_digests
+from provisiond.state import open as opening
+from provisiond.state.store import Entry
 
 MANIFEST = "manifest.json"
+PREFIX = "images/"
 
 
 # What image names were before they became DNS labels (debian_12): a build under such a
@@ -31,13 +39,18 @@ def check_name(name: str) -> str:
 def _built_name(config: Config, name: str) -> str:
     """`name` if it is an image name or names an existing build under the older rule."""
     if (isinstance(name, str) and OLD_NAME_RE.fullmatch(name)
-            and (config.images_dir / name / MANIFEST).is_file()):
+            and opening.open_store(config).get(_key(name)) is not None):
         return name
     return check_name(name)
 
 
-def manifest_path(config: Config, name: str) -> Path:
-    return config.images_dir / _built_name(config, name) / MANIFEST
+def _key(name: str) -> str:
+    return f"{PREFIX}{name}/{MANIFEST}"
+
+
+def manifest_key(config: Config, name: str) -> str:
+    """The store key of the image's manifest (a checked name)."""
+    return _key(_built_name(config, name))
 
 
 def lock_path(config: Config, name: str) -> Path:
@@ -50,38 +63,59 @@ def gc_lock(config: Config) -> Path:
     return config.images_dir / ".locks" / "gc.lock"
 
 
+def manifest_entry(config: Config, name: str) -> Entry:
+    """The stored manifest of `name` with its revision (caches compare revisions); raises
+    ImageNotFound."""
+    entry = opening.open_store(config).get(manifest_key(config, name))
+    if entry is None:
+        raise ImageNotFound(f"no image named {name!r} has been built")
+    return entry
+
+
 def load_manifest(config: Config, name: str) -> dict:
     """The manifest of the current build of `name`; raises ImageNotFound."""
-    path = manifest_path(config, name)
+    return parse_manifest(manifest_entry(config, name))
+
+
+def parse_manifest(entry: Entry) -> dict:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ImageNotFound(f"no image named {name!r} has been built") from None
+        return json.loads(entry.value)
+    except ValueError:
+        raise ImageNotFound(f"{entry.key}: not a manifest (damaged); build the image "
+                            "again") from None
+
+
+def image_exists(config: Config, name: str) -> bool:
+    return opening.open_store(config).get(manifest_key(config, name)) is not None
 
 
 def save_manifest(config: Config, manifest: dict) -> None:
-    path = manifest_path(config, manifest["name"])
-    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+    """Publish a build: every server sharing the store sees it."""
+    data = (json.dumps(manifest, indent=2) + "\n").encode()
+    opening.open_store(config).put(manifest_key(config, manifest["name"]), data)
 
 
 def list_images(config: Config) -> list[dict]:
     """Every built image's manifest, sorted by name."""
-    if not config.images_dir.is_dir():
-        return []
     found = []
-    for path in sorted(config.images_dir.glob(f"*/{MANIFEST}")):
+    for entry in opening.open_store(config).list(PREFIX):
+        name, _, rest = entry.key[len(PREFIX):].partition("/")
+        if rest != MANIFEST:
+            continue
         try:
-            found.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a manifest being replaced or damaged: not listed
+            found.append(parse_manifest(entry))
+        except ImageNotFound:
+            continue  # a damaged manifest: not listed
     return found
 
 
 def delete_image(config: Config, name: str) -> None:
-    """Remove an image's manifest (its blobs go at the next gc)."""
+    """Remove an image's manifest (its blobs go at the next gc) and what the builder kept
+    beside it (`image shell` layers)."""
     with locked(lock_path(config, name)):
-        load_manifest(config, name)
-        shutil.rmtree(config.images_dir / name)
+        key = manifest_entry(config, name).key
+        opening.open_store(config).delete(key)
+        shutil.rmtree(config.images_dir / key.split("/")[1], ignore_errors=True)
 
 
 def referenced_digests(config: Config) -> set[str]:
@@ -122,4 +156,4 @@ def _collect_trees(config: Config, keep: set[str]) -> int:
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
-           "collect_garbage"]
+           "collect_garbage", "image_exists", "manifest_entry"]
