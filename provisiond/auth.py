@@ -1,9 +1,10 @@
 """API tokens and roles: who a request is, and what it may do.
 
 A token is a random string shown once when made; `tokens.json` on the store (a 0600 file with
-the files store) keeps only its sha256, its name, its role and when it expires. It is not a
-secret key of the store (not encrypted in etcd): a sha256 of 256 random bits gives no token
-back, and the names and roles are what `token list` shows any admin. Roles grow: a reader reads, an operator
+the files store, encrypted in etcd) keeps only its sha256, its name, its role and when it
+expires. A sha256 of 256 random bits gives no token back, but the document is kept as a
+secret all the same: it tells who may do what and until when, and a reader of the store need
+not know that. Roles grow: a reader reads, an operator
 also powers, builds and reprovisions, an admin also changes the inventory, secrets and
 tokens (DESIGN.md section 6). Every write is a compare-and-swap of the whole document.
 """
