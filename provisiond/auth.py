@@ -1,29 +1,30 @@
 """API tokens and roles: who a request is, and what it may do.
 
-A token is a random string shown once when made; `<state>/tokens.json` (0600) keeps only its
-sha256, its name, its role and when it expires. Roles grow: a reader reads, an operator
+A token is a random string shown once when made; `tokens.json` on the store (a 0600 file with
+the files store, encrypted in etcd) keeps only its sha256, its name, its role and when it
+expires. A sha256 of 256 random bits gives no token back, but the document is kept as a
+secret all the same: it tells who may do what and until when, and a reader of the store need
+not know that. Roles grow: a reader reads, an operator
 also powers, builds and reprovisions, an admin also changes the inventory, secrets and
-tokens (DESIGN.md section 6). Every write is atomic and made under a lock.
+tokens (DESIGN.md section 6). Every write is a compare-and-swap of the whole document.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from provisiond.atomic import locked, write_atomic
 from provisiond.config import LABEL_RE, Config
 from provisiond.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
+from provisiond.state import open as opening
 
 TOKEN_BYTES = 32  # 256 bits from secrets.token_urlsafe: 43 characters
 MAX_TOKEN_LENGTH = 200  # what a header may hold before it is taken for a token at all
@@ -90,24 +91,25 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+KEY = "tokens.json"
+
+
 class TokenStore:
-    """`<state>/tokens.json`: read at most once per change of the file (a stat per
-    request), written atomically under `<state>/tokens.lock`."""
+    """`tokens.json` on the store: parsed at most once per revision of it (a get per
+    request), written by compare-and-swap."""
 
     def __init__(self, config: Config):
-        self.path = config.state_dir / "tokens.json"
-        self.lock_path = config.state_dir / "tokens.lock"
-        self._stamp: tuple | None = None
+        self.store = opening.open_store(config)
+        self.path = config.state_dir / KEY  # what messages name
+        self._revision: int | None = None
         self._data = TokenFile()
 
     def read(self) -> TokenFile:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
+        entry = self.store.get(KEY)
+        if entry is None:
             return TokenFile()
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp != self._stamp:
-            self._data, self._stamp = _load(self.path), stamp
+        if entry.revision != self._revision:
+            self._data, self._revision = _load(self.path, entry.value), entry.revision
         return self._data
 
     def create(self, name: str, role: Role, expires_in: float | None = None
@@ -121,22 +123,29 @@ class TokenStore:
         now = time.time()
         record = TokenRecord(name=name, role=role.label, sha256=token_hash(token), created=now,
                              expires=None if expires_in is None else now + expires_in)
-        with self._editing() as data:
+        def add(data: TokenFile) -> None:
             if name in data.tokens:
                 raise AlreadyExists(f"a token named {name!r} exists (revoke it first)",
                                     field="name")
             data.tokens[name] = record
+
+        self._edit(add)
         return token, record
 
     def revoke(self, name: str) -> TokenRecord:
-        with self._editing() as data:
+        revoked: list[TokenRecord] = []
+
+        def remove(data: TokenFile) -> None:
             record = data.tokens.pop(name, None)
             if record is None:
                 raise NotFound(f"no token named {name!r}")
             data.revoked[record.sha256] = name
             while len(data.revoked) > REVOKED_KEPT:
                 data.revoked.pop(next(iter(data.revoked)))
-        return record
+            revoked[:] = [record]
+
+        self._edit(remove)
+        return revoked[0]
 
     def list(self) -> list[TokenRecord]:
         return sorted(self.read().tokens.values(), key=lambda r: r.name)
@@ -157,14 +166,15 @@ class TokenStore:
             raise TokenRefused("expired", record.name)
         return Principal(record.name, Role.parse(record.role))
 
-    @contextlib.contextmanager
-    def _editing(self) -> Iterator[TokenFile]:
-        """Lock, read, yield the data to change; on a clean exit write it (0600, atomic)."""
-        with locked(self.lock_path):
-            data = _load(self.path) if self.path.exists() else TokenFile()
-            yield data
-            text = json.dumps(data.model_dump(mode="json"), indent=1, sort_keys=True)
-            write_atomic(self.path, text, mode=0o600)
+    def _edit(self, change: Callable[[TokenFile], None]) -> None:
+        """Apply `change` to the stored tokens (again if another wrote meanwhile); an error
+        from it writes nothing."""
+        def apply(raw: bytes | None) -> bytes:
+            data = _load(self.path, raw) if raw is not None else TokenFile()
+            change(data)
+            return json.dumps(data.model_dump(mode="json"), indent=1, sort_keys=True).encode()
+
+        self.store.update(KEY, apply)
 
 
 class TokenRefused(Unauthenticated):
@@ -183,10 +193,8 @@ def check_token_name(name: str) -> str:
     return name
 
 
-def _load(path: Path) -> TokenFile:
+def _load(path: Path, raw: bytes) -> TokenFile:
     try:
-        return TokenFile.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
+        return TokenFile.model_validate_json(raw)
     except ValidationError:
         raise InvalidInput(f"{path}: not a token file") from None

@@ -1,7 +1,8 @@
 """Node boot phases as reported by the servers and the node agent.
 
-One small JSON file per node under `<state>/status/`, replaced atomically under a lock, so
-DHCP, every HTTP worker and the CLI can share it without a database. A `dhcp` phase starts a
+One small JSON document per node, `status/<node>.json` on the store (provisiond.state: a file
+under `<state>/status/` with the files store), changed by the store's compare-and-swap update,
+so DHCP, every HTTP worker, the CLI and every boot server share it. A `dhcp` phase starts a
 new boot and clears the previous boot's timestamps; the last refused provisioning token
 (`token_refused`: time, reason, address) stays until a later one replaces it. Each phase
 recorded is counted, and timed from its boot's dhcp phase (provisiond.metrics).
@@ -11,25 +12,24 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
-from provisiond.atomic import locked, read_json, write_atomic
 from provisiond.config import Config
 from provisiond.events import emit
 from provisiond.metrics import observe_phase
+from provisiond.state import open as opening
 from provisiond.states import NodePhase
 
 REFUSAL = "token_refused"
+PREFIX = "status/"
 
 
 def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
                  memory: dict[str, int] | None = None) -> dict:
     """Note that `node` reached `phase` now (with the memory the agent reported, if any);
-    returns the node's new status."""
-    path = _status_path(config, node)
-    now = time.time()
-    with locked(path.with_suffix(".lock")):
-        status = read_json(path)
+    returns the node's new status. The time is taken inside the update, so of two servers'
+    phases for a node the one stored later also carries the later time."""
+    def change(status: dict) -> dict:
+        now = time.time()
         if phase is NodePhase.DHCP or "phases" not in status:
             kept = {k: status[k] for k in (REFUSAL,) if k in status}
             status = {"node": node, "boot_started": now, "phases": {}, **kept}
@@ -39,39 +39,65 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
         status["detail"] = detail[:500]
         if memory:
             status["memory"] = memory
-        write_atomic(path, json.dumps(status, sort_keys=True))
+        return status
+
+    status = _update(config, node, change)
     emit(config, "node.phase", node, {"phase": phase.value, "detail": status["detail"]})
     dhcp = status["phases"].get(NodePhase.DHCP.value)
-    observe_phase(phase.value, dhcp if isinstance(dhcp, (int, float)) else None, now)
+    observe_phase(phase.value, dhcp if isinstance(dhcp, (int, float)) else None,
+                  status["updated"])
     return status
 
 
 def record_refusal(config: Config, node: str, data: dict) -> None:
     """Keep `data` (reason, address) as the node's last refused provisioning token."""
-    path = _status_path(config, node)
-    with locked(path.with_suffix(".lock")):
-        status = read_json(path) or {"node": node}
-        status[REFUSAL] = {"time": time.time(), **data}
-        write_atomic(path, json.dumps(status, sort_keys=True))
+    def change(status: dict) -> dict:
+        return {**(status or {"node": node}), REFUSAL: {"time": time.time(), **data}}
+
+    _update(config, node, change)
 
 
 def read_status(config: Config, node: str) -> dict | None:
-    return read_json(_status_path(config, node)) or None
+    entry = opening.open_store(config).get(status_key(node))
+    return (_parse(entry.value) if entry else None) or None
 
 
 def read_all_status(config: Config) -> dict[str, dict]:
     result = {}
-    if config.status_dir.is_dir():
-        for path in config.status_dir.glob("*.json"):
-            status = read_json(path)
-            if status:
-                result[path.stem] = status
+    for entry in opening.open_store(config).list(PREFIX):
+        name = entry.key[len(PREFIX):]
+        status = _parse(entry.value)
+        if status and name.endswith(".json") and "/" not in name:
+            result[name[:-len(".json")]] = status
     return result
 
 
 def clear_status(config: Config, node: str) -> None:
-    _status_path(config, node).unlink(missing_ok=True)
+    opening.open_store(config).delete(status_key(node))
 
 
-def _status_path(config: Config, node: str) -> Path:
-    return config.status_dir / f"{node}.json"
+def status_key(node: str) -> str:
+    return f"{PREFIX}{node}.json"
+
+
+def _update(config: Config, node: str, change) -> dict:
+    """Apply `change` (the stored status, {} if none or unreadable -> the new one) with the
+    store's compare-and-swap loop; the status written."""
+    written: dict = {}
+
+    def apply(raw: bytes | None) -> bytes:
+        written.clear()
+        written.update(change(_parse(raw) if raw else {}))
+        return json.dumps(written, sort_keys=True).encode()
+
+    opening.open_store(config).update(status_key(node), apply)
+    return written
+
+
+def _parse(raw: bytes) -> dict:
+    """The status document; {} for one that is damaged (read_json's rule)."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,8 +1,8 @@
 """`provisiond serve`: the enabled boot servers in one process, gunicorn as a child (two
 with the API on a listener of its own: the boot network's and the API's).
 
-DHCP, DNS and TFTP each run one loop in their own thread; the main thread stats the
-inventory once a second and swaps rebuilt tables in. SIGTERM stops everything cleanly.
+DHCP, DNS and TFTP each run one loop in their own thread; the main thread follows the
+inventory on the store (its watch) and swaps rebuilt tables in. SIGTERM stops everything cleanly.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ log = logging.getLogger("provisiond.boot")
 T = TypeVar("T")
 _HTTP_NAMES = {"all": "http", "boot": "http", "api": "api"}  # as logs and errors name them
 SERVICES = ("http", "dhcp", "tftp", "dns")
+WATCH_SECONDS = 1.0  # the longest a watch of the inventory waits: then gunicorn is looked at
 LISTENER_ENV = "PROVISIOND_LISTENER"  # which routes a gunicorn answers (api/listeners.py)
 
 
@@ -167,15 +168,15 @@ class Supervisor:
         return entry.node if entry else None
 
     def run(self) -> int:
-        """Reload tables when the inventory changes until stopped; the exit code (the caller
-        stops the services)."""
-        while not self.stopping.wait(1.0):
+        """Reload tables when the inventory changes (the store's watch) until stopped; the
+        exit code (the caller stops the services). Gunicorn is looked at between watches."""
+        while not self.stopping.is_set():
             for listener, gunicorn in self.gunicorns.items():
                 if gunicorn.poll() is not None:
                     log.error("%s: gunicorn exited with %s; stopping", _HTTP_NAMES[listener],
                               gunicorn.returncode)
                     return 1
-            if self.watcher.changed():
+            if self.watcher.wait_changed(timeout=WATCH_SECONDS) and not self.stopping.is_set():
                 self._update_tables()
         return 0
 

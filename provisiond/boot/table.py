@@ -1,7 +1,9 @@
 """The boot table: what the boot servers need from the inventory, keyed for fast lookups.
 
-Built once from the merged, validated inventory and rebuilt when inventory.yaml changes (a
-stat at most once a second), so DHCP, DNS and every HTTP worker answer from plain dicts.
+Built once from the merged, validated inventory and rebuilt when `inventory.yaml` changes on
+the store (serve follows the store's watch; an HTTP worker compares the key's revision at most
+once a second), so DHCP, DNS and every HTTP worker answer from plain dicts, and a change made
+through any server or the CLI reaches each within a second.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,10 @@ from typing import TypeVar
 
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
+from provisiond.state import open as opening
+from provisiond.state.store import ABSENT, Compacted
+
+INVENTORY_KEY = "inventory.yaml"
 
 log = logging.getLogger("provisiond.boot")
 T = TypeVar("T")
@@ -137,7 +142,7 @@ def reverse_name(address: str) -> str:
 
 
 class TableWatcher:
-    """Holds the current table and rebuilds it when inventory.yaml's stat changes.
+    """Holds the current table and rebuilds it when inventory.yaml's revision changes.
 
     An inventory that does not load or validate is logged as one line and the last good
     table kept; at start there is none, so no node is served until the file is fixed (the
@@ -147,30 +152,54 @@ class TableWatcher:
     def __init__(self, config: Config, interval: float = 1.0):
         self.config = config
         self.interval = interval
+        self.store = opening.open_store(config)
         self._checked = 0.0
-        self._stamp = self._stat()
+        self._seen = ABSENT
+        self._seen = self._revision()  # taken before the load: a later change reloads
         self.table = BootTable.empty()
         self.valid = False
         self._load(keeping="serving no nodes until it is fixed")
 
     def current(self) -> BootTable:
-        """The table, reloaded first if the inventory changed (stat at most per interval)."""
+        """The table, reloaded first if the inventory changed (looked at once per interval)."""
         self.changed()
         return self.table
 
     def changed(self) -> bool:
-        """Rebuild if the inventory file changed since the last look; True if it did."""
+        """Rebuild if the inventory's revision changed since the last look (at most once per
+        interval); True if the table was rebuilt."""
         now = time.monotonic()
         if now - self._checked < self.interval:
             return False
         self._checked = now
-        stamp = self._stat()
-        if stamp == self._stamp:
+        return self._compare()
+
+    def wait_changed(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the inventory to change on the store (its watch:
+        no polling of ours) and rebuild; True if the table was rebuilt."""
+        try:
+            changes = self.store.watch(INVENTORY_KEY, self._seen, timeout)
+        except Compacted:  # changes missed: compare with what is there now
+            return self._compare()
+        except (ProvisiondError, OSError) as exc:  # the store is away: keep the table
+            log.error("inventory: cannot watch %s: %s; keeping the table", self.store.url, exc)
+            time.sleep(timeout)
             return False
-        self._stamp = stamp
+        ours = [change for change in changes if change.key == INVENTORY_KEY]
+        if changes and not ours:  # only keys that share its start (a schema backup)
+            self._seen = max(self._seen, changes[-1].revision)
+        return bool(ours) and self._reload(ours[-1].revision)
+
+    def _compare(self) -> bool:
+        revision = self._revision()
+        return revision != self._seen and self._reload(revision)
+
+    def _reload(self, revision: int) -> bool:
+        self._seen = revision
         keeping = (f"keeping the last good table ({len(self.table.nodes)} nodes)"
                    if self.valid else "still serving no nodes")
-        if not stamp or not stamp[1]:  # the CLI never leaves it missing or empty
+        entry = self.store.get(INVENTORY_KEY)
+        if entry is None or not entry.value:  # the CLI never leaves it missing or empty
             log.error("inventory %s is missing or empty, %s", self.config.inventory_path,
                       keeping)
             return False
@@ -190,9 +219,11 @@ class TableWatcher:
         self.table, self.valid = table, True
         return True
 
-    def _stat(self) -> tuple:
+    def _revision(self) -> int:
+        """The inventory's revision on the store (ABSENT: there is none)."""
         try:
-            st = os.stat(self.config.inventory_path)
-        except OSError:  # missing: no nodes; unreadable: the load says why
-            return ()
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+            entry = self.store.get(INVENTORY_KEY)
+        except (ProvisiondError, OSError) as exc:  # unreadable: the load says why
+            log.debug("inventory: %s", exc)
+            return self._seen
+        return entry.revision if entry else ABSENT

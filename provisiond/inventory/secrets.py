@@ -1,4 +1,5 @@
-"""Secrets (BMC passwords, tokens, keys) apart from the inventory: a 0600 YAML file.
+"""Secrets (BMC passwords, tokens, keys) apart from the inventory: `secrets.yaml` on the store
+(a 0600 YAML file with the files store, encrypted in etcd).
 
 Values are never printed, returned by the API, logged or put in an argv. A node's runtime
 templates see its profiles' secrets and its own (`secrets["munge.key"]`; the node's own
@@ -12,12 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.documents import DuplicateKey, YamlLoader
 from provisiond.errors import InvalidInput
 from provisiond.inventory.merge import Node
 from provisiond.inventory.store import dump_yaml
+from provisiond.state import open as opening
+
+KEY = "secrets.yaml"
 
 BMC_PASSWORD = "bmc_password"
 SERVER_ONLY = frozenset({BMC_PASSWORD})
@@ -27,22 +30,23 @@ GENERATED = frozenset({"ssh_host_keys"})
 
 
 class SecretStore:
-    """`<state>/secrets.yaml`: {nodes: {NAME: {KEY: VALUE}}, profiles: {...}}."""
+    """`secrets.yaml`: {nodes: {NAME: {KEY: VALUE}}, profiles: {...}}."""
 
     def __init__(self, config: Config):
-        self.path = config.secrets_path
-        self.lock_path = config.state_dir / "secrets.lock"
+        self.store = opening.open_store(config)
+        self.path = config.secrets_path  # what messages name
 
     def read(self) -> dict:
         """The secrets; an unreadable, invalid or non-mapping file is an error (never taken
         for an empty one, which the next write would make true), shown without its text."""
+        entry = self.store.get(KEY)
+        return self._parse(entry.value) if entry else {}
+
+    def _parse(self, raw: bytes) -> dict:
         try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return {}
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"{self.path}: cannot read: "
-                               f"{getattr(exc, 'strerror', None) or 'not UTF-8'}") from None
+            text = raw.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{self.path}: cannot read: not UTF-8") from None
         try:
             data = yaml.load(text, Loader=YamlLoader) or {}
         except DuplicateKey as exc:  # names a key and lines, never a value
@@ -58,8 +62,7 @@ class SecretStore:
 
     def set(self, kind: str, names: list[str], key: str, value: str | None) -> None:
         """Set (or with None, remove) `key` for each name of `kind` (nodes or profiles)."""
-        with locked(self.lock_path):
-            data = self.read()
+        def change(data: dict) -> dict:
             group = data.setdefault(kind, {})
             for name in names:
                 entry = group.setdefault(name, {})
@@ -69,16 +72,23 @@ class SecretStore:
                     entry[key] = value
                 if not entry:
                     group.pop(name)
-            write_atomic(self.path, dump_yaml(data), mode=0o600)
+            return data
+
+        self._update(change)
 
     def forget(self, kind: str, names: list[str]) -> None:
-        with locked(self.lock_path):
-            data = self.read()
-            group = data.get(kind) or {}
-            if any(name in group for name in names):
-                for name in names:
-                    group.pop(name, None)
-                write_atomic(self.path, dump_yaml(data), mode=0o600)
+        def change(data: dict) -> dict:
+            for name in names:
+                (data.get(kind) or {}).pop(name, None)
+            return data
+
+        if any(name in (self.read().get(kind) or {}) for name in names):
+            self._update(change)
+
+    def _update(self, change) -> None:
+        """Apply `change` (the secrets -> the new ones) by compare-and-swap."""
+        self.store.update(KEY, lambda raw: dump_yaml(
+            change(self._parse(raw) if raw is not None else {})).encode())
 
 
 def runtime_secrets(data: dict, node: Node) -> dict[str, str]:

@@ -1,35 +1,40 @@
-"""The inventory file: YAML in stable order, every write atomic, locked and revisioned."""
+"""The inventory: `inventory.yaml` on the store (provisiond.state), YAML in stable order,
+every write a compare-and-swap of the whole text, revisioned."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
-import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import ValidationError
 
-from provisiond.atomic import locked, write_atomic
+from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.documents import SCHEMA_KEY, Schema, backup_path, load_yaml_mapping
-from provisiond.errors import InvalidInventory, StaleRevision
+from provisiond.errors import AlreadyExists, InvalidInventory, NotFound, StaleRevision, Unavailable
 from provisiond.inventory.merge import Node, merge_all, merge_nodes
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.text import (CANONICAL, SECTIONS, Text, dump_yaml, read_changes,
                                        sort_key, split_pieces)
 from provisiond.inventory.values import CONTROL_RE, check_text
 from provisiond.inventory.validate import Claims, check_changes, check_inventory
+from provisiond.state import open as opening
+from provisiond.state.store import ABSENT
 
 __all__ = ["InventoryStore", "Version", "dump_yaml", "parse_inventory"]
 
+KEY = "inventory.yaml"
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
 # The file's format (`schema:`): no older one to migrate yet (Schema's migrations go here).
 INVENTORY_SCHEMA = Schema("inventory", 1)
 LOCK_WAIT = 30.0
-"""Seconds a writer waits for another's write to end (cooperatively: a gevent worker keeps
-serving meanwhile), then gives up with Unavailable."""
+"""Seconds a writer keeps applying its change again while others' writes win the
+compare-and-swap, then gives up with Unavailable."""
 VERSIONS_KEPT = 4  # inventories (state dirs) one process keeps parsed: tests make many
 
 
@@ -51,6 +56,9 @@ class Version:
     read_as: Schema = field(default_factory=lambda: INVENTORY_SCHEMA)
     previous: Version | None = None
     """the version this process held before it, whose claims can be carried over"""
+    stored: int = ABSENT
+    """the store's revision of the key when this process last read or wrote it (ABSENT:
+    no inventory)"""
 
     @property
     def revision(self) -> int:
@@ -88,10 +96,12 @@ _versions: dict[str, Version] = {}
 
 
 class InventoryStore:
-    """Reads and writes `<state>/inventory.yaml`.
+    """Reads and writes `inventory.yaml` on the store.
 
-    Readers never lock: every write replaces the file by rename, so a reader sees a whole
-    old or a whole new file. Writers serialise on `<state>/inventory.lock`.
+    Nobody locks: a reader gets a whole value, and a writer puts its text only if the
+    key's revision is still the one it read (compare-and-swap); when another writer won,
+    the writer applies its own change again to what that one wrote (`_rebase`), as a lock
+    would have had it wait and edit the newer inventory.
 
     YAML is slow to parse (1.5 s for 10,000 nodes even with libyaml), so beside it lives a
     JSON copy of the parsed data keyed by the YAML's sha256: a reader whose YAML hashes the
@@ -103,8 +113,8 @@ class InventoryStore:
 
     def __init__(self, config: Config, lock_wait: float = LOCK_WAIT):
         self.config = config
-        self.path = config.inventory_path
-        self.lock_path = config.state_dir / "inventory.lock"
+        self.store = opening.open_store(config)
+        self.path = config.inventory_path  # what messages name, and this process's cache key
         self.cache_path = config.state_dir / ".inventory.cache.json"
         self.lock_wait = lock_wait
 
@@ -120,16 +130,18 @@ class InventoryStore:
     def current(self) -> Version:
         """The file's version: the one this process last read or wrote if the file still
         holds it (same sha256), else read anew. Its inventory is shared: read it only."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        entry = self.store.get(KEY)
+        if entry is None:
             return _empty()
+        raw = entry.value
         digest = hashlib.sha256(raw).hexdigest()
         kept = _versions.get(str(self.path))
         if kept is not None and kept.digest == digest and kept.read_as == INVENTORY_SCHEMA:
+            kept.stored = entry.revision  # the same text written again
             return kept
         version = self._load(raw, digest, kept if kept and kept.read_as == INVENTORY_SCHEMA
                              else None)
+        version.stored = entry.revision
         _keep(str(self.path), version)
         return version
 
@@ -222,10 +234,11 @@ class InventoryStore:
         `check(draft, changed)` sees the ('nodes'|'profiles', name) records that changed,
         then, if anything changed and `write`, it is written with the next revision. An
         exception writes nothing; `write=False` checks exactly what a write would."""
-        with self._locked(expected_revision) as base:
-            draft = Inventory.model_validate(base.data)
-            yield draft
-            self._commit(base, draft, _changes(base, draft, draft.to_data()), check, write)
+        base = self._base(expected_revision)
+        draft = Inventory.model_validate(base.data)
+        yield draft
+        self._commit_again(base, draft, _changes(base, draft, draft.to_data()), check, write,
+                           expected_revision)
 
     @contextlib.contextmanager
     def edit_records(self, expected_revision: int | None = None, *, write: bool = True,
@@ -235,29 +248,55 @@ class InventoryStore:
         shares its records with the one read (and with this process's readers), so records
         may be added, replaced or removed, never changed in place. Only the records replaced
         are compared, checked (validate.check_changes) and dumped."""
-        with self._locked(expected_revision) as base:
-            stored = base.inventory
-            draft = Inventory.model_construct(revision=stored.revision,
-                                              profiles=dict(stored.profiles),
-                                              nodes=dict(stored.nodes))
-            yield draft
-            self._commit(base, draft, _changes(base, draft), check, write)
+        base = self._base(expected_revision)
+        stored = base.inventory
+        draft = Inventory.model_construct(revision=stored.revision,
+                                          profiles=dict(stored.profiles),
+                                          nodes=dict(stored.nodes))
+        yield draft
+        self._commit_again(base, draft, _changes(base, draft), check, write, expected_revision)
 
-    @contextlib.contextmanager
-    def _locked(self, expected_revision: int | None) -> Iterator[Version]:
-        """Hold the write lock; yield the current version, at `expected_revision` if given."""
-        with locked(self.lock_path, wait=self.lock_wait):
-            base = self.current()
-            if expected_revision is not None and expected_revision != base.revision:
-                raise StaleRevision(
-                    f"inventory revision is {base.revision}, not {expected_revision}: "
-                    "reload and retry")
-            yield base
+    def _base(self, expected_revision: int | None) -> Version:
+        """The current version, at `expected_revision` if given."""
+        base = self.current()
+        if expected_revision is not None and expected_revision != base.revision:
+            raise StaleRevision(f"inventory revision is {base.revision}, not "
+                                f"{expected_revision}: reload and retry")
+        return base
+
+    def _commit_again(self, base: Version, draft: Inventory, changes: dict[str, dict],
+                      check: Callable | None, write: bool, expected_revision: int | None
+                      ) -> None:
+        """_commit; while another writer wins the compare-and-swap, the same changes made
+        to what it wrote (`_rebase`) and committed again, for up to lock_wait seconds. With
+        an `expected_revision` the caller's view is stale then: StaleRevision. The caller's
+        `draft` ends as what was written."""
+        deadline = time.monotonic() + self.lock_wait
+        while True:
+            try:
+                self._commit(base, draft, changes, check, write)
+                return
+            except _Lost:
+                pass
+            newer = self._base(expected_revision)
+            if time.monotonic() > deadline:
+                raise Unavailable(f"{self.path}: written by others for "
+                                  f"{self.lock_wait:.0f} s; try again") from None
+            changes = _rebase(base, newer, changes)
+            rebased = _reusing(newer, {"revision": newer.revision, **{
+                s: _with(s, newer.data[s], changes[s]) for s in SECTIONS}},
+                str(self.path), changes)
+            changes = {s: {n: None if d is None else getattr(rebased, s)[n].to_data()
+                           for n, d in changes[s].items()} for s in SECTIONS}
+            for name in ("revision", *SECTIONS):
+                setattr(draft, name, getattr(rebased, name))
+            base = newer
 
     def _commit(self, base: Version, draft: Inventory, changes: dict[str, dict],
                 check: Callable | None, write: bool) -> None:
         """Validate `draft` (`changes`: section -> name -> its data, None if removed), let
-        `check` see it, then write it as the next version."""
+        `check` see it, then write it as the next version (_Lost if the store's key is no
+        longer `base`)."""
         claims = self._validate(base, draft, changes)
         if check is not None:
             check(draft, [(section, name) for section in SECTIONS
@@ -273,14 +312,18 @@ class InventoryStore:
         text = base.pieces().changed(changes)
         raw = text.yaml_text(_head(revision)).encode()
         if base.schema < INVENTORY_SCHEMA.current:  # migrated: keep the original
-            shutil.copy2(self.path, backup_path(self.path, base.schema))
-        write_atomic(self.path, raw)
+            self.store.put(str(backup_path(Path(KEY), base.schema)), base.raw)
+        try:
+            stored = self.store.put(KEY, raw, expect=base.stored)
+        except StaleRevision:
+            raise _Lost() from None
         digest = hashlib.sha256(raw).hexdigest()
         self._write_cache(digest, text.json_text(revision, digest, INVENTORY_SCHEMA.current))
         data = {"revision": revision,
                 **{s: _with(s, base.data[s], changes[s]) for s in SECTIONS}}
         _keep(str(self.path), Version(digest, raw, data, draft, INVENTORY_SCHEMA.current, True,
-                                      text, {self.config.server.address: claims}))
+                                      text, {self.config.server.address: claims},
+                                      stored=stored))
 
     def _validate(self, base: Version, draft: Inventory, changes: dict[str, dict]) -> Claims:
         """The claims of the valid `draft`: only its changed nodes checked when `base` was
@@ -289,6 +332,46 @@ class InventoryStore:
         if claims is None or changes["profiles"]:
             return check_inventory(draft, self.config)[1]
         return check_changes(draft, claims, changes["nodes"])
+
+
+class _Lost(Exception):
+    """Another writer changed the inventory after the version a commit was based on."""
+
+
+def _rebase(old: Version, new: Version, changes: dict[str, dict]) -> dict[str, dict]:
+    """`changes` (made to `old`) made to `new` instead. A record another writer left alone
+    takes ours; one both changed takes the fields we changed over theirs (ours are the
+    later write). Refused as a lock would have had it: a record we create that another
+    created meanwhile (AlreadyExists), one we change that another deleted (NotFound)."""
+    rebased: dict[str, dict] = {}
+    for section in SECTIONS:
+        rebased[section] = {}
+        for name, ours in changes[section].items():
+            before, theirs = old.data[section].get(name), new.data[section].get(name)
+            what = f"{section[:-1]} {name}"
+            if before is None and theirs is not None and ours is not None:
+                raise AlreadyExists(f"{what} was created by another writer meanwhile")
+            if before is not None and theirs is None and ours is not None:
+                raise NotFound(f"{what} was deleted by another writer meanwhile")
+            if theirs != before and ours is not None:
+                ours = _merge_fields(before, ours, theirs)
+            if ours != theirs:
+                rebased[section][name] = ours
+    return rebased
+
+
+def _merge_fields(before: dict, ours: dict, theirs: dict) -> dict:
+    """`theirs` with the fields that `ours` changed from `before` set (or removed) as ours."""
+    merged = dict(theirs)
+    for key in before.keys() | ours.keys():
+        if key not in ours:
+            merged.pop(key, None)
+        elif before.get(key, _NONE) != ours[key]:
+            merged[key] = ours[key]
+    return merged
+
+
+_NONE = object()
 
 
 def _changes(base: Version, draft: Inventory, data: dict | None = None

@@ -2,10 +2,11 @@
 and then shows (`Authorization: Bearer <credential>`) for its runtime overlay, the refreshes
 and every status report.
 
-`<state>/secrets/nodes/<node>.json` (0600, in a 0700 directory) keeps per node the sha256 of
+`secrets/nodes/<node>.json` on the store (0600 files in a 0700 directory with the files store,
+encrypted in etcd) keeps per node the sha256 of
 its one current credential (never the credential), `not_before_ms` (tokens issued earlier
 are refused: a later exchange or a revocation superseded them) and the nonces of the tokens
-already exchanged, until they expire. It is written under the node's lock, only by an
+already exchanged, until they expire. It is written by compare-and-swap, only by an
 exchange or a revocation: reading it is all a request with a credential costs.
 """
 
@@ -16,15 +17,13 @@ import hmac
 import json
 import secrets
 from collections.abc import Callable
-from contextlib import contextmanager
 from enum import Enum
-from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
 from provisiond.errors import Forbidden, Unauthenticated
+from provisiond.state import open as opening
 from provisiond.trust import tokens
 
 CREDENTIAL_BYTES = 32  # 43 characters
@@ -97,13 +96,16 @@ def exchange(config: Config, node, text: str, address: str, port: int | None,
     if deliver is not None:
         deliver(credential)  # counts only once stored below: a lost race leaves it useless
     now = tokens.now_ms()
-    with _editing(config, node.name) as trust:
+
+    def take(trust: NodeTrust) -> None:
         _check_unused(trust, token, node.name, address)
         trust.used = {n: t for n, t in trust.used.items() if t >= now}
         trust.used[token.nonce] = token.issued_ms + _lifetime_ms(config)
         trust.credential = IssuedCredential(sha256=_digest(credential), issued=now / 1000,
                                             address=address)
         trust.not_before_ms = now
+
+    _edit(config, node.name, take)
     return credential
 
 
@@ -157,12 +159,15 @@ def revoke(config: Config, names: list[str]) -> list[str]:
     """End the nodes' credentials and every token minted until now; the names that had a
     credential."""
     ended = []
+
+    def end(trust: NodeTrust) -> None:
+        if trust.credential is not None and name not in ended:
+            ended.append(name)
+        trust.credential = None
+        trust.not_before_ms = tokens.now_ms()
+
     for name in names:
-        with _editing(config, name) as trust:
-            if trust.credential is not None:
-                ended.append(name)
-            trust.credential = None
-            trust.not_before_ms = tokens.now_ms()
+        _edit(config, name, end)
     return ended
 
 
@@ -172,35 +177,38 @@ def has_credential(config: Config, name: str) -> bool:
 
 def forget(config: Config, names: list[str]) -> None:
     """Delete what the (deleted) nodes left: a new node of that name inherits nothing."""
+    store = opening.open_store(config)
     for name in names:
-        for path in (_path(config, name), _path(config, name).with_suffix(".lock")):
-            path.unlink(missing_ok=True)
+        store.delete(trust_key(name))
 
 
-def _path(config: Config, name: str) -> Path:
-    return config.trust_dir / f"{name}.json"
+def trust_key(name: str) -> str:
+    return f"secrets/nodes/{name}.json"
 
 
 def _read(config: Config, name: str) -> NodeTrust:
     """The node's document; a missing or damaged one reads as empty (no credential: the
     node reboots, it is not let in)."""
+    entry = opening.open_store(config).get(trust_key(name))
+    return _parse(entry.value if entry else None)
+
+
+def _parse(raw: bytes | None) -> NodeTrust:
     try:
-        return NodeTrust.model_validate(json.loads(_path(config, name).read_text()))
-    except (FileNotFoundError, ValueError, ValidationError):
+        return NodeTrust.model_validate(json.loads(raw)) if raw is not None else NodeTrust()
+    except (ValueError, ValidationError):
         return NodeTrust()
 
 
-@contextmanager
-def _editing(config: Config, name: str):
-    """The node's document, written back (0600) if the block ends without an error."""
-    folder = config.trust_dir
-    if not folder.is_dir():
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = _path(config, name)
-    with locked(path.with_suffix(".lock")):
-        trust = _read(config, name)
-        yield trust
-        write_atomic(path, trust.model_dump_json(), mode=0o600)
+def _edit(config: Config, name: str, change: Callable[[NodeTrust], None]) -> None:
+    """Apply `change` to the node's document (again if another server wrote it meanwhile);
+    an error from it writes nothing."""
+    def apply(raw: bytes | None) -> bytes:
+        trust = _parse(raw)
+        change(trust)
+        return trust.model_dump_json().encode()
+
+    opening.open_store(config).update(trust_key(name), apply)
 
 
 def _digest(credential: str) -> str:

@@ -2,7 +2,8 @@
 line (`provisiond.token=`), exchanged once by the node's agent for a node credential.
 
 A token is signed, not stored: `1.<issued, ms hex>.<MAC, 12 hex>.<nonce>.<signature>`, the
-signature an HMAC-SHA256 (key `<state>/secrets/token.key`, 0600, made on first use) over the
+signature an HMAC-SHA256 (key `secrets/token.key` on the store, a 0600 file with the files
+store, encrypted in etcd; made on first use, shared by every server) over the
 node's name, the MAC its script was asked for, the node's reserved addresses, the issue time
 and the nonce. Minting is an HMAC (no write on the boot path); a token stops verifying when
 the node's name, MACs or addresses change. Using it once is the exchange's part
@@ -14,16 +15,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import re
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from provisiond.config import Config
-from provisiond.errors import ProvisiondError
+from provisiond.errors import ProvisiondError, StaleRevision
+from provisiond.state import open as opening
+from provisiond.state.store import ABSENT
 
 VERSION = "1"
 KEY_BYTES = 32
@@ -97,65 +98,50 @@ def _sign(key: bytes, binding: Binding, head: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+KEY = "secrets/token.key"
+
+
 def key_path(config: Config) -> Path:
-    return config.state_dir / "secrets" / "token.key"
+    """Where the files store keeps the key (what messages name)."""
+    return config.state_dir / KEY
 
 
 def load_key(config: Config) -> bytes:
-    """The signing key, made on first use (0600). Every process reads the same one: a
-    second maker loses the race and reads the winner's."""
-    path = key_path(config)
-    try:
-        key = path.read_bytes()
-    except FileNotFoundError:
-        key = _make_key(path)
-    if len(key) != KEY_BYTES:
-        raise ProvisiondError(f"{path} is not a token key ({len(key)} bytes, not "
+    """The signing key, made on first use. Every process and server reads the same one: a
+    second maker loses the race (its put expects no key) and reads the winner's."""
+    return _load(config)[0]
+
+
+def _load(config: Config) -> tuple[bytes, int]:
+    """The key and its revision on the store."""
+    store = opening.open_store(config)
+    entry = store.get(KEY)
+    if entry is None:
+        key = secrets.token_bytes(KEY_BYTES)
+        try:
+            return key, store.put(KEY, key, expect=ABSENT)
+        except StaleRevision:
+            entry = store.get(KEY)
+    if entry is None or len(entry.value) != KEY_BYTES:
+        size = len(entry.value) if entry else 0
+        raise ProvisiondError(f"{key_path(config)} is not a token key ({size} bytes, not "
                               f"{KEY_BYTES}); delete it to make a new one")
-    return key
+    return entry.value, entry.revision
 
 
 class SigningKey:
     """The key as a long-lived process (a server minting tokens) holds it: read again
-    when its file was replaced or deleted (then made anew), as every exchange reads it. A
-    stat per use; a key kept for good would sign tokens no exchange accepts any more."""
+    when it was replaced or deleted (then made anew), as every exchange reads it. A get of
+    its revision per use; a key kept for good would sign tokens no exchange accepts any
+    more."""
 
     def __init__(self, config: Config):
         self.config = config
         self._key: bytes | None = None
-        self._stamp: tuple | None = None
+        self._revision: int | None = None
 
     def get(self) -> bytes:
-        stamp = _stamp(key_path(self.config))
-        if self._key is None or stamp is None or stamp != self._stamp:
-            self._key = load_key(self.config)
-            self._stamp = _stamp(key_path(self.config))
+        entry = opening.open_store(self.config).get(KEY)
+        if self._key is None or entry is None or entry.revision != self._revision:
+            self._key, self._revision = _load(self.config)
         return self._key
-
-
-def _stamp(path: Path) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _make_key(path: Path) -> bytes:
-    """Write a new key to a temp file and link it into place only if no key is there
-    (link fails on an existing name: the file is never seen half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".token.key.", dir=path.parent)  # 0600
-    try:
-        key = secrets.token_bytes(KEY_BYTES)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(key)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return path.read_bytes()
-        return key
-    finally:
-        os.unlink(tmp)

@@ -88,17 +88,21 @@ def test_a_refused_write_leaves_the_kept_version_as_it_was(config):
     assert InventoryStore(config).read().nodes["n2"].comment == "kept"
 
 
-def test_a_write_gives_up_on_a_lock_held_too_long(config):
-    """Another writer holds the lock: the store waits, bounded, then says so."""
-    fd = os.open(config.state_dir / "inventory.lock", os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with pytest.raises(Unavailable, match="held by another writer"):
-            with InventoryStore(config, lock_wait=0.3).edit_records() as inventory:
-                inventory.nodes["n1"] = Record()
-    finally:
-        os.close(fd)
-    assert not config.inventory_path.exists()
+def test_a_write_gives_up_when_others_keep_winning(config, monkeypatch):
+    """Another writer wins every compare-and-swap: the store retries, bounded, then says
+    so, and writes nothing."""
+    from provisiond.state import open as opening
+    from tests.memstore import MemoryStore
+
+    class Busy(MemoryStore):
+        def put(self, key, value, expect=None):
+            super().put(key, b"revision: 0\n")  # another writer, always just before
+            return super().put(key, value, expect)
+
+    monkeypatch.setattr(opening, "open_store", lambda config: Busy())
+    with pytest.raises(Unavailable, match="written by others"):
+        with InventoryStore(config, lock_wait=0.3).edit_records() as inventory:
+            inventory.nodes["n1"] = Record()
 
 
 def test_the_lock_is_waited_for_by_sleeping(tmp_path, monkeypatch):

@@ -1,0 +1,74 @@
+"""A dict-backed Store (provisiond.state.store's interface) for unit tests of the logic
+that uses a store: etcd's semantics (one revision counter, compare-and-swap, watch history)
+without a backend."""
+
+from __future__ import annotations
+
+import threading
+
+from provisiond.errors import StaleRevision
+from provisiond.state.store import ABSENT, Change, Compacted, Entry, Store
+
+
+class MemoryStore(Store):
+    def __init__(self, url: str = "memory://"):
+        self.url = url
+        self.data: dict[str, Entry] = {}
+        self.history: list[Change] = []
+        self.compacted = 0
+        self._rev = 0
+        self._cond = threading.Condition()
+
+    def get(self, key):
+        with self._cond:
+            return self.data.get(key)
+
+    def put(self, key, value, expect=None):
+        with self._cond:
+            self._check(key, expect)
+            self._rev += 1
+            self.data[key] = Entry(key, bytes(value), self._rev)
+            self._changed(Change(key, self._rev, bytes(value)))
+            return self._rev
+
+    def delete(self, key, expect=None):
+        with self._cond:
+            self._check(key, expect)
+            if key not in self.data:
+                return False
+            self._rev += 1
+            del self.data[key]
+            self._changed(Change(key, self._rev, None))
+            return True
+
+    def list(self, prefix):
+        with self._cond:
+            return [self.data[k] for k in sorted(self.data) if k.startswith(prefix)]
+
+    def revision(self):
+        return self._rev
+
+    def watch(self, prefix, since, timeout):
+        with self._cond:
+            if since < self.compacted:
+                raise Compacted(f"revision {since} compacted")
+            found = lambda: [c for c in self.history  # noqa: E731
+                             if c.revision > since and c.key.startswith(prefix)]
+            self._cond.wait_for(found, timeout)
+            return found()
+
+    def compact(self, revision: int) -> None:
+        with self._cond:
+            self.history = [c for c in self.history if c.revision > revision]
+            self.compacted = revision
+
+    def _check(self, key, expect):
+        if expect is None:
+            return
+        entry = self.data.get(key)
+        if (entry.revision if entry else ABSENT) != expect:
+            raise StaleRevision(f"{key}: revision is not {expect}")
+
+    def _changed(self, change):
+        self.history.append(change)
+        self._cond.notify_all()

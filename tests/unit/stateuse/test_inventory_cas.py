@@ -1,0 +1,96 @@
+"""The inventory written by compare-and-swap: a writer that loses to another applies its
+change again to what the other wrote, as a lock would have had it wait."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from provisiond.errors import AlreadyExists, StaleRevision
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import Record
+from provisiond.state import open as opening
+from provisiond.state.files import FilesStore
+
+
+def _edit_meanwhile(config, monkeypatch, other):
+    """Run `other` (another writer) once, between this writer's read and its put."""
+    store = opening.open_store(config)
+    real_put = store.put
+    done = []
+
+    def put(key, value, expect=None):
+        if key == "inventory.yaml" and not done:
+            done.append(True)
+            monkeypatch.setattr(store, "put", real_put)
+            other()
+        return real_put(key, value, expect)
+
+    monkeypatch.setattr(store, "put", put)
+
+
+def test_a_lost_race_keeps_both_writers_fields(config, store, monkeypatch):
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n1"] = Record(comment="one")
+
+    def other():
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n1"] = Record(comment="changed", image="other")
+            inventory.nodes["n2"] = Record()
+
+    _edit_meanwhile(config, monkeypatch, other)
+    with InventoryStore(config).edit_records() as mine:
+        mine.nodes["n1"] = Record(comment="one", kernel_args=["quiet"])
+    stored = InventoryStore(config).read()
+    assert sorted(stored.nodes) == ["n1", "n2"]
+    assert stored.nodes["n1"].to_data() == {"comment": "changed", "image": "other",
+                                            "kernel_args": ["quiet"]}
+    assert stored.revision == 3 and mine.revision == 3  # the caller's draft is what was written
+
+
+def test_a_lost_race_with_a_named_revision_is_stale(config, store, monkeypatch):
+    _edit_meanwhile(config, monkeypatch, lambda: _add(config, "n2"))
+    with pytest.raises(StaleRevision):
+        with InventoryStore(config).edit_records(expected_revision=0) as inventory:
+            inventory.nodes["n1"] = Record()
+    assert sorted(InventoryStore(config).read().nodes) == ["n2"]
+
+
+def test_a_create_that_lost_to_another_create_is_refused(config, store, monkeypatch):
+    _edit_meanwhile(config, monkeypatch, lambda: _add(config, "n1", "theirs"))
+    with pytest.raises(AlreadyExists, match="node n1 was created by another writer"):
+        _add(config, "n1", "mine")
+    assert InventoryStore(config).read().nodes["n1"].comment == "theirs"
+
+
+def _add(config, name, comment=None):
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes[name] = Record(comment=comment)
+
+
+def test_concurrent_edits_through_two_stores_lose_none(config, monkeypatch):
+    """20 writers in threads, half through each of two store objects on one state dir."""
+    stores = [FilesStore(config.state_dir), FilesStore(config.state_dir)]
+    turn = threading.local()
+    monkeypatch.setattr(opening, "open_store", lambda config: stores[turn.index])
+    errors = []
+
+    def write(index: int) -> None:
+        turn.index = index % 2
+        try:
+            with InventoryStore(config).edit_records() as inventory:
+                inventory.nodes[f"t{index}"] = Record(comment=str(index))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    turn.index = 0
+    assert not errors
+    stored = InventoryStore(config).read()
+    assert sorted(stored.nodes) == sorted(f"t{i}" for i in range(20))
+    assert stored.revision == 20

@@ -1,0 +1,53 @@
+"""Node status on the store: status/<node>.json, changed by compare-and-swap."""
+
+import json
+import threading
+
+from provisiond import status
+from provisiond.states import NodePhase
+from tests.memstore import MemoryStore
+
+
+def test_phase_is_a_status_key(config, store):
+    status.record_phase(config, "n1", NodePhase.DHCP)
+    status.record_refusal(config, "n1", {"reason": "expired"})
+    stored = json.loads(store.get("status/n1.json").value)
+    assert stored["phase"] == "dhcp" and stored["token_refused"]["reason"] == "expired"
+    assert status.read_all_status(config) == {"n1": stored}
+    status.clear_status(config, "n1")
+    assert status.read_status(config, "n1") is None and store.list("status/") == []
+
+
+class HeldStore(MemoryStore):
+    """Holds the first read of thread `held` until `release` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.held, self.reading, self.release = None, threading.Event(), threading.Event()
+
+    def get(self, key):
+        if threading.current_thread() is self.held and not self.release.is_set():
+            self.reading.set()
+            assert self.release.wait(10)
+        return super().get(key)
+
+
+def test_later_stored_phase_has_later_time(config, monkeypatch):
+    """A phase taken by one process a moment before another's but stored after it must not
+    carry the earlier time (it did: the time was taken before the lock)."""
+    store = HeldStore()
+    monkeypatch.setattr("provisiond.state.open.open_store", lambda config: store)
+    ticks = iter(range(1, 100))
+    monkeypatch.setattr(status.time, "time", lambda: float(next(ticks)))
+    first = threading.Thread(target=status.record_phase,
+                             args=(config, "n1", NodePhase.KERNEL))
+    store.held = first
+    status.record_phase(config, "n1", NodePhase.DHCP)
+    first.start()
+    assert store.reading.wait(10)
+    status.record_phase(config, "n1", NodePhase.IPXE)  # a moment later, stored first
+    store.release.set()
+    first.join(10)
+    stored = json.loads(store.get("status/n1.json").value)
+    assert stored["phase"] == "kernel"
+    assert stored["updated"] >= stored["phases"]["ipxe"]

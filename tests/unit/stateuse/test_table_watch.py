@@ -1,0 +1,51 @@
+"""Serve's boot table follows inventory.yaml through the store's watch: a change made by
+another process (the CLI) is picked up without a look at the file's stat."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from provisiond.boot.table import TableWatcher
+from tests.unit.boot.bootdata import add_nodes, mac_of
+
+
+def _wait_for(watcher: TableWatcher, node: str, seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        watcher.wait_changed(timeout=1.0)
+        if node in watcher.table.nodes:
+            return True
+    return False
+
+
+def test_a_cli_node_add_reaches_the_watching_table(config, state_dir):
+    add_nodes(config, 1)
+    watcher = TableWatcher(config, interval=3600)  # changed() would look only in an hour
+    assert set(watcher.table.nodes) == {"n1"}
+    env = dict(os.environ, PROVISIOND_STATE_DIR=str(state_dir))
+    subprocess.run([sys.executable, "-m", "provisiond", "node", "add", "n9",
+                    "--mac", mac_of(9), "--ipaddr", "10.99.0.50"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    assert _wait_for(watcher, "n9")
+    assert watcher.table.by_mac[mac_of(9)].node == "n9"
+
+
+def test_a_watch_with_nothing_new_rebuilds_nothing(config, store):
+    add_nodes(config, 1)
+    watcher = TableWatcher(config)
+    table = watcher.table
+    store.put("status/n1.json", b"{}")  # another key
+    assert watcher.wait_changed(timeout=0.2) is False and watcher.table is table
+    store.put("inventory.yaml.schema-0.bak", b"x")  # a key that shares its start
+    assert watcher.wait_changed(timeout=0.2) is False and watcher.table is table
+
+
+def test_a_compacted_watch_compares_revisions(config, store):
+    add_nodes(config, 1)
+    watcher = TableWatcher(config)
+    add_nodes(config, 2)
+    store.compact(store.revision())
+    assert watcher.wait_changed(timeout=0.2) is True and set(watcher.table.nodes) == {"n1", "n2"}
