@@ -1,6 +1,6 @@
 """Read what the image and overlay builders produced, following docs/contracts.md.
 
-Manifests are cached until their file changes; overlays are built on demand when stale.
+Manifests are cached until their stored revision changes; overlays are built on demand when stale.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from provisiond.images.manifests import manifest_entry, parse_manifest
 from provisiond.overlays.build import build_node, output_path
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
+from provisiond.state.layout import Layout
+from provisiond.state.models import DamagedDocument, ImageManifest, parse
+from provisiond.state.store import Entry
 
 HEX_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -79,8 +82,15 @@ class ManifestCache:
             self._cache.pop(name)
             raise
         same = cached and cached[0] == entry.revision
-        manifest = cached[1] if same else parse_manifest(entry)
+        manifest = cached[1] if same else self._read(entry)
         self._cache.put(name, (entry.revision, manifest, now))
+        return manifest
+
+    def _read(self, entry: Entry) -> dict:
+        """The manifest, checked against ImageManifest: a damaged one is refused here, in
+        one line naming it, not by a KeyError in the script it would have made."""
+        manifest = parse_manifest(entry)
+        parse(ImageManifest, manifest, entry.key, DamagedDocument)
         return manifest
 
 
@@ -88,7 +98,7 @@ def blob_file(config: Config, hexdigest: str) -> Path:
     """The blob `sha256:<hexdigest>`; a malformed digest is InvalidInput."""
     if not HEX_RE.fullmatch(hexdigest):  # `match` + `$` let a trailing newline in
         raise InvalidInput("a blob is named by 64 lowercase hex digits")
-    return config.blob_dir / hexdigest
+    return Layout.of(config).blob(hexdigest)
 
 
 class OverlayFiles:

@@ -15,16 +15,16 @@ from pathlib import Path
 
 from provisiond.atomic import locked
 from provisiond.config import Config
-from provisiond.errors import ImageNotFound
+from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import blob_path
-from provisiond.images.layers import layer_dir
+from provisiond.images.layers import read_layer_record
 from provisiond.images.recipe import check_image_name
 from provisiond.images.squash import mounted_digests
 from provisiond.state import open as opening
+from provisiond.state.layout import Layout
+from provisiond.state.models import DamagedDocument, ImageManifest, parse
 from provisiond.state.store import Entry
 
-MANIFEST = "manifest.json"
-PREFIX = "images/"
 
 
 # What image names were before they became DNS labels (debian_12): a build under such a
@@ -39,28 +39,29 @@ def check_name(name: str) -> str:
 def _built_name(config: Config, name: str) -> str:
     """`name` if it is an image name or names an existing build under the older rule."""
     if (isinstance(name, str) and OLD_NAME_RE.fullmatch(name)
-            and opening.open_store(config).get(_key(name)) is not None):
+            and opening.open_store(config).get(_key(config, name)) is not None):
         return name
     return check_name(name)
 
 
-def _key(name: str) -> str:
-    return f"{PREFIX}{name}/{MANIFEST}"
+def _key(config: Config, name: str) -> str:
+    layout = Layout.of(config)
+    return layout.key(layout.image_manifest(name))
 
 
 def manifest_key(config: Config, name: str) -> str:
     """The store key of the image's manifest (a checked name)."""
-    return _key(_built_name(config, name))
+    return _key(config, _built_name(config, name))
 
 
 def lock_path(config: Config, name: str) -> Path:
     """The flock that serializes builds, imports and deletes of one image."""
-    return config.images_dir / ".locks" / f"{_built_name(config, name)}.lock"
+    return Layout.of(config).image_lock(_built_name(config, name))
 
 
 def gc_lock(config: Config) -> Path:
     """Builds hold it shared, gc exclusively: gc never takes a blob a build is adding."""
-    return config.images_dir / ".locks" / "gc.lock"
+    return Layout.of(config).images_gc_lock
 
 
 def manifest_entry(config: Config, name: str) -> Entry:
@@ -73,16 +74,22 @@ def manifest_entry(config: Config, name: str) -> Entry:
 
 
 def load_manifest(config: Config, name: str) -> dict:
-    """The manifest of the current build of `name`; raises ImageNotFound."""
+    """The manifest of the current build of `name` as written (a hand-edited one too, for
+    `image show`; the boot reads it through ImageManifest); raises ImageNotFound, or
+    DamagedDocument when it is not a JSON object."""
     return parse_manifest(manifest_entry(config, name))
 
 
 def parse_manifest(entry: Entry) -> dict:
+    """A stored manifest's JSON object; DamagedDocument when it is none."""
     try:
-        return json.loads(entry.value)
-    except ValueError:
-        raise ImageNotFound(f"{entry.key}: not a manifest (damaged); build the image "
-                            "again") from None
+        data = json.loads(entry.value)
+    except ValueError as exc:
+        raise DamagedDocument(f"{entry.key}: not JSON ({exc}): build the image again"
+                              ) from None
+    if not isinstance(data, dict):
+        raise DamagedDocument(f"{entry.key}: not a JSON object: build the image again")
+    return data
 
 
 def image_exists(config: Config, name: str) -> bool:
@@ -90,21 +97,25 @@ def image_exists(config: Config, name: str) -> bool:
 
 
 def save_manifest(config: Config, manifest: dict) -> None:
-    """Publish a build: every server sharing the store sees it."""
-    data = (json.dumps(manifest, indent=2) + "\n").encode()
-    opening.open_store(config).put(manifest_key(config, manifest["name"]), data)
+    """Publish a build: the manifest checked against ImageManifest, put on the store, where
+    every server sharing it sees it."""
+    checked = parse(ImageManifest, manifest, f"image {manifest.get('name')!r}: manifest",
+                    BuildFailed)
+    opening.open_store(config).put(manifest_key(config, checked.name), checked.text().encode())
 
 
 def list_images(config: Config) -> list[dict]:
     """Every built image's manifest, sorted by name."""
+    layout = Layout.of(config)
+    prefix = layout.key(layout.images) + "/"
     found = []
-    for entry in opening.open_store(config).list(PREFIX):
-        name, _, rest = entry.key[len(PREFIX):].partition("/")
-        if rest != MANIFEST:
+    for entry in opening.open_store(config).list(prefix):
+        name = entry.key[len(prefix):].partition("/")[0]
+        if entry.key != _key(config, name):
             continue
         try:
             found.append(parse_manifest(entry))
-        except ImageNotFound:
+        except DamagedDocument:
             continue  # a damaged manifest: not listed
     return found
 
@@ -115,7 +126,7 @@ def delete_image(config: Config, name: str) -> None:
     with locked(lock_path(config, name)):
         key = manifest_entry(config, name).key
         opening.open_store(config).delete(key)
-        shutil.rmtree(config.images_dir / key.split("/")[1], ignore_errors=True)
+        shutil.rmtree(Layout.of(config).path(key).parent, ignore_errors=True)
 
 
 def referenced_digests(config: Config) -> set[str]:
@@ -132,8 +143,9 @@ def collect_garbage(config: Config) -> dict:
     with locked(gc_lock(config)):
         keep = referenced_digests(config)
         removed, freed = 0, 0
-        if config.blob_dir.is_dir():
-            for path in sorted(config.blob_dir.iterdir()):
+        blobs = Layout.of(config).blobs
+        if blobs.is_dir():
+            for path in sorted(blobs.iterdir()):
                 if path.is_file() and f"sha256:{path.name}" not in keep:
                     freed += path.stat().st_size
                     path.unlink()
@@ -144,12 +156,14 @@ def collect_garbage(config: Config) -> dict:
 
 def _collect_trees(config: Config, keep: set[str]) -> int:
     removed = 0
-    folder = layer_dir(config)
+    layout = Layout.of(config)
+    folder = layout.layers
     for record_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = json.loads(record_path.read_text())
-        if record.get("digest") not in keep:
-            shutil.rmtree(folder / record_path.stem, ignore_errors=True)
-            (folder / "locks" / f"{record_path.stem}.lock").unlink(missing_ok=True)
+        record = read_layer_record(record_path)
+        if record is None or record.digest not in keep:  # a damaged record: rebuilt anyway
+            key = record_path.stem
+            shutil.rmtree(layout.layer_tree(key), ignore_errors=True)
+            layout.layer_lock(key).unlink(missing_ok=True)
             record_path.unlink()
             removed += 1
     return removed
