@@ -1,6 +1,7 @@
 """`provisiond node|profile ...` as a user runs them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -285,7 +286,8 @@ def test_references_are_checked_when_stored(cluster, config, args, message):
 def test_site_overlays_and_built_images_can_be_named(cluster, config):
     from provisiond.images.manifests import delete_image, save_manifest
     (config.state_dir / "overlays" / "site-motd").mkdir(parents=True)
-    save_manifest(config, {"name": "imported"})
+    fixture = Path(__file__).resolve().parents[2] / "fixtures/state/manifest-mounted.json"
+    save_manifest(config, {**json.loads(fixture.read_text()), "name": "imported"})
     result = cluster("node", "set", "n001", "--image", "imported", "--system-overlay",
                      "site-motd", "--runtime-overlay", "ssh")
     assert result.code == 0, result.err

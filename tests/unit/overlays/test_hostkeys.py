@@ -163,10 +163,11 @@ def test_two_servers_on_one_store_give_a_node_the_same_keys(tmp_path, monkeypatc
     ones the other reads and builds into the node's runtime overlay."""
     shared = FilesStore(tmp_path / "shared")
     monkeypatch.setattr("provisiond.state.open.open_store", lambda config: shared)
+    shared.root.mkdir()
+    write_inventory(shared.root, count=1)  # the inventory both read from the store
     configs = []
     for name in ("first", "second"):
         write_default_config(tmp_path / name)
-        write_inventory(tmp_path / name, count=1)
         configs.append(load_config(tmp_path / name))
     made = ensure_host_keys(configs[0], "n1")
     assert ensure_host_keys(configs[1], "n1") == made
