@@ -31,6 +31,8 @@ APT_PACKAGES=(
   # Slurm hand-off: slurmctld and munged on the lab's server side, the client commands,
   # slurmd for `slurmd -C` (package scripts start no daemon where policy-rc.d forbids it)
   slurmctld slurmd slurm-client munge
+  # state store: etcd (the shared store of several boot servers) and etcdctl for its tests
+  etcd-server etcd-client
 )
 
 missing=()
