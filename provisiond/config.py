@@ -100,19 +100,47 @@ def no_control_chars(value: str) -> str:
     return value
 
 
-def parse_upstream(text: str) -> tuple[str, int]:
-    """(host, port) of `dns.upstream`: host, host:port, an IPv6 address, [IPv6]:port."""
-    host, port = text, "53"
+def parse_upstream(text: str, default_port: int | None = 53) -> tuple[str, int]:
+    """(host, port) of `dns.upstream`: host, host:port, an IPv6 address, [IPv6]:port
+    (`default_port` None: the port must be given)."""
+    port = "" if default_port is None else str(default_port)
+    host = text
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
         if not bracket or rest[:1] not in ("", ":"):
             raise ValueError(f"not an address: {text!r}")
-        port = rest[1:] or "53"
+        port = rest[1:] or port
     elif text.count(":") == 1:
         host, port = text.split(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"not host:port (port 1-65535): {text!r}")
     return upstream_host(host), int(port)
+
+
+STORE_ROOT_RE = re.compile(r"(/[A-Za-z0-9._-]+)+/?")
+DEFAULT_STORE_ROOT = "/provisiond/"
+
+
+def parse_store_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """(endpoints, key root) of an `etcd://HOST:PORT[,HOST:PORT...][/ROOT]` store URL; the
+    root defaults to /provisiond/ and always ends with '/'."""
+    if not url.startswith("etcd://"):
+        raise ValueError(f"{url!r}: etcd://HOST:PORT[,HOST:PORT...] (null: the state dir)")
+    hosts, slash, root = url.removeprefix("etcd://").partition("/")
+    root = f"/{root}" if slash and root else DEFAULT_STORE_ROOT
+    if not STORE_ROOT_RE.fullmatch(root):
+        raise ValueError(f"{url!r}: the key root {root!r} is not /NAME[/NAME...] of letters, "
+                         "digits, '.', '_', '-'")
+    endpoints = [parse_upstream(host, None) for host in hosts.split(",")]
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError(f"{url!r}: an endpoint is named twice")
+    return endpoints, root.removesuffix("/") + "/"
+
+
+def store_url(value: str | None) -> str | None:
+    if value is not None:
+        parse_store_url(value)
+    return value
 
 
 def upstream_host(host: str) -> str:
@@ -453,6 +481,9 @@ class Config(_Section):
     """All of provisiond's settings plus where its state lives."""
 
     state_dir: Path = Path(DEFAULT_STATE_DIR)
+    store: Annotated[str | None, AfterValidator(store_url)] = None
+    """Where the shared documents live: None, files in state_dir; `etcd://...`, an etcd
+    cluster several servers share (provisiond.state.open)."""
     server: ServerSettings = ServerSettings()
     http: HttpSettings = HttpSettings()
     api: ApiSettings = ApiSettings()
@@ -670,6 +701,13 @@ CONFIG_TEMPLATE = f"""\
 # The format of this file: a newer provisiond migrates an older one (keeping the
 # original as provisiond.yaml.schema-N.bak), an older one refuses a newer one.
 schema: {SETTINGS_SCHEMA.current}
+
+# Where the shared documents (inventory, secrets, tokens, node status...) live. null:
+# files in this state directory. etcd://HOST:PORT[,HOST:PORT...][/ROOT]: an etcd v3
+# cluster shared by several boot servers (every member listed; keys under ROOT, default
+# /provisiond/). Secret values are encrypted there with <state>/store.key, which each
+# server keeps and etcd never sees: copy it to every server.
+store: null
 
 server:
   # The address nodes use to reach this server: it goes into DHCP answers and

@@ -1,0 +1,61 @@
+"""The store a process uses: `open_store(config)`.
+
+Files under the state directory unless the `store:` setting names an etcd cluster. One
+store per process and URL, opened on first use; a process forked after that (gunicorn's
+workers) opens its own, since connections and their threads do not survive a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from provisiond.config import Config
+from provisiond.errors import InvalidConfig
+from provisiond.state.store import Store
+
+KEY_FILE = "store.key"
+"""`<state>/store.key`: the key encrypting secret values in etcd (never stored in etcd)."""
+
+_opened: dict[str, Store] = {}
+_opened_by = os.getpid()
+_lock = threading.Lock()
+
+
+def open_store(config: Config) -> Store:
+    """This process's store for `config` (the same object on every call)."""
+    url = config.store or f"files://{config.state_dir}"
+    return opened(url, key_path=config.state_dir / KEY_FILE)
+
+
+def opened(url: str, key_path: Path | None = None) -> Store:
+    """The store at `url`, one per process: a store inherited through fork is dropped
+    (not closed: its connections belong to the parent)."""
+    global _opened_by
+    with _lock:
+        if _opened_by != os.getpid():
+            _opened.clear()
+            _opened_by = os.getpid()
+        store = _opened.get(url)
+        if store is None:
+            store = _opened[url] = open_url(url, key_path)
+        return store
+
+
+def open_url(url: str, key_path: Path | None = None) -> Store:
+    """A new store for `url`: `files:///state/dir` or `etcd://host:port[,host:port...][/root/]`
+    (`key_path`: the key file of secret values in etcd; required there)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "files":
+        from provisiond.state.files import FilesStore
+
+        return FilesStore(Path(url.removeprefix("files://")))
+    if scheme == "etcd":
+        from provisiond.state.etcd import EtcdStore
+
+        if key_path is None:
+            raise InvalidConfig(f"{url}: an etcd store needs its key file (store.key)")
+        return EtcdStore(url, key_path)
+    raise InvalidConfig(f"store: {url!r} is neither files:///DIR nor etcd://HOST:PORT[,...]")

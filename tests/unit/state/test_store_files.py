@@ -1,0 +1,128 @@
+"""The files backend beyond the contract: the state dir holds the values as plain files (modes
+as before), and a file changed behind the store's back (an editor, `git pull`) is a change."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from provisiond.errors import StaleRevision
+from provisiond.state.files import FilesStore
+
+
+@pytest.fixture
+def root(tmp_path):
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def store(root):
+    return FilesStore(root)
+
+
+def test_values_are_the_files_and_secrets_stay_private(store, root):
+    store.put("inventory.yaml", b"nodes: {}\n")
+    store.put("secrets.yaml", b"nodes: {n1: {munge.key: x}}\n")
+    store.put("secrets/nodes/n1.json", b"{}")
+    store.put("tokens.json", b"{}")
+    assert (root / "inventory.yaml").read_bytes() == b"nodes: {}\n"
+    assert stat.S_IMODE(os.stat(root / "inventory.yaml").st_mode) == 0o644
+    for name in ("secrets.yaml", "secrets/nodes/n1.json", "tokens.json"):
+        assert stat.S_IMODE(os.stat(root / name).st_mode) == 0o600, name
+
+
+def test_the_change_log_holds_no_secret(store, root):
+    store.put("secrets.yaml", b"password: hunter2\n")
+    store.put("status/n1.json", b'{"phase": "up"}')
+    log = (root / ".store" / "changes.jsonl").read_text()
+    assert "hunter2" not in log and '\\"up\\"' in log
+    assert stat.S_IMODE(os.stat(root / ".store" / "changes.jsonl").st_mode) == 0o600
+    assert (root / ".store" / ".gitignore").read_text() == "*\n"
+
+
+def test_a_file_edited_by_hand_is_a_new_revision(store, root):
+    revision = store.put("inventory.yaml", b"nodes: {}\n")
+    (root / "inventory.yaml").write_bytes(b"nodes: {n1: {}}\n")  # in place, as an editor
+    with pytest.raises(StaleRevision):
+        store.put("inventory.yaml", b"nodes: {n2: {}}\n", expect=revision)
+    entry = store.get("inventory.yaml")
+    assert entry.value == b"nodes: {n1: {}}\n" and entry.revision > revision
+    store.put("inventory.yaml", b"nodes: {n2: {}}\n", expect=entry.revision)
+
+
+def test_an_edit_of_the_same_size_within_the_same_tick_is_seen(store, root):
+    """The stat stamp names the inode: a rename over the file (git checkout) with the same
+    size and mtime still differs."""
+    revision = store.put("leases.json", b"aaaa")
+    stamp = os.stat(root / "leases.json")
+    (root / "new").write_bytes(b"bbbb")
+    os.utime(root / "new", ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    os.replace(root / "new", root / "leases.json")
+    entry = store.get("leases.json")
+    assert entry.value == b"bbbb" and entry.revision > revision
+
+
+def test_a_touched_file_keeps_its_revision(store, root):
+    revision = store.put("inventory.yaml", b"nodes: {}\n")
+    os.utime(root / "inventory.yaml", ns=(1, 1))
+    assert store.get("inventory.yaml").revision == revision
+    assert store.put("inventory.yaml", b"x", expect=revision) > revision
+
+
+def test_files_created_and_removed_by_hand_are_changes(store, root):
+    since = store.revision()
+    (root / "status").mkdir(parents=True)
+    (root / "status" / "n1.json").write_bytes(b"{}")
+    changes = store.watch("status/", since, timeout=10)
+    assert [(c.key, c.value) for c in changes] == [("status/n1.json", b"{}")]
+    (root / "status" / "n1.json").unlink()
+    changes = store.watch("status/", changes[-1].revision, timeout=10)
+    assert [(c.key, c.value) for c in changes] == [("status/n1.json", None)]
+    assert store.get("status/n1.json") is None
+
+
+def test_a_hand_edit_reaches_a_watch_already_waiting(store, root):
+    store.put("inventory.yaml", b"a: 1\n")
+    since = store.revision()
+    import threading
+
+    edit = threading.Timer(0.3, (root / "inventory.yaml").write_bytes, (b"a: 2\n",))
+    edit.start()
+    try:
+        changes = store.watch("inventory.yaml", since, timeout=20)
+    finally:
+        edit.join()
+    assert [(c.key, c.value) for c in changes] == [("inventory.yaml", b"a: 2\n")]
+
+
+def test_a_large_value_is_watched_from_its_file_while_it_is_current(store):
+    big = b"x" * 100_000
+    since = store.revision()
+    first = store.put("inventory.yaml", big)
+    changes = store.watch("", since, timeout=1)
+    assert [(c.revision, c.value) for c in changes] == [(first, big)]
+    store.put("inventory.yaml", b"small")
+    changes = store.watch("", since, timeout=1)
+    # the big value is gone from the file and was too long for the log: its change is
+    # folded into the next one of the same key
+    assert [c.value for c in changes] == [b"small"]
+
+
+def test_a_crash_between_the_value_and_its_meta_is_a_new_revision(store, root):
+    revision = store.put("status/n1.json", b"1")
+    meta = root / ".store" / "meta" / "status" / "n1.json.rev"
+    old = meta.read_bytes()
+    store.put("status/n1.json", b"2")
+    meta.write_bytes(old)  # the new value landed, its meta did not
+    entry = store.get("status/n1.json")
+    assert entry.value == b"2" and entry.revision > revision
+    assert json.loads(meta.read_bytes())["rev"] == entry.revision
+
+
+def test_dot_files_beside_values_are_not_keys(store, root):
+    store.put("status/n1.json", b"1")
+    (root / "status" / ".n2.json.tmp").write_bytes(b"half")
+    assert [entry.key for entry in store.list("")] == ["status/n1.json"]
