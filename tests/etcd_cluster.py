@@ -25,9 +25,10 @@ from pathlib import Path
 
 ETCD = Path("/usr/bin/etcd")
 ETCDCTL = Path("/usr/bin/etcdctl")
-MAX_REQUEST_BYTES = 64 << 20
-"""etcd takes 1.5 MiB per request by default; an inventory.yaml of 10,000 nodes is several
-MiB (docs/scale-out.md: start members with --max-request-bytes)."""
+MAX_REQUEST_BYTES = 16 << 20
+"""etcd takes 1.5 MiB per request by default; an inventory.yaml of 10,000 nodes is 1.6 MiB
+with one interface and no tags each (bench_storm's), several MiB for real ones: members run
+with --max-request-bytes 16 MiB (docs/store.md)."""
 HEALTHY_WITHIN = 60.0  # seconds for a member to join and the cluster to elect a leader
 PR_SET_PDEATHSIG = 1
 
@@ -50,10 +51,11 @@ class Member:
 
 
 class EtcdCluster:
-    def __init__(self, base: Path, size: int = 3):
+    def __init__(self, base: Path, size: int = 3, max_request_bytes: int = MAX_REQUEST_BYTES):
         if not ETCD.is_file():
             raise FileNotFoundError(f"{ETCD}: install Debian's etcd-server (.ci/install-deps.sh)")
         self.base = Path(base)
+        self.max_request_bytes = max_request_bytes
         ports = free_ports(2 * size)
         self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], self.base / f"m{i}")
                         for i in range(size)]
@@ -154,7 +156,7 @@ class EtcdCluster:
                 "--initial-advertise-peer-urls", member.peer_url,
                 "--initial-cluster", cluster, "--initial-cluster-state", state,
                 "--initial-cluster-token", f"provisiond-test-{os.getpid()}",
-                "--max-request-bytes", str(MAX_REQUEST_BYTES),
+                "--max-request-bytes", str(self.max_request_bytes),
                 # a loaded 2-core CI machine: heartbeats every 200 ms, elections after 2 s
                 "--heartbeat-interval", "200", "--election-timeout", "2000",
                 "--logger", "zap", "--log-level", "warn"]

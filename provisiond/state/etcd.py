@@ -41,7 +41,9 @@ CONNECT_TIMEOUT = 3.0
 RETRY_FOR = 30.0  # seconds a call keeps trying members (an election takes a few)
 RECEIPT_TTL = 60  # seconds a receipt lives; a lease serves receipts for RECEIPT_RENEW
 RECEIPT_RENEW = 20.0
-TOO_LARGE = "request is too large"
+TOO_LARGE = ("request is too large", "received message larger than max")
+"""etcd's answers to a value over --max-request-bytes (the second when it is also over the
+gRPC limit, 512 KiB more)."""
 LEASE_GONE = "requested lease not found"
 
 
@@ -101,10 +103,14 @@ class EtcdStore(Store):
     def put(self, key: str, value: bytes, expect: int | None = None) -> int:
         name = self._key(check_key(key))
         request = {"key": _b64(name), "value": _b64(self._sealed(key, bytes(value)))}
-        if expect is None:
-            return _revision(self._call("kv/put", request, what=key))
-        reply = self._guarded(key, expect, {"request_put": request})
-        return _revision(reply)
+        try:
+            if expect is None:
+                return _revision(self._call("kv/put", request, what=key))
+            return _revision(self._guarded(key, expect, {"request_put": request}))
+        except TooLarge:
+            raise TooLarge(f"{key}: {len(value) / 2**20:.1f} MiB is more than the etcd cluster "
+                           "takes in one request: start its members with a larger "
+                           "--max-request-bytes (docs/store.md)") from None
 
     def delete(self, key: str, expect: int | None = None) -> bool:
         name = _b64(self._key(check_key(key)))
@@ -334,11 +340,10 @@ def _post(client, path: str, body: dict, what: str = "") -> Reply:
         raise _Retry(message) from None
     except etcd_errors.Etcd3Exception as exc:
         message = _message(exc)
-        if TOO_LARGE in message:
-            size = len(body.get("value", "")) * 3 // 4
-            raise TooLarge(f"{what}: {size / 2**20:.1f} MiB is more than the etcd cluster takes "
-                           "in one request: start its members with a larger "
-                           "--max-request-bytes (docs/scale-out.md)") from None
+        if any(words in message for words in TOO_LARGE):
+            raise TooLarge(f"{what}: more than the etcd cluster takes in one request: "
+                           "start its members with a larger --max-request-bytes "
+                           "(docs/store.md)") from None
         if LEASE_GONE in message:
             raise _LeaseGone() from None
         if "compacted" in message:
