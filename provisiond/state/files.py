@@ -21,10 +21,12 @@ import base64
 import hashlib
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
 from provisiond.atomic import locked, read_json, write_atomic
+from provisiond.config import CACHE_NAME
 from provisiond.journal import MAX_LINE, Journal
 from provisiond.state.keys import check_expect, check_key, check_prefix, file_mode, is_secret
 from provisiond.state.store import Change, Compacted, Entry, Store
@@ -36,6 +38,9 @@ LOCK_WAIT = 30.0  # seconds; polled, so a gevent worker's other greenlets keep r
 POLL = 0.1  # seconds between two reads of the change log in watch
 SCAN_EVERY = 1.0  # seconds between two looks for files changed behind the store's back
 INLINE_MAX = MAX_LINE - 512  # room for the line's other fields
+NOT_DOCUMENTS = frozenset({CACHE_NAME, "blobs"})
+"""Never listed: image layer trees (root file systems) and content-addressed blobs are no
+documents, and a list of '' would read every byte of them."""
 
 
 class FilesStore(Store):
@@ -214,15 +219,18 @@ class FilesStore(Store):
 
 
 def _walk(top: Path, prefix: str, suffix: str):
+    """The regular files under `top` whose relative path starts with `prefix`."""
     base = prefix.rpartition("/")[0]
     start = top / base if base else top
     for folder, dirs, files in os.walk(start):
         rel = os.path.relpath(folder, top)
         rel = "" if rel == "." else rel + "/"
-        dirs[:] = [d for d in dirs if not d.startswith(".") and _may_hold(rel + d + "/", prefix)]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and rel + d not in NOT_DOCUMENTS
+                   and _may_hold(rel + d + "/", prefix)]
         for name in files:
             key = rel + name
-            if not name.startswith(".") and key.startswith(prefix) and key.endswith(suffix):
+            if (not name.startswith(".") and key.startswith(prefix) and key.endswith(suffix)
+                    and stat.S_ISREG(os.lstat(os.path.join(folder, name)).st_mode)):
                 yield key
 
 
@@ -231,12 +239,17 @@ def _may_hold(folder: str, prefix: str) -> bool:
 
 
 def _read_file(path: Path) -> tuple[bytes, list[int]] | None:
+    """The file's bytes and stamp; None unless it is a regular file (a FIFO in an image
+    tree would block a plain open)."""
     try:
-        with open(path, "rb") as handle:
-            stamp = _stamp(os.fstat(handle.fileno()))
-            return handle.read(), stamp
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    with open(fd, "rb") as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return handle.read(), _stamp(st)
 
 
 def _stamp(st: os.stat_result) -> list[int]:

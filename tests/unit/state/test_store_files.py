@@ -126,3 +126,16 @@ def test_dot_files_beside_values_are_not_keys(store, root):
     store.put("status/n1.json", b"1")
     (root / "status" / ".n2.json.tmp").write_bytes(b"half")
     assert [entry.key for entry in store.list("")] == ["status/n1.json"]
+
+
+def test_only_documents_are_listed(store, root):
+    """No FIFO (an image tree's /dev/initctl would block a read), no layer tree, no blob."""
+    store.put("status/n1.json", b"1")
+    os.mkfifo(root / "status" / "n2.json")
+    for folder in ("cache/layers/abc/etc", "blobs/sha256"):
+        (root / folder).mkdir(parents=True)
+    (root / "cache/layers/abc/etc/passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    (root / "blobs/sha256/0123").write_bytes(b"blob")
+    assert [entry.key for entry in store.list("")] == ["status/n1.json"]
+    assert store.get("status/n2.json") is None
+    assert store.watch("", store.revision(), timeout=0.1) == []
