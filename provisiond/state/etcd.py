@@ -238,7 +238,7 @@ class EtcdStore(Store):
                     raise _Retry(f"HTTP {reply.status_code}: {reply.text[:200]}")
                 for line in reply.iter_lines():
                     changes = self._watch_message(line)
-                    if changes:
+                    if changes or time.monotonic() > deadline:
                         return changes
         except requests.exceptions.RequestException as exc:
             if _timed_out(exc):
