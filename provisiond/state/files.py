@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,8 @@ class FilesStore(Store):
         self.log = Journal(self.hidden / "changes.jsonl", LOG_MAX_BYTES, LOG_KEEP_BYTES,
                            mode=0o600)
         self._prepared = False
+        self._seen: dict[str, dict[str, list[int] | None]] = {}  # prefix -> key -> stamp
+        self._scan_lock = threading.Lock()
 
     # reads (no lock)
 
@@ -203,23 +206,37 @@ class FilesStore(Store):
 
     def _scan(self, prefix: str) -> None:
         """Register the files under `prefix` changed, created or removed behind the store's
-        back (a watch sees them as changes)."""
-        keys = set(self._keys(prefix))
-        keys.update(self._meta_keys(prefix))
-        for key in keys:
+        back (a watch sees them as changes). A file whose stat is the one this store saw
+        last is not read again: a watch on 10,000 status files stats them, no more."""
+        with self._scan_lock:
+            self._scan_locked(prefix)
+
+    def _scan_locked(self, prefix: str) -> None:
+        seen = self._seen.setdefault(prefix, {})
+        if not seen:  # the first look: keys removed while no one watched
+            for key in self._meta_keys(prefix):
+                seen[key] = None
+        now = dict(_walk(self.root, prefix, ""))
+        for key in seen.keys() - now.keys():
             self._observe(key)
+            seen.pop(key, None)
+        for key, stamp in now.items():
+            if seen.get(key) != stamp:
+                self._observe(key)
+                seen[key] = stamp
 
     def _keys(self, prefix: str):
         """Every file under the root whose key starts with `prefix` (dot names skipped)."""
-        yield from _walk(self.root, prefix, "")
+        for key, _ in _walk(self.root, prefix, ""):
+            yield key
 
     def _meta_keys(self, prefix: str):
-        for key in _walk(self.hidden / "meta", prefix, ".rev"):
+        for key, _ in _walk(self.hidden / "meta", prefix, ".rev"):
             yield key.removesuffix(".rev")
 
 
 def _walk(top: Path, prefix: str, suffix: str):
-    """The regular files under `top` whose relative path starts with `prefix`."""
+    """(key, stamp) of the regular files under `top` whose key starts with `prefix`."""
     base = prefix.rpartition("/")[0]
     start = top / base if base else top
     for folder, dirs, files in os.walk(start):
@@ -229,9 +246,14 @@ def _walk(top: Path, prefix: str, suffix: str):
                    and _may_hold(rel + d + "/", prefix)]
         for name in files:
             key = rel + name
-            if (not name.startswith(".") and key.startswith(prefix) and key.endswith(suffix)
-                    and stat.S_ISREG(os.lstat(os.path.join(folder, name)).st_mode)):
-                yield key
+            if name.startswith(".") or not key.startswith(prefix) or not key.endswith(suffix):
+                continue
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield key, _stamp(st)
 
 
 def _may_hold(folder: str, prefix: str) -> bool:
