@@ -227,7 +227,7 @@ class EtcdStore(Store):
             if (attempt + 1) % count == 0:  # every member failed this round
                 time.sleep(min(0.05 * 2 ** ((attempt + 1) // count), 1.0))
         raise Unavailable(f"etcd {self.url}: no member served the request within "
-                          f"{RETRY_FOR:.0f} s ({'; '.join(failures[-count:])})")
+                          f"{RETRY_FOR:g} s ({'; '.join(failures[-count:])})")
 
     def _watch_on(self, client, body: dict, deadline: float) -> list[Change]:
         left = max(deadline - time.monotonic(), 0.01)
@@ -369,8 +369,19 @@ def _timed_out(exc: Exception) -> bool:
     return isinstance(cause, urllib3.exceptions.ReadTimeoutError)
 
 
+CONNECTION_FAILURES = {"NewConnectionError": "connection refused",
+                       "timed out": "timed out", "RemoteDisconnected": "connection closed",
+                       "Connection reset": "connection reset",
+                       "Connection aborted": "connection closed"}
+"""requests' long texts (the pool, the URL, the cause) as a few words."""
+
+
 def _short(value) -> str:
-    return str(value).splitlines()[0][:200] if str(value) else ""
+    text = str(value)
+    for words, short in CONNECTION_FAILURES.items():
+        if words in text:
+            return short
+    return text.splitlines()[0][:200] if text else ""
 
 
 def _revision(reply: Reply) -> int:
