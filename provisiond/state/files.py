@@ -18,6 +18,7 @@ revision, so a compare-and-swap against the old one fails. Writers take one floc
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from provisiond.atomic import locked, read_json, write_atomic
 from provisiond.config import CACHE_NAME
+from provisiond.errors import ProvisiondError
 from provisiond.journal import MAX_LINE, Journal
 from provisiond.state.keys import check_expect, check_key, check_prefix, file_mode, is_secret
 from provisiond.state.store import Change, Compacted, Entry, Store
@@ -44,6 +46,27 @@ NOT_DOCUMENTS = frozenset({CACHE_NAME, "blobs"})
 documents, and a list of '' would read every byte of them."""
 
 
+class StoreFileError(ProvisiondError):
+    """The state directory cannot be read or written (permissions, a full disk...)."""
+
+    code = "store_io"
+
+
+def _reported(method):
+    """The method with OSError turned into one line naming the key and the cause."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            where = exc.filename or self.root
+            raise StoreFileError(f"{self.url}: {method.__name__} {args[0] if args else ''}: "
+                                 f"{where}: {exc.strerror or exc}") from None
+
+    return call
+
+
 class FilesStore(Store):
     def __init__(self, root: Path):
         self.root = Path(root).absolute()
@@ -58,9 +81,11 @@ class FilesStore(Store):
 
     # reads (no lock)
 
+    @_reported
     def get(self, key: str) -> Entry | None:
         return self._observe(check_key(key))
 
+    @_reported
     def list(self, prefix: str) -> list[Entry]:
         found = (self._observe(key) for key in self._keys(check_prefix(prefix)))
         return sorted((entry for entry in found if entry), key=lambda e: e.key)
@@ -68,6 +93,7 @@ class FilesStore(Store):
     def revision(self) -> int:
         return self.log.latest_id()
 
+    @_reported
     def watch(self, prefix: str, since: int, timeout: float) -> list[Change]:
         check_prefix(prefix)
         deadline = time.monotonic() + timeout
@@ -91,6 +117,7 @@ class FilesStore(Store):
 
     # writes (under the store's lock)
 
+    @_reported
     def put(self, key: str, value: bytes, expect: int | None = None) -> int:
         check_key(key)
         value = bytes(value)
@@ -99,6 +126,7 @@ class FilesStore(Store):
             write_atomic(self.root / key, value, mode=file_mode(key))
             return self._record(key, value)
 
+    @_reported
     def delete(self, key: str, expect: int | None = None) -> bool:
         check_key(key)
         with locked(self.lock_path, wait=LOCK_WAIT):
@@ -122,8 +150,15 @@ class FilesStore(Store):
             value, stamp = found
             if stamp == meta.get("stat") or _sha256(value) == meta.get("sha256"):
                 return Entry(key, value, meta["rev"])
-        with locked(self.lock_path, wait=LOCK_WAIT):
-            return self._current(key)
+        try:
+            with locked(self.lock_path, wait=LOCK_WAIT):
+                return self._current(key)
+        except PermissionError:
+            # a reader that may not write the state dir (an unprivileged CLI user) cannot
+            # register the change: it sees the value, at the last revision known
+            if found is None:
+                return None
+            return Entry(key, found[0], meta.get("rev") or self.log.latest_id())
 
     def _revision(self, key: str) -> int | None:
         """The key's revision (lock held): from its meta when the file is as written."""
