@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import shutil
 import statistics
 import sys
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_boot_common import make_state  # noqa: E402
 
+from provisiond.atomic import write_atomic  # noqa: E402
 from provisiond.state.files import FilesStore  # noqa: E402
 from provisiond.state.open import open_url  # noqa: E402
 from tests.etcd_cluster import EtcdCluster  # noqa: E402
@@ -57,6 +59,30 @@ def measure(name: str, store, count: int) -> None:
           flush=True)
 
 
+def _writer(root: str, kind: str, puts: int, number: int) -> None:
+    store = FilesStore(Path(root))
+    for index in range(puts):
+        key = f"status/w{number}-{index % 50}.json"
+        if kind == "store":
+            store.put(key, STATUS)
+        else:  # what status.py did before the store: one atomic file write, no lock
+            write_atomic(Path(root) / key, STATUS)
+
+
+def parallel(scratch: Path, kind: str, processes: int, puts: int) -> float:
+    """Puts per second of `processes` writers at once (a boot storm's status reports)."""
+    root = scratch / f"parallel-{kind}"
+    FilesStore(root).put("status/first.json", STATUS)
+    writers = [multiprocessing.Process(target=_writer, args=(str(root), kind, puts, n))
+               for n in range(processes)]
+    started = time.perf_counter()
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    return processes * puts / (time.perf_counter() - started)
+
+
 def inventory(nodes: int) -> bytes:
     """bench_storm's inventory: `nodes` nodes with the shipped default profile."""
     from provisiond.config import SHIPPED_DIR
@@ -76,6 +102,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pvbench-store-") as scratch:
         measure("files", FilesStore(Path(scratch) / "state"), args.count)
+        for round_ in range(2):  # alternated, the machine's load shifts
+            for kind in ("store", "plain"):
+                rate = parallel(Path(scratch) / str(round_), kind, 8, args.count // 5)
+                what = "FilesStore.put" if kind == "store" else "write_atomic (before the store)"
+                print(f"files  8 processes at once, {what}: {rate:.0f} puts/s", flush=True)
         with EtcdCluster(Path(scratch) / "etcd") as cluster:
             store = open_url(cluster.url("/bench"), Path(scratch) / "store.key")
             measure("etcd", store, args.count)

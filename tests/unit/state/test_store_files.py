@@ -175,3 +175,16 @@ def test_a_reader_that_may_not_write_still_reads_a_hand_edited_file():
         assert store.get("inventory.yaml").revision > 1  # a writer registers it
     finally:
         shutil.rmtree(top)
+
+
+def test_a_half_written_meta_counts_as_none_never_as_a_wrong_revision(store, root):
+    revision = store.put("status/n1.json", b"1")
+    meta = root / ".store" / "meta" / "status" / "n1.json.rev"
+    old = meta.read_bytes()
+    store.put("status/n1.json", b"2")
+    new = meta.read_bytes()
+    meta.write_bytes(old[:40] + new[40:])  # a read meeting a write: the new stat, old rev
+    entry = store.get("status/n1.json")
+    assert entry.value == b"2" and entry.revision > revision + 1
+    with pytest.raises(StaleRevision):
+        store.put("status/n1.json", b"3", expect=revision + 1)
