@@ -95,12 +95,20 @@ class EtcdStore(Store):
         start = self._key(check_prefix(prefix))
         body = {"create_request": {"key": _b64(start), "range_end": _b64(_end(start)),
                                    "start_revision": since + 1}}
+        if self._put_since(start, since):  # etcd hands them over in 0.1 s, not at once
+            timeout = max(timeout, REQUEST_TIMEOUT)
         deadline = time.monotonic() + timeout
         changes = self._each_member(lambda client: self._watch_on(client, body, deadline))
         if changes is None:  # a member that takes connections but never answers:
             self._preferred = (self._preferred + 1) % len(self.clients)  # the next one next
             return []
         return changes
+
+    def _put_since(self, start: bytes, since: int) -> bool:
+        """Whether a key under `start` was written after `since` (and is still there)."""
+        reply = self._call("kv/range", {"key": _b64(start), "range_end": _b64(_end(start)),
+                                        "min_mod_revision": since + 1, "count_only": True})
+        return int(reply.get("count", 0)) > 0
 
     # writes
 
