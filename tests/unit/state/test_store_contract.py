@@ -113,6 +113,13 @@ def test_watch_sees_every_change_in_order_deletes_included(store):
     assert store.watch("status/", revisions[-1], timeout=0.2) == []
 
 
+def test_a_watch_without_wait_still_hands_over_what_is_there(store):
+    since = store.revision()
+    revision = store.put("status/n1.json", b"up")
+    assert [(c.key, c.revision) for c in store.watch("status/", since, timeout=0)] == [
+        ("status/n1.json", revision)]
+
+
 def test_watch_waits_for_a_change_made_meanwhile(store):
     since = store.revision()
     writer = threading.Timer(0.3, store.put, ("status/n9.json", b"late"))
