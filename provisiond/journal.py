@@ -9,18 +9,35 @@ missed from `oldest_id()`.
 
 Lines are in id order, so `read_since` finds its first line by bisecting byte offsets:
 a reader polling a 8 MiB journal reads a few KiB, not the file.
+
+With a shared store (etcd) a journal is a StoreJournal instead: one key per record, so every
+server writes to and reads the same one (`journal_on` picks).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from provisiond.atomic import locked, write_atomic
+from provisiond.errors import Conflict
 
 MAX_LINE = 16 << 10  # a longer record is refused by `append` (ValueError)
+WAIT_POLL = 0.15  # seconds between two looks at a journal file in `wait`
+
+
+def journal_on(store, prefix: str, path: Path, max_bytes: int, keep_bytes: int,
+               mode: int = 0o640) -> "Journal | StoreJournal":
+    """The journal of `store` (a provisiond.state Store): today's file at `path` with the
+    files store (the state dir as it was), else records under `prefix` on the store, about
+    as many as `keep_bytes` of file lines hold (a record is ~250 bytes)."""
+    if store.url.startswith("files://"):
+        return Journal(path, max_bytes, keep_bytes, mode)
+    return StoreJournal(store, prefix, max(10, keep_bytes // 250))
 
 
 class Journal:
@@ -81,6 +98,25 @@ class Journal:
             pass
         return found
 
+    def wait(self, after_id: int, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a record after `after_id` (or a trim); True
+        when the journal may hold one."""
+        deadline = time.monotonic() + timeout
+        start = self._signature()
+        while self.latest_id() <= after_id and self._signature() == start:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(WAIT_POLL)
+        return True
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        """What changes when the journal is appended to or trimmed (replaced)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
     def _first_after(self, handle, after_id: int) -> int:
         """Offset of a line at or before the first line whose id > after_id."""
         low, high = 0, os.fstat(handle.fileno()).st_size
@@ -121,6 +157,93 @@ class Journal:
                 handle.readline()
             kept = handle.read()
         write_atomic(self.path, kept, mode=self.mode, durable=False)
+
+
+class StoreJournal:
+    """A journal on a shared store: each record a key `<prefix><time ns>-<random>` (created
+    with put(expect=ABSENT)), its id the store revision of that put, so ids grow in the
+    order the store took the records, whichever server wrote them. `read_since` is the
+    store's watch from that id (etcd's history: no scan of the keys); `wait` its blocking
+    form. Bounded: about once per keep/4 appends (by chance, so no writer needs a count
+    shared by all) one lists the records and deletes the oldest beyond `keep`, and
+    `<prefix without '/'>.trimmed` notes the newest id deleted. A list per append would move
+    the whole journal each time; this holds at most about 1.25 x keep records."""
+
+    def __init__(self, store, prefix: str, keep: int):
+        self.store, self.prefix, self.keep = store, prefix, keep
+        self.trimmed_key = prefix.rstrip("/") + ".trimmed"
+        self.trim_every = max(1, keep // 4)
+
+    def append(self, record: dict) -> int:
+        data = json.dumps(record, separators=(",", ":"), ensure_ascii=False,
+                          default=str).encode()
+        if len(data) > MAX_LINE:
+            raise ValueError(f"journal record of {len(data)} bytes (at most {MAX_LINE})")
+        key = f"{self.prefix}{time.time_ns():020d}-{secrets.token_hex(4)}"
+        revision = self.store.put(key, data, expect=0)
+        if secrets.randbelow(self.trim_every) == 0:
+            self.trim()
+        return revision
+
+    def trim(self) -> None:
+        """Delete the oldest records beyond `keep` (any server may; a key already deleted
+        by another is skipped)."""
+        entries = sorted(self.store.list(self.prefix), key=lambda e: e.revision)
+        gone = entries[:max(0, len(entries) - self.keep)]
+        if not gone:
+            return
+        for entry in gone:
+            self.store.delete(entry.key)
+        self.store.update(self.trimmed_key, lambda raw: str(max(
+            _int(raw), gone[-1].revision)).encode())
+
+    def latest_id(self) -> int:
+        """The store's revision: no record newer than it exists yet."""
+        return self.store.revision()
+
+    def oldest_id(self) -> int:
+        """A lower bound of the oldest id held (ids at or below `trimmed` are gone)."""
+        entry = self.store.get(self.trimmed_key)
+        return _int(entry.value if entry else None) + 1 if entry else 0
+
+    def read_since(self, after_id: int, limit: int = 1000,
+                   keep: Callable[[dict], bool] | None = None) -> list[dict]:
+        return self._records(self._changes(after_id, 0.0), after_id, limit, keep)
+
+    def wait(self, after_id: int, timeout: float) -> bool:
+        return bool(self._changes(after_id, timeout))
+
+    def _changes(self, after_id: int, timeout: float) -> list:
+        try:
+            return [c for c in self.store.watch(self.prefix, after_id, timeout)
+                    if c.value is not None]
+        except Conflict:  # Compacted: older than the store's history: what the keys hold
+            return [e for e in sorted(self.store.list(self.prefix), key=lambda e: e.revision)
+                    if e.revision > after_id]
+
+    @staticmethod
+    def _records(changes, after_id, limit, keep) -> list[dict]:
+        found: list[dict] = []
+        for change in changes:
+            try:
+                record = json.loads(change.value)
+            except ValueError:
+                continue
+            if not isinstance(record, dict) or change.revision <= after_id:
+                continue
+            record = {"id": change.revision, **record}
+            if keep is None or keep(record):
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+
+def _int(raw: bytes | None) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
 
 
 def _records(handle) -> Iterator[dict]:
