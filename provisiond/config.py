@@ -131,7 +131,10 @@ def parse_store_url(url: str) -> tuple[list[tuple[str, int]], str]:
     if not STORE_ROOT_RE.fullmatch(root):
         raise ValueError(f"{url!r}: the key root {root!r} is not /NAME[/NAME...] of letters, "
                          "digits, '.', '_', '-'")
-    endpoints = [parse_upstream(host, None) for host in hosts.split(",")]
+    try:
+        endpoints = [parse_upstream(host, None) for host in hosts.split(",")]
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: {exc} (etcd://HOST:PORT[,HOST:PORT...])") from None
     if len(set(endpoints)) != len(endpoints):
         raise ValueError(f"{url!r}: an endpoint is named twice")
     return endpoints, root.removesuffix("/") + "/"

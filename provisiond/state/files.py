@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 from provisiond.atomic import locked, read_json, write_atomic
-from provisiond.errors import StaleRevision
 from provisiond.journal import MAX_LINE, Journal
-from provisiond.state.keys import check_key, check_prefix, file_mode, is_secret
-from provisiond.state.store import ABSENT, Change, Compacted, Entry, Store
+from provisiond.state.keys import check_expect, check_key, check_prefix, file_mode, is_secret
+from provisiond.state.store import Change, Compacted, Entry, Store
 
 HIDDEN = ".store"
 LOG_MAX_BYTES = 8 << 20
@@ -88,7 +87,7 @@ class FilesStore(Store):
         check_key(key)
         value = bytes(value)
         with locked(self.lock_path, wait=LOCK_WAIT):
-            _check_expect(key, self._revision(key), expect)
+            check_expect(key, self._revision(key), expect)
             write_atomic(self.root / key, value, mode=file_mode(key))
             return self._record(key, value)
 
@@ -96,7 +95,7 @@ class FilesStore(Store):
         check_key(key)
         with locked(self.lock_path, wait=LOCK_WAIT):
             revision = self._revision(key)
-            _check_expect(key, revision, expect)
+            check_expect(key, revision, expect)
             if revision is None:
                 return False
             (self.root / key).unlink(missing_ok=True)
@@ -229,14 +228,6 @@ def _walk(top: Path, prefix: str, suffix: str):
 
 def _may_hold(folder: str, prefix: str) -> bool:
     return folder.startswith(prefix) or prefix.startswith(folder)
-
-
-def _check_expect(key: str, revision: int | None, expect: int | None) -> None:
-    if expect is None or (revision or ABSENT) == expect:
-        return
-    now = "does not exist" if revision is None else f"is at revision {revision}"
-    wanted = "not to exist" if expect == ABSENT else f"at revision {expect}"
-    raise StaleRevision(f"{key} {now}, expected {wanted}")
 
 
 def _read_file(path: Path) -> tuple[bytes, list[int]] | None:

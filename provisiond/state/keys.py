@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from provisiond.errors import InvalidInput
+from provisiond.errors import InvalidInput, StaleRevision
+from provisiond.state.store import ABSENT
 
 SECRET_FILES = frozenset({"secrets.yaml", "tokens.json"})
 SECRET_DIRS = ("secrets/",)
@@ -42,3 +43,13 @@ def is_secret(key: str) -> bool:
 
 def file_mode(key: str) -> int:
     return 0o600 if is_secret(key) else 0o644
+
+
+def check_expect(key: str, revision: int | None, expect: int | None) -> None:
+    """StaleRevision unless a key at `revision` (None: absent) is what `expect` asks for
+    (None: anything; ABSENT: no key)."""
+    if expect is None or (revision or ABSENT) == expect:
+        return
+    now = "does not exist" if revision is None else f"is at revision {revision}"
+    wanted = "not to exist" if expect == ABSENT else f"at revision {expect}"
+    raise StaleRevision(f"{key} {now}, expected {wanted}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from provisiond.state.files import FilesStore
 from provisiond.state.store import Store
 
-BACKENDS = ["files"]  # etcd joins with its backend
+BACKENDS = ["files", "etcd"]
 
 
 def compact(store: Store) -> None:
@@ -16,7 +16,8 @@ def compact(store: Store) -> None:
         for number in range(40):
             store.put("padding.json", b"x" * 100 + str(number).encode())
         return
-    store.compact(store.revision())
+    store.put("padding.json", b"x")
+    store.compact(store.revision())  # etcd keeps the change at the compaction revision
 
 
 def increment(store: Store, key: str, times: int) -> None:

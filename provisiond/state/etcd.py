@@ -1,0 +1,390 @@
+"""The etcd backend: the store several boot servers share, over etcd's v3 JSON gateway
+(`/v3/...`, etcd >= 3.4) through etcd3gw.
+
+A store key `K` is the etcd key `ROOT + K` (ROOT from the URL, /provisiond/ by default);
+revisions are etcd's mod_revision; compare-and-swap is a transaction comparing it (or
+create_revision == 0 for ABSENT). Values of secret keys are sealed (provisiond.state.crypt)
+with `<state>/store.key`, whose id (never the key) sits at `ROOT.key-id`.
+
+Each call tries the members in turn (the one that answered last first) until one serves
+it, for at most RETRY_FOR seconds: a stopped member or a leader election costs a retry, not
+a failed call. A compare-and-swap whose answer was lost (the member died after taking it)
+must not be sent again blindly: it carries a receipt, a key of its own under
+`ROOT.receipts/` written in the same transaction on a short lease, and a retry first asks
+whether the receipt exists (then the write was applied, and its revision is the
+receipt's).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import etcd3gw
+import requests
+import urllib3
+from etcd3gw import exceptions as etcd_errors
+
+from provisiond.config import parse_store_url
+from provisiond.errors import InvalidConfig, ProvisiondError, StaleRevision, TooLarge, Unavailable
+from provisiond.state import crypt
+from provisiond.state.keys import check_expect, check_key, check_prefix, is_secret
+from provisiond.state.store import ABSENT, Change, Compacted, Entry, Store
+
+REQUEST_TIMEOUT = 10.0  # seconds for one member to answer one request
+CONNECT_TIMEOUT = 3.0
+RETRY_FOR = 30.0  # seconds a call keeps trying members (an election takes a few)
+RECEIPT_TTL = 60  # seconds a receipt lives; a lease serves receipts for RECEIPT_RENEW
+RECEIPT_RENEW = 20.0
+TOO_LARGE = ("request is too large", "received message larger than max")
+"""etcd's answers to a value over --max-request-bytes (the second when it is also over the
+gRPC limit, 512 KiB more)."""
+LEASE_GONE = "requested lease not found"
+
+
+class _Retry(Exception):
+    """A member failed a request another member may serve."""
+
+
+class _LeaseGone(Exception):
+    pass
+
+
+Reply = dict
+
+
+class EtcdStore(Store):
+    def __init__(self, url: str, key_path: Path, timeout: float = REQUEST_TIMEOUT):
+        try:
+            endpoints, root = parse_store_url(url)
+        except ValueError as exc:
+            raise InvalidConfig(f"store: {exc}") from None
+        self.url = url
+        self.root = root.encode()
+        self.key_path = Path(key_path)
+        self.clients = [etcd3gw.client(host=host, port=port, timeout=timeout, api_path="/v3/")
+                        for host, port in endpoints]
+        self._preferred = 0
+        self._lease: tuple[int, float] | None = None
+        self._box: crypt.SecretBox | None = None
+        self._lock = threading.Lock()
+
+    # reads
+
+    def get(self, key: str) -> Entry | None:
+        reply = self._call("kv/range", {"key": _b64(self._key(check_key(key)))})
+        kvs = reply.get("kvs")
+        return self._entry(kvs[0]) if kvs else None
+
+    def list(self, prefix: str) -> list[Entry]:
+        start = self._key(check_prefix(prefix))
+        reply = self._call("kv/range", {"key": _b64(start), "range_end": _b64(_end(start)),
+                                        "sort_order": "ASCEND", "sort_target": "KEY"})
+        return [self._entry(kv) for kv in reply.get("kvs", [])]
+
+    def revision(self) -> int:
+        reply = self._call("kv/range", {"key": _b64(self.root), "count_only": True})
+        return int(reply["header"]["revision"])
+
+    def watch(self, prefix: str, since: int, timeout: float) -> list[Change]:
+        start = self._key(check_prefix(prefix))
+        body = {"create_request": {"key": _b64(start), "range_end": _b64(_end(start)),
+                                   "start_revision": since + 1}}
+        deadline = time.monotonic() + timeout
+        return self._each_member(lambda client: self._watch_on(client, body, deadline))
+
+    # writes
+
+    def put(self, key: str, value: bytes, expect: int | None = None) -> int:
+        name = self._key(check_key(key))
+        request = {"key": _b64(name), "value": _b64(self._sealed(key, bytes(value)))}
+        try:
+            if expect is None:
+                return _revision(self._call("kv/put", request, what=key))
+            return _revision(self._guarded(key, expect, {"request_put": request}))
+        except TooLarge:
+            raise TooLarge(f"{key}: {len(value) / 2**20:.1f} MiB is more than the etcd cluster "
+                           "takes in one request: start its members with a larger "
+                           "--max-request-bytes (docs/store.md)") from None
+
+    def delete(self, key: str, expect: int | None = None) -> bool:
+        name = _b64(self._key(check_key(key)))
+        if expect is None:
+            return int(self._call("kv/deleterange", {"key": name}).get("deleted", 0)) > 0
+        reply = self._guarded(key, expect, {"request_delete_range": {"key": name}})
+        responses = reply.get("responses")
+        if not responses:  # applied by an attempt whose answer was lost
+            return expect != ABSENT
+        return int(responses[0]["response_delete_range"].get("deleted", 0)) > 0
+
+    def compact(self, revision: int) -> None:
+        """Drop the history before `revision` (etcd keeps every revision until compacted;
+        a watch from before it is Compacted)."""
+        self._call("kv/compaction", {"revision": revision})
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.session.close()
+
+    # compare-and-swap with a receipt
+
+    def _guarded(self, key: str, expect: int, operation: dict) -> Reply:
+        """Run `operation` if `key` is at `expect`; StaleRevision otherwise."""
+        name = _b64(self._key(key))
+        if expect == ABSENT:
+            compare = {"key": name, "target": "CREATE", "result": "EQUAL", "create_revision": 0}
+        else:
+            compare = {"key": name, "target": "MOD", "result": "EQUAL", "mod_revision": expect}
+        for _ in range(2):
+            try:
+                reply = self._with_receipt(compare, operation, name, key)
+            except _LeaseGone:
+                self._lease = None  # etcd lost it (restored from a backup?): a new one
+                continue
+            if reply.get("succeeded"):
+                return reply
+            kvs = reply["responses"][0]["response_range"].get("kvs")
+            check_expect(key, int(kvs[0]["mod_revision"]) if kvs else None, expect)
+            raise StaleRevision(f"{key}: changed while written, expected revision {expect}")
+        raise Unavailable(f"{self.url}: etcd keeps losing the lease of write receipts")
+
+    def _with_receipt(self, compare: dict, operation: dict, name: str, key: str) -> Reply:
+        receipt = _b64(self.root.rstrip(b"/") + b".receipts/" + uuid.uuid4().hex.encode())
+        txn = {"compare": [compare],
+               "success": [operation, {"request_put": {"key": receipt, "value": "",
+                                                       "lease": self._lease_id()}}],
+               "failure": [{"request_range": {"key": name, "keys_only": True}}]}
+        retried = []
+
+        def applied_before(client) -> Reply | None:
+            retried.append(True)
+            return self._receipt(client, receipt)
+
+        reply = self._call("kv/txn", txn, what=key, before_retry=applied_before)
+        if not reply.get("succeeded") and retried:
+            # an attempt whose answer was lost may have been applied after all
+            applied = self._each_member(lambda client: self._receipt(client, receipt))
+            return applied or reply
+        return reply
+
+    def _receipt(self, client, receipt: str) -> Reply | None:
+        """A reply as of a successful write when the receipt exists, else None."""
+        reply = _post(client, "kv/range", {"key": receipt})
+        kvs = reply.get("kvs")
+        if not kvs:
+            return None
+        return {"succeeded": True, "header": {"revision": kvs[0]["mod_revision"]}}
+
+    def _lease_id(self) -> int:
+        with self._lock:
+            lease = self._lease
+        if lease and time.monotonic() < lease[1]:
+            return lease[0]
+        reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
+        lease = (int(reply["ID"]), time.monotonic() + RECEIPT_RENEW)
+        with self._lock:
+            self._lease = lease
+        return lease[0]
+
+    # talking to members
+
+    def _call(self, path: str, body: dict, what: str = "",
+              before_retry: Callable[[object], Reply | None] | None = None) -> Reply:
+        """POST `body` to the members in turn until one answers (RETRY_FOR seconds)."""
+        attempts = []
+
+        def request(client) -> Reply:
+            if attempts and before_retry:
+                found = before_retry(client)
+                if found is not None:
+                    return found
+            attempts.append(client)
+            return _post(client, path, body, what)
+
+        return self._each_member(request)
+
+    def _each_member(self, request: Callable[[object], Reply]):
+        deadline = time.monotonic() + RETRY_FOR
+        failures: list[str] = []
+        count = len(self.clients)
+        for attempt in range(10_000):
+            index = (self._preferred + attempt) % count
+            client = self.clients[index]
+            try:
+                reply = request(client)
+            except _Retry as exc:
+                failures.append(f"{client.host}:{client.port}: {exc}")
+            else:
+                self._preferred = index
+                return reply
+            if time.monotonic() > deadline:
+                break
+            if (attempt + 1) % count == 0:  # every member failed this round
+                time.sleep(min(0.05 * 2 ** ((attempt + 1) // count), 1.0))
+        raise Unavailable(f"etcd {self.url}: no member served the request within "
+                          f"{RETRY_FOR:.0f} s ({'; '.join(failures[-count:])})")
+
+    def _watch_on(self, client, body: dict, deadline: float) -> list[Change]:
+        left = max(deadline - time.monotonic(), 0.01)
+        try:
+            with client.session.post(client.get_url("watch"), json=body, stream=True,
+                                     timeout=(CONNECT_TIMEOUT, left)) as reply:
+                if reply.status_code != 200:
+                    raise _Retry(f"HTTP {reply.status_code}: {reply.text[:200]}")
+                for line in reply.iter_lines():
+                    changes = self._watch_message(line)
+                    if changes:
+                        return changes
+        except requests.exceptions.RequestException as exc:
+            if _timed_out(exc):
+                return []
+            raise _Retry(_short(exc)) from None
+        raise _Retry("the watch stream ended")
+
+    def _watch_message(self, line: bytes) -> list[Change]:
+        if not line.strip():
+            return []
+        message = json.loads(line)
+        if "error" in message:
+            raise _Retry(message["error"].get("message", "watch failed"))
+        result = message["result"]
+        if int(result.get("compact_revision", 0)):
+            raise Compacted(f"{self.url}: changes before revision "
+                            f"{result['compact_revision']} were compacted")
+        if result.get("canceled"):
+            raise _Retry(result.get("cancel_reason") or "watch canceled")
+        return [self._change(event) for event in result.get("events", [])]
+
+    # keys and values
+
+    def _key(self, key: str) -> bytes:
+        return self.root + key.encode()
+
+    def _name(self, kv: dict) -> str:
+        return base64.b64decode(kv["key"])[len(self.root):].decode()
+
+    def _entry(self, kv: dict) -> Entry:
+        key = self._name(kv)
+        value = self._opened(key, base64.b64decode(kv.get("value", "")))
+        return Entry(key, value, int(kv["mod_revision"]))
+
+    def _change(self, event: dict) -> Change:
+        kv = event["kv"]
+        key = self._name(kv)
+        if event.get("type") == "DELETE":
+            return Change(key, int(kv["mod_revision"]), None)
+        return Change(key, int(kv["mod_revision"]),
+                      self._opened(key, base64.b64decode(kv.get("value", ""))))
+
+    def _sealed(self, key: str, value: bytes) -> bytes:
+        return self._secrets().seal(key, value) if is_secret(key) else value
+
+    def _opened(self, key: str, value: bytes) -> bytes:
+        return self._secrets().open(key, value) if is_secret(key) else value
+
+    def _secrets(self) -> crypt.SecretBox:
+        """The key of secret values: the key file, created (with the store's key id) when
+        neither exists; a store sealed with another key is refused."""
+        if self._box is None:
+            key = crypt.read_key(self.key_path)
+            marker = self._key_id()
+            if key is None and marker is not None:
+                raise crypt.StoreKeyError(
+                    f"{self.key_path} is missing, and the secrets in {self.url} are sealed "
+                    f"with store key {marker}: copy store.key from a server of this store")
+            if key is None:
+                key = crypt.create_key(self.key_path)
+            if marker is None:
+                marker = self._claim_key_id(crypt.key_id(key).hex())
+            if marker != crypt.key_id(key).hex():
+                raise crypt.StoreKeyError(
+                    f"{self.key_path} is store key {crypt.key_id(key).hex()}, but the "
+                    f"secrets in {self.url} are sealed with store key {marker}: copy "
+                    "store.key from a server of this store")
+            self._box = crypt.SecretBox(key, self.key_path)
+        return self._box
+
+    def _key_id(self) -> str | None:
+        reply = self._call("kv/range", {"key": _b64(self._marker)})
+        kvs = reply.get("kvs")
+        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+    def _claim_key_id(self, key_id: str) -> str:
+        """Record `key_id` as the store's unless one is recorded; returns the store's."""
+        name = _b64(self._marker)
+        self._call("kv/txn", {
+            "compare": [{"key": name, "target": "CREATE", "result": "EQUAL",
+                         "create_revision": 0}],
+            "success": [{"request_put": {"key": name, "value": _b64(key_id.encode())}}]})
+        return self._key_id()
+
+    @property
+    def _marker(self) -> bytes:
+        return self.root.rstrip(b"/") + b".key-id"
+
+
+def _post(client, path: str, body: dict, what: str = "") -> Reply:
+    """One request to one member; _Retry when another member may serve it."""
+    try:
+        return client.post(client.get_url(path), json=body)
+    except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
+            etcd_errors.InternalServerError) as exc:
+        message = _message(exc)
+        if LEASE_GONE in message:
+            raise _LeaseGone() from None
+        raise _Retry(message) from None
+    except etcd_errors.Etcd3Exception as exc:
+        message = _message(exc)
+        if any(words in message for words in TOO_LARGE):
+            raise TooLarge(f"{what}: more than the etcd cluster takes in one request: "
+                           "start its members with a larger --max-request-bytes "
+                           "(docs/store.md)") from None
+        if LEASE_GONE in message:
+            raise _LeaseGone() from None
+        if "compacted" in message:
+            raise Compacted(f"etcd: {message}") from None
+        raise ProvisiondError(f"etcd refused a request{f' for {what}' if what else ''}: "
+                              f"{message}") from None
+
+
+def _message(exc: etcd_errors.Etcd3Exception) -> str:
+    """etcd's own message from an etcd3gw error (the gateway's JSON body)."""
+    text = exc.detail_text or ""
+    try:
+        body = json.loads(text)
+        return str(body.get("message") or body.get("error") or text)
+    except (ValueError, AttributeError):
+        return _short(text) or type(exc).__name__
+
+
+def _timed_out(exc: Exception) -> bool:
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    cause = exc.args[0] if exc.args else None
+    return isinstance(cause, urllib3.exceptions.ReadTimeoutError)
+
+
+def _short(value) -> str:
+    return str(value).splitlines()[0][:200] if str(value) else ""
+
+
+def _revision(reply: Reply) -> int:
+    return int(reply["header"]["revision"])
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _end(prefix: bytes) -> bytes:
+    """The first key after every key starting with `prefix` (etcd's range_end)."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    end[-1] += 1
+    return bytes(end)
