@@ -21,6 +21,7 @@ from provisiond.state import open as opening
 
 MAX_BYTES = 64 << 20  # then the oldest half goes: about 150,000 changes stay
 KEEP_BYTES = 32 << 20
+KEEP_RECORDS = 20_000  # on a shared store, where each read lists them (~5 MiB)
 
 
 def audit_path(config: Config) -> Path:
@@ -29,7 +30,7 @@ def audit_path(config: Config) -> Path:
 
 def journal(config: Config) -> Journal | StoreJournal:
     return journal_on(opening.open_store(config), "audit/", audit_path(config), MAX_BYTES,
-                      KEEP_BYTES, mode=0o600)
+                      KEEP_BYTES, mode=0o600, keep_records=KEEP_RECORDS)
 
 
 def cli_actor() -> str:

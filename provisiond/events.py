@@ -31,6 +31,7 @@ from provisiond.state import open as opening
 log = logging.getLogger("provisiond.events")
 MAX_BYTES = 8 << 20  # about 30,000 phase events; then the oldest half goes
 KEEP_BYTES = 4 << 20
+KEEP_RECORDS = 4000  # on a shared store, where each read lists them (~1 MiB)
 
 
 class Event(BaseModel):
@@ -47,7 +48,7 @@ def events_path(config: Config) -> Path:
 
 def journal(config: Config) -> Journal | StoreJournal:
     return journal_on(opening.open_store(config), "events/", events_path(config), MAX_BYTES,
-                      KEEP_BYTES)
+                      KEEP_BYTES, keep_records=KEEP_RECORDS)
 
 
 def emit(config: Config, kind: str, subject: str | None = None, data: dict | None = None

@@ -31,13 +31,14 @@ WAIT_POLL = 0.15  # seconds between two looks at a journal file in `wait`
 
 
 def journal_on(store, prefix: str, path: Path, max_bytes: int, keep_bytes: int,
-               mode: int = 0o640) -> "Journal | StoreJournal":
+               mode: int = 0o640, keep_records: int = 4000
+               ) -> "Journal | StoreJournal":
     """The journal of `store` (a provisiond.state Store): today's file at `path` with the
-    files store (the state dir as it was), else records under `prefix` on the store, about
-    as many as `keep_bytes` of file lines hold (a record is ~250 bytes)."""
+    files store (the state dir as it was), else `keep_records` records under `prefix` on
+    the store (a read lists them: ~250 bytes each)."""
     if store.url.startswith("files://"):
         return Journal(path, max_bytes, keep_bytes, mode)
-    return StoreJournal(store, prefix, max(10, keep_bytes // 250))
+    return StoreJournal(store, prefix, keep_records)
 
 
 class Journal:
@@ -162,12 +163,14 @@ class Journal:
 class StoreJournal:
     """A journal on a shared store: each record a key `<prefix><time ns>-<random>` (created
     with put(expect=ABSENT)), its id the store revision of that put, so ids grow in the
-    order the store took the records, whichever server wrote them. `read_since` is the
-    store's watch from that id (etcd's history: no scan of the keys); `wait` its blocking
-    form. Bounded: about once per keep/4 appends (by chance, so no writer needs a count
-    shared by all) one lists the records and deletes the oldest beyond `keep`, and
-    `<prefix without '/'>.trimmed` notes the newest id deleted. A list per append would move
-    the whole journal each time; this holds at most about 1.25 x keep records."""
+    order the store took the records, whichever server wrote them. `read_since` lists the
+    prefix (a watch from an old revision hands its history over in pieces, and a reader
+    that skipped past a piece would lose events); `wait` is the store's watch.
+
+    Bounded: about once per keep/4 appends (by chance, so no writer needs a count shared
+    by all) one lists the records and deletes the oldest beyond `keep`, and
+    `<prefix without '/'>.trimmed` notes the newest id deleted. A trim per append would
+    move the whole journal each time; this holds at most about 1.25 x keep records."""
 
     def __init__(self, store, prefix: str, keep: int):
         self.store, self.prefix, self.keep = store, prefix, keep
@@ -188,7 +191,7 @@ class StoreJournal:
     def trim(self) -> None:
         """Delete the oldest records beyond `keep` (any server may; a key already deleted
         by another is skipped)."""
-        entries = sorted(self.store.list(self.prefix), key=lambda e: e.revision)
+        entries = self._entries()
         gone = entries[:max(0, len(entries) - self.keep)]
         if not gone:
             return
@@ -204,39 +207,48 @@ class StoreJournal:
     def oldest_id(self) -> int:
         """A lower bound of the oldest id held (ids at or below `trimmed` are gone)."""
         entry = self.store.get(self.trimmed_key)
-        return _int(entry.value if entry else None) + 1 if entry else 0
+        return _int(entry.value) + 1 if entry else 0
 
     def read_since(self, after_id: int, limit: int = 1000,
                    keep: Callable[[dict], bool] | None = None) -> list[dict]:
-        return self._records(self._changes(after_id, 0.0), after_id, limit, keep)
+        found: list[dict] = []
+        for entry in self._entries():
+            record = _parsed(entry.value) if entry.revision > after_id else None
+            if record is not None:
+                record = {"id": entry.revision, **record}
+                if keep is None or keep(record):
+                    found.append(record)
+                    if len(found) >= limit:
+                        break
+        return found
 
     def wait(self, after_id: int, timeout: float) -> bool:
-        return bool(self._changes(after_id, timeout))
-
-    def _changes(self, after_id: int, timeout: float) -> list:
-        try:
-            return [c for c in self.store.watch(self.prefix, after_id, timeout)
-                    if c.value is not None]
-        except Conflict:  # Compacted: older than the store's history: what the keys hold
-            return [e for e in sorted(self.store.list(self.prefix), key=lambda e: e.revision)
-                    if e.revision > after_id]
-
-    @staticmethod
-    def _records(changes, after_id, limit, keep) -> list[dict]:
-        found: list[dict] = []
-        for change in changes:
+        """Wait up to `timeout` seconds for a record after `after_id` (the store's watch;
+        the deletions of a trim are passed over)."""
+        deadline = time.monotonic() + timeout
+        since = after_id
+        while True:
             try:
-                record = json.loads(change.value)
-            except ValueError:
-                continue
-            if not isinstance(record, dict) or change.revision <= after_id:
-                continue
-            record = {"id": change.revision, **record}
-            if keep is None or keep(record):
-                found.append(record)
-                if len(found) >= limit:
-                    break
-        return found
+                changes = self.store.watch(self.prefix, since,
+                                           max(0.0, deadline - time.monotonic()))
+            except Conflict:  # Compacted: history gone; the keys may hold newer records
+                return True
+            if any(change.value is not None for change in changes):
+                return True
+            if not changes or time.monotonic() >= deadline:
+                return False
+            since = changes[-1].revision
+
+    def _entries(self) -> list:
+        return sorted(self.store.list(self.prefix), key=lambda entry: entry.revision)
+
+
+def _parsed(raw: bytes) -> dict | None:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _int(raw: bytes | None) -> int:
