@@ -6,7 +6,8 @@ The document: {"format": "provisiond-state", "version": 1, "source": URL, "revis
 inventory and secrets stay readable and diffable), else base64. Secrets are in it in the
 clear. What belongs to one server is left out (LOCAL): its settings, the key of the etcd
 store's secret values, and the files the files store finds under the state directory that
-are not shared documents (blobs, built images and overlays, run files).
+are not shared documents (blobs, downloads, image trees but their manifests, overlay builds,
+run files): each server keeps or fetches those itself.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from provisiond.state.store import Store
 
 FORMAT = "provisiond-state"
 VERSION = 1
-LOCAL = ("provisiond.yaml", "store.key", "blobs/", "images/", "overlay-builds/", "run/",
+LOCAL = ("provisiond.yaml", "store.key", "blobs/", "cache/", "overlay-builds/", "run/",
          "metrics.json")
 
 
 def is_local(key: str) -> bool:
+    if key.startswith("images/"):  # an image's manifest is shared, its trees are not
+        parts = key.split("/")
+        return len(parts) != 3 or parts[2] != "manifest.json"
     return key.startswith(LOCAL)
 
 

@@ -98,3 +98,11 @@ def test_import_of_a_bad_file_is_one_line(tmp_path, capsys):
         code, _, err = _provisiond(tmp_path / "s", capsys, "state", "import", str(bad))
         assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "s" / "store.key").exists()
+
+
+def test_what_one_server_keeps_is_not_exported(tmp_path, capsys):
+    from provisiond.state.transfer import is_local
+
+    assert is_local("store.key") and is_local("blobs/sha256/ab") and is_local("provisiond.yaml")
+    assert is_local("images/tiny/shell/etc/passwd") and not is_local("images/tiny/manifest.json")
+    assert not is_local("inventory.yaml") and not is_local("secrets/token.key")
