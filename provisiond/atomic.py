@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from provisiond.errors import Unavailable
@@ -21,11 +21,22 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644, durable: bool
     target; the directory is fsynced so the rename itself survives a power cut. With
     `durable=False` (derived data that can be rebuilt) both fsyncs are skipped.
     """
+    with staged(path, data, mode, durable) as commit:
+        commit()
+
+
+@contextlib.contextmanager
+def staged(path: Path, data: bytes | str, mode: int = 0o644,
+           durable: bool = True) -> Iterator[Callable[[], None]]:
+    """write_atomic in two steps: the data is written (and fsynced) to a temp file first;
+    the block calls the function it gets to rename it over `path` (a writer holding a lock
+    for its check and rename only, not for the writing). Not called: nothing changes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         data = data.encode()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    committed = []
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
@@ -33,11 +44,11 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644, durable: bool
             handle.flush()
             if durable:
                 os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        yield lambda: committed.append(os.replace(tmp, path))
+    finally:
+        if not committed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     if durable:
         fsync_dir(path.parent)
 

@@ -92,7 +92,12 @@ def config_handler(args, ctx) -> int:
 
 def resume_handler(args, ctx) -> int:
     def resume(config, nodes, timeout):
-        results = power.resume(config, nodes, timeout)
+        """A `reprovision` job without the wait for ready: audited, claims, events."""
+        if not nodes:
+            return []
+        params = {"wait": False, "timeout": timeout}
+        results = node_results(jobs.run_here(config, JobKind.REPROVISION, [fold(list(nodes))],
+                                             params, cli_actor()))
         for ok, what in power.mark_down(config, results):
             logging.getLogger(LOGGER).log(logging.INFO if ok else logging.ERROR,
                                           "slurm resume %s", what)

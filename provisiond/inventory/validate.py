@@ -11,6 +11,7 @@ from provisiond.config import Config
 from provisiond.errors import InvalidInventory
 from provisiond.inventory.merge import Node, merge_all, merge_nodes
 from provisiond.inventory.model import Inventory, Record, check_name
+from provisiond.inventory.values import bmc_port
 from provisiond.states import BmcDriver
 
 
@@ -139,10 +140,10 @@ def _claim_bmc(claims: Claims, node: Node) -> None:
     bmc = node.record.bmc
     if not (bmc and bmc.address) or bmc.driver is BmcDriver.FAKE:
         return
+    port = bmc_port(bmc.driver and bmc.driver.value, bmc.scheme, bmc.port)
     shown = bmc.address + (f" port {bmc.port}" if bmc.port else "") + (
         f" system {bmc.system_id}" if bmc.system_id else "")
-    claims.claim("bmc", (bmc.address, bmc.port, bmc.system_id), node.name, "bmc.address",
-                 shown)
+    claims.claim("bmc", (bmc.address, port, bmc.system_id), node.name, "bmc.address", shown)
 
 
 def _check_not_loopback(node: str, dev: str, netdev) -> None:

@@ -24,6 +24,22 @@ OVERLAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 Text = Annotated[str, StringConstraints(pattern=f"^[^{CONTROLS}]*$")]
 HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+IPMI_PORT = 623  # RMCP+
+REDFISH_PORTS = {"http": 80, "https": 443}
+REDFISH_SCHEME = "https"
+
+
+def bmc_port(driver, scheme: str | None, port: int | None) -> int | None:
+    """The port a BMC is reached on: its own, else its driver's default (None: unknown)."""
+    if port is not None:
+        return port
+    if driver == "ipmi":
+        return IPMI_PORT
+    if driver == "redfish":
+        return REDFISH_PORTS.get(scheme or REDFISH_SCHEME)
+    return None
+
+
 IPMI_CIPHER_SUITES = (3, 17)  # what pyghmi offers: 3 = RAKP-HMAC-SHA1, 17 = SHA256
 MAX_BMC_TIMEOUT = 600.0
 NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052

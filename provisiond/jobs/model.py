@@ -14,7 +14,6 @@ from provisiond.config import bounded
 from provisiond.errors import InvalidInput
 from provisiond.inventory.store import describe_validation_error
 from provisiond.power.operations import FIRMWARE_UPDATE_TIMEOUT, firmware_update
-from provisiond.power.reprovision import DEFAULT_TIMEOUT as REPROVISION_TIMEOUT
 from provisiond.states import BootDevice, JobKind, JobState, PowerAction
 
 Seconds = Annotated[float, bounded(0.1, 86400)]
@@ -58,8 +57,12 @@ class FirmwareUpdateParams(_Params):
 
 
 class ReprovisionParams(_Params):
-    timeout: Seconds = REPROVISION_TIMEOUT
-    """How long to wait for every node to report ready."""
+    timeout: Seconds | None = None
+    """How long to wait for every node to report ready (default 600 s); with `wait: false`,
+    the per-BMC deadline (default: the node's bmc.timeout, else power.timeout)."""
+    wait: bool = True
+    """false: end once each BMC took the PXE boot, without waiting for ready (Slurm's
+    resume, which waits for the node itself)."""
 
 
 class ImageBuildParams(_Params):

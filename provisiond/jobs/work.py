@@ -129,7 +129,7 @@ def _firmware_update(config: Config, job: Job, progress: Progress) -> list[JobRe
 def _reprovision(config: Config, job: Job, progress: Progress) -> list[JobResult]:
     params = ReprovisionParams.model_validate(job.params)
     return [job_result(r) for r in reprovision(config, job.names, params.timeout,
-                                               progress.node)]
+                                               progress.node, params.wait)]
 
 
 def _image_build(config: Config, job: Job, progress: Progress) -> list[JobResult]:

@@ -16,6 +16,7 @@ from pyghmi.ipmi import command as ipmi_command
 from pyghmi.ipmi.private import session as ipmi_session
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
+from provisiond.inventory.values import IPMI_PORT
 from provisiond.power.base import (BmcBusy, Driver, FirmwareComponent, bmc_call,
                                    cached_per_driver)
 from provisiond.states import BootDevice, PowerAction, PowerState
@@ -40,7 +41,6 @@ POWER_REQUESTS = {
 BOOT_DEVICES = {BootDevice.PXE: "network", BootDevice.DISK: "hd"}
 # cipher suite -> pyghmi's `attemptedhash` for the first open-session proposal
 CIPHER_SUITES = {3: 1, 17: 256}
-DEFAULT_PORT = 623
 BUSY_CODES = {0xC0}
 CIPHER_MISMATCH = "the BMC answered the session handshake in another cipher suite"
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
@@ -111,7 +111,7 @@ class IpmiDriver(Driver):
 
     @property
     def where(self) -> str:
-        return f"ipmi {self.settings.address}:{self.settings.port or DEFAULT_PORT}"
+        return f"ipmi {self.settings.address}:{self.settings.port or IPMI_PORT}"
 
     @_bmc_call
     def get_power_state(self) -> PowerState:
@@ -160,7 +160,7 @@ class IpmiDriver(Driver):
         while True:
             try:
                 return open_command(session_class, s.address, s.username.encode(),
-                                    s.password.encode(), s.port or DEFAULT_PORT)
+                                    s.password.encode(), s.port or IPMI_PORT)
             except pyghmi_exc.IpmiException as exc:
                 if not unanswered(exc) or self.remaining() < LOGIN_RETRY_DELAY + LOGIN_SECONDS:
                     raise

@@ -16,6 +16,7 @@ from sushy import exceptions as sushy_exc
 from sushy.auth import BasicAuth
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
+from provisiond.inventory.values import REDFISH_PORTS
 from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call, cached_per_driver
 from provisiond.states import BootDevice, PowerAction, PowerState
 
@@ -40,7 +41,6 @@ TASK_RUNNING = {"New", "Starting", "Running", "Pending", "Suspended", "Stopping"
 TASK_OK = {"Completed"}
 BUSY_STATUS = {503}
 POLL_SECONDS = 1.0
-DEFAULT_PORTS = {"http": 80, "https": 443}
 # Text inside a requests/urllib3 connection error -> what to tell the user.
 CONNECTION_REASONS = [
     ("CERTIFICATE_VERIFY_FAILED",
@@ -91,7 +91,7 @@ class RedfishDriver(Driver):
                 host = f"[{host}]"
         except ValueError:
             pass
-        port = s.port or DEFAULT_PORTS[s.scheme]
+        port = s.port or REDFISH_PORTS[s.scheme]
         return f"{s.scheme}://{host}:{port}"
 
     @_bmc_call

@@ -1,4 +1,6 @@
-"""`node reprovision`: PXE once, power cycle, then wait until each node reports `ready`.
+"""`node reprovision`: PXE once, power cycle (power on a node that is off), then wait until
+each node reports `ready`. Without the wait (`wait=False`) it is Slurm's resume
+(provisiond.cli.slurm): Slurm waits for the node itself.
 
 A node counts as reprovisioned when its status (provisiond.status) says `ready` for a boot
 that started after the reprovision did; `failed` from such a boot ends its wait at once.
@@ -15,7 +17,7 @@ from provisiond.inventory.ranges import fold
 from provisiond.power import operations, pending
 from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult
-from provisiond.states import BootDevice, NodePhase, PowerAction
+from provisiond.states import BootDevice, NodePhase, PowerAction, PowerState
 from provisiond.status import read_status
 from provisiond.trust import revoke
 
@@ -23,15 +25,21 @@ POLL_SECONDS = 0.5
 DEFAULT_TIMEOUT = 600.0
 
 
-def reprovision(config: Config, names: str | list[str], timeout: float = DEFAULT_TIMEOUT,
-                progress=None) -> list[NodeResult]:
-    """Reboot `names` into PXE and wait up to `timeout` s for ready; one result per node."""
+def reprovision(config: Config, names: str | list[str],
+                timeout: float | None = DEFAULT_TIMEOUT, progress=None,
+                wait: bool = True) -> list[NodeResult]:
+    """Reboot `names` into PXE and wait up to `timeout` s for ready; one result per node.
+    With `wait=False`, a result per node once its BMC took the boot (`timeout`, if given,
+    then bounds each BMC's calls)."""
     pattern = names if isinstance(names, str) else fold(list(names))
     nodes = operations.select_nodes(config, pattern)
     started = time.time()
     revoke(config, list(nodes))
-    kicked = operations.run_nodes(config, nodes, _pxe_and_cycle(config))
+    if not wait:
+        return operations.run_nodes(config, nodes, pxe_boot(config), timeout, progress)
+    kicked = operations.run_nodes(config, nodes, pxe_boot(config))
     results = {r.node: r for r in kicked}
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     for result in kicked:
         if not result.ok and progress:
             progress(result)
@@ -42,13 +50,16 @@ def reprovision(config: Config, names: str | list[str], timeout: float = DEFAULT
     return [results[name] for name in nodes]
 
 
-def _pxe_and_cycle(config: Config):
+def pxe_boot(config: Config) -> operations.Operation:
+    """Boot device PXE once, then power cycle, or power on a node that is off (a cycle of
+    an off node is refused by some BMCs)."""
     set_pxe = operations.boot_device(config, BootDevice.PXE)
 
     def operation(driver: Driver) -> str:
         detail = set_pxe(driver)
-        driver.set_power(PowerAction.CYCLE)
-        return f"boot {detail}, power cycled"
+        was_on = driver.get_power_state() is not PowerState.OFF
+        driver.set_power(PowerAction.CYCLE if was_on else PowerAction.ON)
+        return f"boot {detail}, power {'cycled' if was_on else 'on'}"
 
     return operation
 

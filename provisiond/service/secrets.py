@@ -19,6 +19,9 @@ from provisiond.inventory.ranges import names_head, names_text
 
 __all__ = ["BMC_PASSWORD", "set_secret", "rotate_secret", "list_secrets", "check_key"]
 MAX_VALUE = 16 << 10
+MIN_BYTES = {"munge.key": 32}
+"""Keys whose consumer refuses a shorter value (munged 0.5: "Keyfile must be at least 32
+bytes"), so the node would boot without it working."""
 KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 
 
@@ -40,6 +43,7 @@ def set_secret(config: Config, actor: str, kind: Kind, names: list[str], key: st
     check_key(key)
     if value is not None:
         _check_value(value)
+        _check_length(key, value)
     stored = kind.records(snapshot(config).inventory)
     missing = [n for n in names if n not in stored]
     if missing:
@@ -72,6 +76,14 @@ def list_secrets(config: Config) -> list[dict]:
     return [{"kind": kind[:-1], "name": name, "keys": sorted(keys)}
             for kind in ("profiles", "nodes")
             for name, keys in sorted((data.get(kind) or {}).items())]
+
+
+def _check_length(key: str, value: str) -> None:
+    least = MIN_BYTES.get(key)
+    if least and len(value.encode()) < least:
+        raise InvalidInput(f"{key} must be at least {least} bytes, this one has "
+                           f"{len(value.encode())} (e.g. `openssl rand -hex 32`)",
+                           field="value")
 
 
 def _check_value(value: str) -> None:

@@ -96,7 +96,11 @@ class EtcdStore(Store):
         body = {"create_request": {"key": _b64(start), "range_end": _b64(_end(start)),
                                    "start_revision": since + 1}}
         deadline = time.monotonic() + timeout
-        return self._each_member(lambda client: self._watch_on(client, body, deadline))
+        changes = self._each_member(lambda client: self._watch_on(client, body, deadline))
+        if changes is None:  # a member that takes connections but never answers:
+            self._preferred = (self._preferred + 1) % len(self.clients)  # the next one next
+            return []
+        return changes
 
     # writes
 
@@ -227,23 +231,27 @@ class EtcdStore(Store):
             if (attempt + 1) % count == 0:  # every member failed this round
                 time.sleep(min(0.05 * 2 ** ((attempt + 1) // count), 1.0))
         raise Unavailable(f"etcd {self.url}: no member served the request within "
-                          f"{RETRY_FOR:.0f} s ({'; '.join(failures[-count:])})")
+                          f"{RETRY_FOR:g} s ({'; '.join(failures[-count:])})")
 
-    def _watch_on(self, client, body: dict, deadline: float) -> list[Change]:
+    def _watch_on(self, client, body: dict, deadline: float) -> list[Change] | None:
+        """The first changes the member streams; [] at the deadline, None when the member
+        did not even confirm the watch by then."""
         left = max(deadline - time.monotonic(), 0.01)
+        answered = False
         try:
             with client.session.post(client.get_url("watch"), json=body, stream=True,
                                      timeout=(CONNECT_TIMEOUT, left)) as reply:
                 if reply.status_code != 200:
                     raise _Retry(f"HTTP {reply.status_code}: {reply.text[:200]}")
                 for line in reply.iter_lines():
+                    answered = True
                     changes = self._watch_message(line)
-                    if changes:
+                    if changes or time.monotonic() > deadline:
                         return changes
         except requests.exceptions.RequestException as exc:
-            if _timed_out(exc):
-                return []
-            raise _Retry(_short(exc)) from None
+            if not _timed_out(exc):
+                raise _Retry(_short(exc)) from None
+            return [] if answered else None
         raise _Retry("the watch stream ended")
 
     def _watch_message(self, line: bytes) -> list[Change]:
@@ -369,8 +377,19 @@ def _timed_out(exc: Exception) -> bool:
     return isinstance(cause, urllib3.exceptions.ReadTimeoutError)
 
 
+CONNECTION_FAILURES = {"NewConnectionError": "connection refused",
+                       "timed out": "timed out", "RemoteDisconnected": "connection closed",
+                       "Connection reset": "connection reset",
+                       "Connection aborted": "connection closed"}
+"""requests' long texts (the pool, the URL, the cause) as a few words."""
+
+
 def _short(value) -> str:
-    return str(value).splitlines()[0][:200] if str(value) else ""
+    text = str(value)
+    for words, short in CONNECTION_FAILURES.items():
+        if words in text:
+            return short
+    return text.splitlines()[0][:200] if text else ""
 
 
 def _revision(reply: Reply) -> int:

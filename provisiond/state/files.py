@@ -11,20 +11,27 @@ Revisions live beside it in `<state>/.store/` (git-ignored):
 
 A file whose stat no longer matches its meta is hashed: a different content (edited by hand,
 `git pull`, a crash between the value's rename and the meta's) is registered as a new
-revision, so a compare-and-swap against the old one fails. Writers take one flock
-(`.store/lock`) for their check and write; readers take none (files are replaced whole).
+revision, so a compare-and-swap against the old one fails. A writer stages the new file
+(written, fsynced) first, then holds the flock of its key's stripe (`.store/locks/N`, one
+of 64) for its check, rename and log line only; readers take none (files are replaced
+whole).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
+import stat
+import threading
 import time
 from pathlib import Path
 
-from provisiond.atomic import locked, read_json, write_atomic
+from provisiond.atomic import locked, read_json, staged, write_atomic
+from provisiond.config import CACHE_NAME
+from provisiond.errors import ProvisiondError
 from provisiond.journal import MAX_LINE, Journal
 from provisiond.state.keys import check_expect, check_key, check_prefix, file_mode, is_secret
 from provisiond.state.store import Change, Compacted, Entry, Store
@@ -33,9 +40,35 @@ HIDDEN = ".store"
 LOG_MAX_BYTES = 8 << 20
 LOG_KEEP_BYTES = 4 << 20  # a few thousand changes of status-sized values
 LOCK_WAIT = 30.0  # seconds; polled, so a gevent worker's other greenlets keep running
+LOCK_STRIPES = 64  # writers of keys in different stripes check and rename at once
 POLL = 0.1  # seconds between two reads of the change log in watch
 SCAN_EVERY = 1.0  # seconds between two looks for files changed behind the store's back
 INLINE_MAX = MAX_LINE - 512  # room for the line's other fields
+META_BYTES = 512  # a meta file's size: each write covers the whole of the one before
+NOT_DOCUMENTS = frozenset({CACHE_NAME, "blobs"})
+"""Never listed: image layer trees (root file systems) and content-addressed blobs are no
+documents, and a list of '' would read every byte of them."""
+
+
+class StoreFileError(ProvisiondError):
+    """The state directory cannot be read or written (permissions, a full disk...)."""
+
+    code = "store_io"
+
+
+def _reported(method):
+    """The method with OSError turned into one line naming the key and the cause."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            where = exc.filename or self.root
+            raise StoreFileError(f"{self.url}: {method.__name__} {args[0] if args else ''}: "
+                                 f"{where}: {exc.strerror or exc}") from None
+
+    return call
 
 
 class FilesStore(Store):
@@ -43,16 +76,19 @@ class FilesStore(Store):
         self.root = Path(root).absolute()
         self.url = f"files://{self.root}"
         self.hidden = self.root / HIDDEN
-        self.lock_path = self.hidden / "lock"
         self.log = Journal(self.hidden / "changes.jsonl", LOG_MAX_BYTES, LOG_KEEP_BYTES,
                            mode=0o600)
         self._prepared = False
+        self._seen: dict[str, dict[str, list[int] | None]] = {}  # prefix -> key -> stamp
+        self._scan_lock = threading.Lock()
 
     # reads (no lock)
 
+    @_reported
     def get(self, key: str) -> Entry | None:
         return self._observe(check_key(key))
 
+    @_reported
     def list(self, prefix: str) -> list[Entry]:
         found = (self._observe(key) for key in self._keys(check_prefix(prefix)))
         return sorted((entry for entry in found if entry), key=lambda e: e.key)
@@ -60,6 +96,7 @@ class FilesStore(Store):
     def revision(self) -> int:
         return self.log.latest_id()
 
+    @_reported
     def watch(self, prefix: str, since: int, timeout: float) -> list[Change]:
         check_prefix(prefix)
         deadline = time.monotonic() + timeout
@@ -81,19 +118,23 @@ class FilesStore(Store):
                 return []
             time.sleep(min(POLL, left))
 
-    # writes (under the store's lock)
+    # writes (under the lock of the key's stripe)
 
+    @_reported
     def put(self, key: str, value: bytes, expect: int | None = None) -> int:
         check_key(key)
         value = bytes(value)
-        with locked(self.lock_path, wait=LOCK_WAIT):
-            check_expect(key, self._revision(key), expect)
-            write_atomic(self.root / key, value, mode=file_mode(key))
-            return self._record(key, value)
+        # written and fsynced before the lock, which covers only the check and the rename
+        with staged(self.root / key, value, mode=file_mode(key)) as commit:
+            with self._locked(key):
+                check_expect(key, self._revision(key), expect)
+                commit()
+                return self._record(key, value)
 
+    @_reported
     def delete(self, key: str, expect: int | None = None) -> bool:
         check_key(key)
-        with locked(self.lock_path, wait=LOCK_WAIT):
+        with self._locked(key):
             revision = self._revision(key)
             check_expect(key, revision, expect)
             if revision is None:
@@ -107,19 +148,26 @@ class FilesStore(Store):
     def _observe(self, key: str) -> Entry | None:
         """The key as it is now; a file changed behind the store's back is registered."""
         found = _read_file(self.root / key)
-        meta = read_json(self._meta_path(key))
+        meta = self._read_meta(key)
         if found is None and not meta:
             return None
         if found is not None and meta:
             value, stamp = found
             if stamp == meta.get("stat") or _sha256(value) == meta.get("sha256"):
                 return Entry(key, value, meta["rev"])
-        with locked(self.lock_path, wait=LOCK_WAIT):
-            return self._current(key)
+        try:
+            with self._locked(key):
+                return self._current(key)
+        except PermissionError:
+            # a reader that may not write the state dir (an unprivileged CLI user) cannot
+            # register the change: it sees the value, at the last revision known
+            if found is None:
+                return None
+            return Entry(key, found[0], meta.get("rev") or self.log.latest_id())
 
     def _revision(self, key: str) -> int | None:
         """The key's revision (lock held): from its meta when the file is as written."""
-        meta = read_json(self._meta_path(key))
+        meta = self._read_meta(key)
         try:
             stamp = _stamp(os.stat(self.root / key))
         except (FileNotFoundError, NotADirectoryError):
@@ -133,7 +181,7 @@ class FilesStore(Store):
         """Read the key with the lock held; a file changed, created or removed without the
         store is recorded as a change of its own (a new revision)."""
         found = _read_file(self.root / key)
-        meta = read_json(self._meta_path(key))
+        meta = self._read_meta(key)
         if found is None:
             if meta:
                 self._record(key, None)
@@ -162,10 +210,34 @@ class FilesStore(Store):
         return revision
 
     def _write_meta(self, key: str, revision: int, sha256: str) -> None:
-        stamp = _stamp(os.stat(self.root / key))
-        meta = {"rev": revision, "sha256": sha256, "stat": stamp}
-        # not fsynced: a meta lost in a crash makes the file look edited, a new revision
-        write_atomic(self._meta_path(key), json.dumps(meta), durable=False)
+        """Overwrite the key's meta in place: no temp file and rename, two file system
+        journal operations fewer per put. A reader seeing it half written (or after a
+        crash) finds its check wrong, as if there were none: it takes the lock and reads
+        again, or registers the file as changed (a new revision)."""
+        meta = {"rev": revision, "sha256": sha256, "stat": _stamp(os.stat(self.root / key))}
+        text = json.dumps({**meta, "check": _check(meta)}).encode().ljust(META_BYTES)
+        path = self._meta_path(key)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, file_mode(key))
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, file_mode(key))
+        try:
+            os.pwrite(fd, text, 0)  # no O_TRUNC: ext4 flushes a truncated file on close
+        finally:
+            os.close(fd)
+
+    def _read_meta(self, key: str) -> dict:
+        """The key's meta; {} when there is none or its check fails (half written)."""
+        meta = read_json(self._meta_path(key))
+        check = meta.pop("check", None)
+        return meta if meta and check == _check(meta) else {}
+
+    def _locked(self, key: str):
+        """The lock of the key's stripe, held for a check and write of the key (the change
+        log has a lock of its own, which orders the revisions)."""
+        stripe = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4]) % LOCK_STRIPES
+        return locked(self.hidden / "locks" / str(stripe), wait=LOCK_WAIT)
 
     def _prepare(self) -> None:
         """Create `.store/`, ignored by git (a state dir kept in git holds the values)."""
@@ -198,32 +270,54 @@ class FilesStore(Store):
 
     def _scan(self, prefix: str) -> None:
         """Register the files under `prefix` changed, created or removed behind the store's
-        back (a watch sees them as changes)."""
-        keys = set(self._keys(prefix))
-        keys.update(self._meta_keys(prefix))
-        for key in keys:
+        back (a watch sees them as changes). A file whose stat is the one this store saw
+        last is not read again: a watch on 10,000 status files stats them, no more."""
+        with self._scan_lock:
+            self._scan_locked(prefix)
+
+    def _scan_locked(self, prefix: str) -> None:
+        seen = self._seen.setdefault(prefix, {})
+        if not seen:  # the first look: keys removed while no one watched
+            for key in self._meta_keys(prefix):
+                seen[key] = None
+        now = dict(_walk(self.root, prefix, ""))
+        for key in seen.keys() - now.keys():
             self._observe(key)
+            seen.pop(key, None)
+        for key, stamp in now.items():
+            if seen.get(key) != stamp:
+                self._observe(key)
+                seen[key] = stamp
 
     def _keys(self, prefix: str):
         """Every file under the root whose key starts with `prefix` (dot names skipped)."""
-        yield from _walk(self.root, prefix, "")
+        for key, _ in _walk(self.root, prefix, ""):
+            yield key
 
     def _meta_keys(self, prefix: str):
-        for key in _walk(self.hidden / "meta", prefix, ".rev"):
+        for key, _ in _walk(self.hidden / "meta", prefix, ".rev"):
             yield key.removesuffix(".rev")
 
 
 def _walk(top: Path, prefix: str, suffix: str):
+    """(key, stamp) of the regular files under `top` whose key starts with `prefix`."""
     base = prefix.rpartition("/")[0]
     start = top / base if base else top
     for folder, dirs, files in os.walk(start):
         rel = os.path.relpath(folder, top)
         rel = "" if rel == "." else rel + "/"
-        dirs[:] = [d for d in dirs if not d.startswith(".") and _may_hold(rel + d + "/", prefix)]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and rel + d not in NOT_DOCUMENTS
+                   and _may_hold(rel + d + "/", prefix)]
         for name in files:
             key = rel + name
-            if not name.startswith(".") and key.startswith(prefix) and key.endswith(suffix):
-                yield key
+            if name.startswith(".") or not key.startswith(prefix) or not key.endswith(suffix):
+                continue
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield key, _stamp(st)
 
 
 def _may_hold(folder: str, prefix: str) -> bool:
@@ -231,16 +325,25 @@ def _may_hold(folder: str, prefix: str) -> bool:
 
 
 def _read_file(path: Path) -> tuple[bytes, list[int]] | None:
+    """The file's bytes and stamp; None unless it is a regular file (a FIFO in an image
+    tree would block a plain open)."""
     try:
-        with open(path, "rb") as handle:
-            stamp = _stamp(os.fstat(handle.fileno()))
-            return handle.read(), stamp
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    with open(fd, "rb") as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return handle.read(), _stamp(st)
 
 
 def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _check(meta: dict) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _sha256(value: bytes) -> str:

@@ -401,3 +401,41 @@ def test_agent_loop_waits_interval_plus_bounded_jitter_between_refreshes(tmp_pat
 
 def waits(log: Path) -> list[int]:
     return [int(n) for n in re.findall(r"next refresh in (\d+) s", log.read_text())]
+
+
+def _runtime_body(files: dict[str, bytes]) -> bytes:
+    from provisiond.archive import compress, file_entry, pack, with_parents
+
+    return compress(pack(with_parents([file_entry(p, d, 0o400) for p, d in files.items()])),
+                    "gzip")
+
+
+def test_a_refresh_restarts_only_the_services_whose_files_changed(tmp_path, server):
+    """munged reads its key only at start and slurmd rereads slurm.conf on a reload: a
+    refresh that changed one of them tells systemd (here a recording stand-in for
+    systemctl: the agent's own choice is what is tested), one that changed neither does not."""
+    calls = tmp_path / "systemctl.calls"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(f'#!/bin/sh\necho "$*" >>{calls}\n')
+    systemctl.chmod(0o755)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    env = {"PROVISIOND_SYSTEMCTL": str(systemctl)}
+
+    def refresh(files: dict[str, bytes], verb: str = "refresh") -> list[str]:
+        server.body = _runtime_body(files)
+        server.etag = f'"{hashlib.sha256(server.body).hexdigest()[:32]}"'
+        calls.unlink(missing_ok=True)
+        result = run_agent(tmp_path, url, env, verb)
+        assert result.returncode == 0, result.stderr
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    key, conf = "etc/munge/munge.key", "etc/slurm/slurm.conf"
+    # the boot installs them before munged and slurmd start (they are ordered after it)
+    assert refresh({key: b"k" * 32, conf: b"ClusterName=a\n"}, "boot") == []
+    assert refresh({key: b"k" * 32, conf: b"ClusterName=b\n"}) == [
+        "try-reload-or-restart ssh.service", "try-reload-or-restart slurmd.service"]
+    assert refresh({key: b"m" * 32, conf: b"ClusterName=b\n"}) == [
+        "try-reload-or-restart ssh.service", "try-restart munge.service"]
+    assert refresh({key: b"m" * 32, conf: b"ClusterName=b\n", "etc/motd": b"hi\n"}) == [
+        "try-reload-or-restart ssh.service"]
+    assert (tmp_path / "root" / key).read_bytes() == b"m" * 32

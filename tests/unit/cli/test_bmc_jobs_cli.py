@@ -38,7 +38,7 @@ def runs(kinds: list[str]) -> list[str]:
     (["firmware", "update", "n3", "--image", "http://u:pw@127.0.0.1/b.bin"],
      "job.firmware-update", "n3", {"image": "http://127.0.0.1/b.bin", "timeout": 1800.0}),
     (["node", "reprovision", "n1", "--timeout", "0.2"], "job.reprovision", "n1",
-     {"timeout": 0.2}),
+     {"timeout": 0.2, "wait": True}),
 ])
 def test_each_bmc_command_is_audited_as_the_local_user(nodes, config, argv, action, target,
                                                        changes):

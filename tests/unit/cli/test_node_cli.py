@@ -331,3 +331,25 @@ def test_end_of_input_at_the_question_deletes_nothing(cluster, config, monkeypat
     assert result.code == 2 and "not confirmed" in result.err
     assert len(result.err.strip().splitlines()) == 1
     assert config.inventory_path.read_bytes() == before
+
+
+@pytest.mark.parametrize("driver, first, second", [
+    ("ipmi", [], ["--bmc-port", "623"]),
+    ("redfish", [], ["--bmc-port", "443"]),
+    ("redfish", ["--bmc-scheme", "http"], ["--bmc-scheme", "http", "--bmc-port", "80"]),
+])
+def test_a_bmc_port_equal_to_the_drivers_default_is_the_same_endpoint(cluster, config, driver,
+                                                                      first, second):
+    """No port means the driver's (IPMI 623, Redfish 443 or 80): another node naming that
+    port on the same address shares the BMC endpoint, and is refused like any other."""
+    def bmc(node: str, extra: list[str]):
+        return cluster("node", "set", node, "--bmc-driver", driver, "--bmc-address",
+                       "b.lab", *extra)
+
+    assert bmc("n001", first).code == 0
+    before = config.inventory_path.read_bytes()
+    result = bmc("n002", second)
+    assert result.code == 2 and "bmc.address: b.lab" in result.err and \
+        "is already used by node n001" in result.err, result.err
+    assert config.inventory_path.read_bytes() == before
+    assert bmc("n002", [*first, "--bmc-port", "8443"]).code == 0

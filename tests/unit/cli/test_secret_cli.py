@@ -142,3 +142,18 @@ def test_a_rotation_that_cannot_be_audited_says_so(cluster, config):
     result = cluster("secret", "rotate", "n1", "ssh-host-keys")
     assert result.code != 0 and "was done but not recorded in the audit log" in result.err
     assert result.err.count("\n") == 1
+
+
+def test_a_munge_key_shorter_than_munged_takes_is_refused_and_nothing_stored(cluster, config,
+                                                                             tmp_path):
+    """munged 0.5 exits with "Keyfile must be at least 32 bytes": a node given such a key
+    would boot without Slurm working."""
+    source = tmp_path / "munge.key"
+    source.write_text("x" * 31)
+    result = cluster("secret", "set", "profile", "default", "munge.key", "--file", str(source))
+    assert result.code == 2 and "munge.key must be at least 32 bytes" in result.err, result.err
+    assert "Traceback" not in result.err and len(result.err.strip().splitlines()) == 1
+    assert SecretStore(config).get("profiles", "default", "munge.key") is None
+    source.write_text("x" * 32)
+    assert cluster("secret", "set", "profile", "default", "munge.key", "--file",
+                   str(source)).code == 0

@@ -139,3 +139,13 @@ def test_a_forged_ready_does_not_end_the_wait(config):
     results = _in_thread(lambda: reprovision(config, "n1", timeout=3600))
     assert forged == [401, 401]
     assert not results["n1"].ok and results["n1"].detail == "boot failed: new boot"
+
+
+def test_a_node_that_is_off_is_powered_on_one_that_is_on_cycled(nodes, config):
+    """Without the wait (Slurm's resume): each BMC takes the PXE boot and the call ends."""
+    assert nodes("power", "on", "n2").code == 0
+    results = {r.node: r for r in reprovision(config, "n[1-2]", timeout=5, wait=False)}
+    assert [(results[n].ok, results[n].detail) for n in ("n1", "n2")] == [
+        (True, "boot pxe once, power on"), (True, "boot pxe once, power cycled")]
+    bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert [bmcs[n]["power"] for n in ("n1", "n2")] == ["on", "on"]

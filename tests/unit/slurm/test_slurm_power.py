@@ -103,3 +103,34 @@ def test_suspend_leaves_a_node_busy_in_a_provisiond_job_on(config, cli):
     assert result.code != 0 and "n1 is busy" in log.read_text(), log.read_text()
     bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
     assert bmcs["n1"]["power"] == "on"
+
+
+def test_resume_is_a_reprovision_job_that_does_not_wait_for_ready(config, cli):
+    """Audited and evented like `node reprovision`, but it ends once the BMCs took the PXE
+    boot: Slurm waits for the node itself (no node here ever reports ready)."""
+    from provisiond import audit, jobs
+
+    _slurm_nodes(config, cli)
+    result = cli("slurm", "resume", "n[1-2]", "--log", str(config.state_dir / "p.log"))
+    assert result.code == 0, result.err
+    listed, _ = jobs.list_jobs(config)
+    assert [(j["kind"], j["target"], j["params"]["wait"], j["state"]) for j in listed] == \
+        [("reprovision", "n[1-2]", False, "finished")]
+    assert [e["action"] for e in audit.read(config)][-1] == "job.reprovision"
+    bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert [(bmcs[n]["power"], bmcs[n]["boots"]) for n in ("n1", "n2")] == [("on", ["pxe"])] * 2
+
+
+def test_resume_leaves_a_node_busy_in_a_provisiond_job_alone(config, cli):
+    import os
+
+    from provisiond.jobs import store
+    from provisiond.states import JobKind
+
+    _slurm_nodes(config, cli)
+    busy = store.create(config, JobKind.POWER, ["n1"], {"action": "off"}, "cli:test")
+    store.record_runner(config, busy.id, os.getpid())
+    log = config.state_dir / "p.log"
+    result = cli("slurm", "resume", "n[1-2]", "--log", str(log))
+    assert result.code != 0 and "n1 is busy" in log.read_text(), log.read_text()
+    assert "n1" not in read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")

@@ -4,6 +4,7 @@ compare-and-swap whose answer was lost not written twice, bounded failure."""
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 
 import pytest
@@ -31,6 +32,19 @@ def test_a_member_that_does_not_answer_is_skipped(etcd_cluster, tmp_path, root):
     store.put("status/n1.json", b"down")
     store._preferred = 0
     assert [c.value for c in store.watch("status/", since, timeout=5)] == [b"down"]
+
+
+def test_a_watch_leaves_a_member_that_takes_connections_but_never_answers(
+        etcd_cluster, tmp_path, root):
+    with socket.socket() as silent:  # accepts (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = (f"etcd://127.0.0.1:{silent.getsockname()[1]},"
+               + ",".join(etcd_cluster.endpoints) + root)
+        store = EtcdStore(url, tmp_path / "store.key")
+        since = EtcdStore(etcd_cluster.url(root), tmp_path / "store.key").put("a.json", b"1") - 1
+        assert store.watch("", since, timeout=0.5) == []  # waited on the silent one
+        assert [c.value for c in store.watch("", since, timeout=10)] == [b"1"]
 
 
 def test_no_member_answering_is_unavailable_in_bounded_time(tmp_path, monkeypatch):

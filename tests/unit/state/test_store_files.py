@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from provisiond.errors import StaleRevision
-from provisiond.state.files import FilesStore
+from provisiond.state.files import FilesStore, StoreFileError
 
 
 @pytest.fixture
@@ -126,3 +127,64 @@ def test_dot_files_beside_values_are_not_keys(store, root):
     store.put("status/n1.json", b"1")
     (root / "status" / ".n2.json.tmp").write_bytes(b"half")
     assert [entry.key for entry in store.list("")] == ["status/n1.json"]
+
+
+def test_only_documents_are_listed(store, root):
+    """No FIFO (an image tree's /dev/initctl would block a read), no layer tree, no blob."""
+    store.put("status/n1.json", b"1")
+    os.mkfifo(root / "status" / "n2.json")
+    for folder in ("cache/layers/abc/etc", "blobs/sha256"):
+        (root / folder).mkdir(parents=True)
+    (root / "cache/layers/abc/etc/passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    (root / "blobs/sha256/0123").write_bytes(b"blob")
+    assert [entry.key for entry in store.list("")] == ["status/n1.json"]
+    assert store.get("status/n2.json") is None
+    assert store.watch("", store.revision(), timeout=0.1) == []
+
+
+def test_a_file_in_the_way_or_an_unwritable_dir_is_one_line(store, root):
+    store.put("inventory.yaml", b"a")
+    with pytest.raises(StoreFileError, match=r"put inventory.yaml/x: .*inventory.yaml"):
+        store.put("inventory.yaml/x", b"b")
+    (root / "status").mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anyway
+        with pytest.raises(StoreFileError, match=r"Permission denied"):
+            store.put("status/n1.json", b"{}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to another user (needs root)")
+def test_a_reader_that_may_not_write_still_reads_a_hand_edited_file():
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="pvstore-"))  # 0700 pytest dirs keep others out
+    try:
+        top.chmod(0o755)
+        store = FilesStore(top / "state")
+        store.put("inventory.yaml", b"a: 1\n")
+        (top / "state" / "inventory.yaml").write_bytes(b"a: 2\n")  # not yet registered
+        script = ("import sys; from provisiond.state.files import FilesStore\n"
+                  "print(FilesStore(sys.argv[1]).get('inventory.yaml').value.decode(), end='')")
+        reply = subprocess.run(["/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534",
+                                "--clear-groups", sys.executable, "-c", script,
+                                str(top / "state")], capture_output=True, text=True,
+                               timeout=60, cwd=str(Path(__file__).resolve().parents[3]))
+        assert (reply.returncode, reply.stdout) == (0, "a: 2\n"), reply.stderr
+        assert store.get("inventory.yaml").revision > 1  # a writer registers it
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_half_written_meta_counts_as_none_never_as_a_wrong_revision(store, root):
+    revision = store.put("status/n1.json", b"1")
+    meta = root / ".store" / "meta" / "status" / "n1.json.rev"
+    old = meta.read_bytes()
+    store.put("status/n1.json", b"2")
+    new = meta.read_bytes()
+    meta.write_bytes(old[:40] + new[40:])  # a read meeting a write: the new stat, old rev
+    entry = store.get("status/n1.json")
+    assert entry.value == b"2" and entry.revision > revision + 1
+    with pytest.raises(StaleRevision):
+        store.put("status/n1.json", b"3", expect=revision + 1)
