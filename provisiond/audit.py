@@ -1,7 +1,8 @@
 """The audit record: every change to the inventory, secrets, tokens and every operation, with
 who made it, when, and which fields changed (never a secret's value).
 
-One bounded journal under `<state>/audit/` (provisiond/journal.py), written by the CLI
+One bounded journal (provisiond/journal.py: `<state>/audit/` with the files store, keys under
+`audit/` on a shared one, etcd), written by the CLI
 (actor `cli:USER`) and the API (actor `token:NAME`); `provisiond audit` and
 `GET /api/v1/audit` read it. Its `seq` is the journal id. Unlike events, a change that cannot
 be audited fails: the caller records before it reports success.
@@ -15,18 +16,21 @@ import time
 from pathlib import Path
 
 from provisiond.config import Config
-from provisiond.journal import Journal
+from provisiond.journal import Journal, StoreJournal, journal_on
+from provisiond.state import open as opening
 
 MAX_BYTES = 64 << 20  # then the oldest half goes: about 150,000 changes stay
 KEEP_BYTES = 32 << 20
+KEEP_RECORDS = 20_000  # on a shared store, where each read lists them (~5 MiB)
 
 
 def audit_path(config: Config) -> Path:
     return config.state_dir / "audit" / "audit.jsonl"
 
 
-def journal(config: Config) -> Journal:
-    return Journal(audit_path(config), MAX_BYTES, KEEP_BYTES, mode=0o600)
+def journal(config: Config) -> Journal | StoreJournal:
+    return journal_on(opening.open_store(config), "audit/", audit_path(config), MAX_BYTES,
+                      KEEP_BYTES, mode=0o600, keep_records=KEEP_RECORDS)
 
 
 def cli_actor() -> str:

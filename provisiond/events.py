@@ -1,7 +1,9 @@
 """The event stream: what happened, for `GET /api/v1/events` (Server-Sent Events), the status
 page and `node status`.
 
-Every process appends to one bounded journal under `<state>/events/` (provisiond/journal.py):
+Every process appends to one bounded journal (provisiond/journal.py): `<state>/events/` with
+the files store, keys under `events/` on a shared one (etcd), so every server sees every
+event:
 the CLI and the API after an inventory change, the phase writer for each boot phase, job
 runners, the auth check. Emitting never fails the caller: an event that cannot be written is
 logged and dropped, since a boot or an inventory change must not fail for the journal.
@@ -22,12 +24,14 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from provisiond.config import Config
-from provisiond.journal import Journal
+from provisiond.journal import Journal, StoreJournal, journal_on
 from provisiond.metrics import timed_build
+from provisiond.state import open as opening
 
 log = logging.getLogger("provisiond.events")
 MAX_BYTES = 8 << 20  # about 30,000 phase events; then the oldest half goes
 KEEP_BYTES = 4 << 20
+KEEP_RECORDS = 4000  # on a shared store, where each read lists them (~1 MiB)
 
 
 class Event(BaseModel):
@@ -42,8 +46,9 @@ def events_path(config: Config) -> Path:
     return config.state_dir / "events" / "journal.jsonl"
 
 
-def journal(config: Config) -> Journal:
-    return Journal(events_path(config), MAX_BYTES, KEEP_BYTES)
+def journal(config: Config) -> Journal | StoreJournal:
+    return journal_on(opening.open_store(config), "events/", events_path(config), MAX_BYTES,
+                      KEEP_BYTES, keep_records=KEEP_RECORDS)
 
 
 def emit(config: Config, kind: str, subject: str | None = None, data: dict | None = None
@@ -87,6 +92,12 @@ def read_since(config: Config, after_id: int, limit: int = 1000,
         except ValueError:
             continue  # a hand-edited line
     return found
+
+
+def wait(config: Config, after_id: int, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for an event after `after_id` (the store's watch on a
+    shared store); True when there may be one."""
+    return journal(config).wait(after_id, timeout)
 
 
 def latest_id(config: Config) -> int:

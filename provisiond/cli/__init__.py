@@ -20,7 +20,7 @@ from provisiond.errors import ExitCode, ProvisiondError, exit_code_table
 NOUN_MODULES = [
     "init", "node", "profile", "apply", "image", "overlay", "serve", "doctor",
     "power", "firmware", "job", "slurm", "discover", "secret", "token", "audit",
-    "completion", "man",
+    "state", "completion", "man",
 ]
 
 

@@ -9,7 +9,8 @@ import yaml
 from provisiond.audit import cli_actor
 from provisiond.cli import unit
 from provisiond.cli.ownership import hand_back
-from provisiond.config import CONFIG_NAME, SHIPPED_DIR, load_config, write_default_config
+from provisiond.config import (CONFIG_NAME, SHIPPED_DIR, load_config, parse_store_url,
+                               write_default_config)
 from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
@@ -23,6 +24,10 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "init", help="create the state directory, provisiond.yaml and the shipped profiles")
     parser.add_argument("--address", help="server.address to write into a new provisiond.yaml")
+    parser.add_argument("--store", metavar="etcd://HOST:PORT[,...]",
+                        help="store: to write into a new provisiond.yaml: the etcd cluster "
+                        "this server shares with the others (every member; default: the "
+                        "state directory's files)")
     parser.add_argument("--no-profiles", action="store_true",
                         help="do not import the shipped example profiles")
     parser.add_argument("--systemd", action="store_true",
@@ -39,9 +44,14 @@ def run(args, ctx) -> None:
     # Before anything is written: root, a user to give the directory to, a unit to write.
     unit_text = unit.unit_text(ctx.state_dir, args.user) if args.systemd else None
     existed = (ctx.state_dir / CONFIG_NAME).exists()
+    check_store_flag(args.store, ctx.state_dir if existed else None)
     path = write_default_config(ctx.state_dir)
-    if args.address and not existed:
-        text = path.read_text().replace("  address: 127.0.0.1", f"  address: {args.address}", 1)
+    if not existed:
+        text = path.read_text()
+        if args.address:
+            text = text.replace("  address: 127.0.0.1", f"  address: {args.address}", 1)
+        if args.store:
+            text = text.replace("\nstore: null\n", f"\nstore: {args.store}\n", 1)
         path.write_text(text)
     config = load_config(ctx.state_dir)
     for sub in ("blobs/sha256", "images", "overlays", "status"):
@@ -58,6 +68,23 @@ def run(args, ctx) -> None:
               f"{ctx.state_dir}\n"
               "next: systemctl daemon-reload && systemctl enable --now provisiond; then, as "
               "root, `provisiond image build NAME` for the nodes' images")
+
+
+def check_store_flag(url: str | None, existing: Path | None) -> None:
+    """--store must be an etcd URL, and the one an existing provisiond.yaml names (init
+    never moves a site: `provisiond state export|import` does)."""
+    if url is None:
+        return
+    try:
+        parse_store_url(url)
+    except ValueError as exc:
+        raise InvalidInput(f"--store: {exc}") from None
+    if existing is not None:
+        stored = load_config(existing).store
+        if stored != url:
+            raise InvalidInput(f"--store: {existing / CONFIG_NAME} has store: {stored or 'null'}"
+                               "; edit it there (and move the documents with `provisiond "
+                               "state export` then `state import`)")
 
 
 def import_profiles(config, folder: Path) -> list[str]:

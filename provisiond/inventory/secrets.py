@@ -40,6 +40,10 @@ class SecretStore:
         """The secrets; an unreadable, invalid or non-mapping file is an error (never taken
         for an empty one, which the next write would make true), shown without its text."""
         entry = self.store.get(KEY)
+        if entry is None and self.store.url.startswith("files://") and self.path.exists():
+            # a directory or a socket there: the files store holds no value, yet it is no
+            # empty file either (a delete would then leave the node's secrets behind)
+            raise InvalidInput(f"{self.path}: cannot read: not a regular file")
         return self._parse(entry.value) if entry else {}
 
     def _parse(self, raw: bytes) -> dict:

@@ -208,7 +208,10 @@ def _edit(config: Config, name: str, change: Callable[[NodeTrust], None]) -> Non
         change(trust)
         return trust.model_dump_json().encode()
 
-    opening.open_store(config).update(trust_key(name), apply)
+    store = opening.open_store(config)
+    if store.url.startswith("files://"):  # as before the store: the node names hidden too
+        config.trust_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store.update(trust_key(name), apply)
 
 
 def _digest(credential: str) -> str:

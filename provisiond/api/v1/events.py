@@ -7,8 +7,9 @@ stream starts with the next event. When events the client asked for are gone fro
 journal, the first message says so: kind `stream.gap`, no id, with `after`, `oldest_id` and
 `missed`. `?kinds=job.,node.phase` keeps those kinds (exact, or a prefix ending in '.').
 
-A stream is a greenlet of the gevent worker: it stats the journal file every POLL_SECONDS
-and reads only when it changed; a comment line every KEEPALIVE_SECONDS keeps proxies from
+A stream is a greenlet of the gevent worker: it reads the next events, then waits for newer
+ones (events.wait: the store's watch on a shared store, the journal file's stat every 0.15 s
+with the files store); a comment line every KEEPALIVE_SECONDS keeps proxies from
 closing an idle stream and finds a client that has gone. `http.event_streams` bounds the
 streams of one worker (503 above it). A stopping worker ends its streams at its graceful
 timeout (5 s); the clients reconnect with their Last-Event-ID.
@@ -17,7 +18,6 @@ timeout (5 s); the clients reconnect with their Last-Event-ID.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +30,7 @@ from provisiond.api.v1 import Role, config, route
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, Unavailable
 
-POLL_SECONDS = 0.15
+WAIT_SECONDS = 1.0  # the longest one wait for events lasts (then the keepalive is due?)
 KEEPALIVE_SECONDS = 15.0
 BATCH = 500  # events read (and sent in one write) at a time
 RETRY_MS = 2000  # how long an EventSource waits before it reconnects
@@ -78,15 +78,15 @@ def parse_kinds(text: str | None) -> frozenset[str] | None:
 
 class EventStream:
     """The SSE text of the journal's events after `after`, until the client goes (found by
-    the next write) or the worker stops; `clock` and `sleep` are time's, but for tests."""
+    the next write) or the worker stops; `clock` and `wait` (events.wait) are replaced in
+    tests."""
 
     def __init__(self, config: Config, after: int, kinds: frozenset[str] | None,
                  on_close: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 wait: Callable[[Config, int, float], bool] = events.wait):
         self.config, self.last, self.kinds = config, after, kinds
-        self.on_close, self.clock, self.sleep = on_close, clock, sleep
-        self.path = events.events_path(config)
+        self.on_close, self.clock, self.wait = on_close, clock, wait
 
     def close(self) -> None:
         """Called by the server when the response ends, even one never iterated (a
@@ -96,20 +96,19 @@ class EventStream:
 
     def __iter__(self) -> Iterator[str]:
         yield f"retry: {RETRY_MS}\n\n"
-        seen, quiet_since = None, self.clock()
+        quiet_since, ready = self.clock(), True
         while True:
-            signature = _signature(self.path)
-            if signature != seen:
+            if ready:
                 text, more = self._read()
-                seen = None if more else signature  # a full batch: read on at once
                 if text:
                     yield text
                     quiet_since = self.clock()
+                if more:  # a full batch: read on at once
                     continue
             if self.clock() - quiet_since >= KEEPALIVE_SECONDS:
                 yield ": keepalive\n\n"
                 quiet_since = self.clock()
-            self.sleep(POLL_SECONDS)
+            ready = self.wait(self.config, self.last, WAIT_SECONDS)
 
     def _read(self) -> tuple[str, bool]:
         """The SSE text of the next batch, and whether more may be waiting."""
@@ -140,15 +139,6 @@ class EventStream:
         message = {"id": None, "time": round(time.time(), 6), "kind": "stream.gap",
                    "subject": None, "data": data}
         return f"data: {json.dumps(message)}\n\n"
-
-
-def _signature(path) -> tuple[int, int, int] | None:
-    """What changes when the journal is appended to or trimmed (replaced)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class EventsQuery(BaseModel):

@@ -14,7 +14,8 @@ from provisiond.errors import InvalidInput, Unavailable
 
 
 class FakeTime:
-    """A clock that a sleep moves on; `on_sleep` runs at each sleep (e.g. to emit)."""
+    """A clock that a wait for events moves on; `on_sleep` runs at each wait (e.g. to
+    emit), and the wait says there are new events when it returns something true."""
 
     def __init__(self):
         self.now, self.sleeps, self.on_sleep = 0.0, 0, None
@@ -26,8 +27,10 @@ class FakeTime:
         self.now += seconds
         self.sleeps += 1
         assert self.sleeps < 10_000, "the stream sent nothing for 25 minutes"
-        if self.on_sleep:
-            self.on_sleep()
+        return bool(self.on_sleep and self.on_sleep())
+
+    def wait(self, config, after: int, timeout: float) -> bool:
+        return self.sleep(timeout)
 
 
 def messages(chunks) -> list[dict]:
@@ -65,7 +68,7 @@ def test_resumes_after_the_id_given_in_order(config):
 def test_new_events_arrive_and_nothing_is_sent_twice(config):
     ids = emit_many(config, 2)
     fake = FakeTime()
-    stream = EventStream(config, ids[-1], None, clock=fake.clock, sleep=fake.sleep)
+    stream = EventStream(config, ids[-1], None, clock=fake.clock, wait=fake.wait)
     fake.on_sleep = lambda: fake.sleeps == 3 and emit_many(config, 2, "test.late")
     sent = messages(take(stream, 1))
     assert [m["data"]["kind"] for m in sent] == ["test.late", "test.late"]
@@ -114,7 +117,7 @@ def test_filtered_events_are_not_read_again(config, monkeypatch):
     """Past the events the filter drops, the next read starts after the newest id."""
     emit_many(config, 50, "node.phase")
     fake = FakeTime()
-    stream = EventStream(config, 0, frozenset({"job."}), clock=fake.clock, sleep=fake.sleep)
+    stream = EventStream(config, 0, frozenset({"job."}), clock=fake.clock, wait=fake.wait)
     reads = []
     real = events.read_since
     monkeypatch.setattr(events, "read_since", lambda c, after, *a: reads.append(after) or
@@ -126,7 +129,7 @@ def test_filtered_events_are_not_read_again(config, monkeypatch):
 
 def test_a_keepalive_comment_when_quiet(config):
     fake = FakeTime()
-    stream = EventStream(config, 0, None, clock=fake.clock, sleep=fake.sleep)
+    stream = EventStream(config, 0, None, clock=fake.clock, wait=fake.wait)
     assert messages(take(stream, 1)) == [{"comment": "keepalive"}]
     assert stream_module.KEEPALIVE_SECONDS <= fake.now < stream_module.KEEPALIVE_SECONDS + 1
 
@@ -161,6 +164,6 @@ def test_a_full_batch_is_followed_at_once_by_the_next(config, monkeypatch):
     monkeypatch.setattr(stream_module, "BATCH", 2)
     emit_many(config, 5)
     fake = FakeTime()
-    stream = EventStream(config, 0, None, clock=fake.clock, sleep=fake.sleep)
+    stream = EventStream(config, 0, None, clock=fake.clock, wait=fake.wait)
     sent = messages(take(stream, 3))
     assert [m["id"] for m in sent] == ["1", "2", "3", "4", "5"] and fake.sleeps == 0
