@@ -1,0 +1,383 @@
+"""Every path under the state directory, named once (and the cache directory beside it).
+
+`Layout(state_dir)` answers paths; `KEYS` is the same layout over an empty root, so
+`str(KEYS.status("n1"))` is the store key `status/n1.json` (keys are relative POSIX paths,
+provisiond.state.store). `Layout.key(path)` turns a path back into its key.
+
+Each entry below is declared with `@entry(pattern, what)`: ENTRIES lists them in order, and
+docs/contracts.md's state directory section is generated from it (`python -m
+provisiond.state.layout`; a unit test keeps the two the same). A lock file is the document's
+path with `.lock` for its suffix (`lock_of`), except where an entry names another.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePath, PurePosixPath
+
+from provisiond.config import CACHE_NAME, CONFIG_NAME, Config
+from provisiond.errors import InvalidInput
+
+CACHE_ENV = "PROVISIOND_CACHE_DIR"
+"""Where downloads are cached when set (several state dirs can share it); else <state>/cache."""
+PATTERN_WIDTH, DOC_WIDTH = 32, 95  # the contracts doc's block
+SHARED_BUILDS = "_shared"  # overlay-builds/_shared: node names start with a letter or digit
+
+
+@dataclass(frozen=True)
+class Entry:
+    pattern: str
+    """the key with <placeholders> for its parameters; a trailing / marks a directory"""
+    what: str
+    model: str | None
+    function: Callable
+
+
+ENTRIES: list[Entry] = []
+
+
+def entry(pattern: str, what: str, model: str | None = None):
+    """Declare a layout method (its key `pattern`, what the file holds, the model of its
+    document in provisiond.state.models)."""
+    def register(function: Callable) -> Callable:
+        ENTRIES.append(Entry(pattern, what, model, function))
+        return function
+    return register
+
+
+def lock_of(path: PurePath) -> PurePath:
+    """The lock file of a document: `status/n1.json` -> `status/n1.lock`."""
+    return path.with_suffix(".lock")
+
+
+class Layout:
+    """The paths of one state directory (`root`); `cache` holds downloads."""
+
+    def __init__(self, root: PurePath, cache: PurePath | None = None):
+        self.root = root
+        self.cache = cache if cache is not None else root / CACHE_NAME
+
+    @classmethod
+    def of(cls, config: Config) -> "Layout":
+        """The layout of `config.state_dir`; the cache from $PROVISIOND_CACHE_DIR if set."""
+        shared = os.environ.get(CACHE_ENV)
+        return cls(config.state_dir, Path(shared) if shared else None)
+
+    def key(self, path: PurePath | str) -> str:
+        """The store key of a path under the state directory."""
+        try:
+            return PurePath(path).relative_to(self.root).as_posix()
+        except ValueError:
+            raise InvalidInput(f"{path} is not under the state directory {self.root}") from None
+
+    def path(self, key: str) -> PurePath:
+        """The path of a store key (a relative POSIX path without '..')."""
+        rel = PurePosixPath(key)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise InvalidInput(f"{key!r} is not a state key")
+        return self.root.joinpath(*rel.parts)
+
+    # --- settings and inventory -----------------------------------------------------------
+
+    @property
+    @entry(CONFIG_NAME, "settings (provisiond.config.Config)")
+    def settings(self):
+        return self.root / CONFIG_NAME
+
+    @property
+    @entry("inventory.yaml", "nodes and profiles (provisiond.inventory.store); `schema: 1` "
+           "on top; lock inventory.lock")
+    def inventory(self):
+        return self.root / "inventory.yaml"
+
+    @property
+    @entry(".inventory.cache.json", "the parsed inventory, reused while inventory.yaml is "
+           "unchanged (derived)")
+    def inventory_cache(self):
+        return self.root / ".inventory.cache.json"
+
+    @property
+    @entry("secrets.yaml", "0600, BMC passwords and node secrets "
+           "(provisiond.inventory.secrets); lock secrets.lock")
+    def secrets(self):
+        return self.root / "secrets.yaml"
+
+    @property
+    @entry("tokens.json", "API tokens, hashed (provisiond.auth); lock tokens.lock")
+    def tokens(self):
+        return self.root / "tokens.json"
+
+    # --- images -----------------------------------------------------------------------------
+
+    @property
+    @entry("blobs/sha256/", "content-addressed blobs: kernels, layers, mounted layers, boot "
+           "kits (immutable)")
+    def blobs(self):
+        return self.root / "blobs" / "sha256"
+
+    @entry("blobs/sha256/<hexdigest>", "one blob, named by the sha256 of its bytes")
+    def blob(self, hexdigest: str):
+        return self.blobs / hexdigest
+
+    @property
+    @entry("images/", "one folder per built image")
+    def images(self):
+        return self.root / "images"
+
+    @entry("images/<name>/manifest.json", "the current build of an image", "ImageManifest")
+    def image_manifest(self, name: str):
+        return self.images / name / "manifest.json"
+
+    @entry("images/<name>/shell.json", "the layers `image shell` added to the image",
+           "ShellLayer")
+    def image_shell_layers(self, name: str):
+        return self.images / name / "shell.json"
+
+    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`")
+    def image_shell_dir(self, name: str):
+        return self.images / name / "shell"
+
+    @entry("images/.locks/<name>.lock", "serializes builds, imports (`<name>.import.lock`) "
+           "and deletes of one image")
+    def image_lock(self, name: str):
+        return self.images / ".locks" / f"{name}.lock"
+
+    @entry("images/.locks/<name>.import.lock", "serializes the imports of one image")
+    def image_import_lock(self, name: str):
+        return self.images / ".locks" / f"{name}.import.lock"
+
+    @property
+    @entry("images/.locks/gc.lock", "builds hold it shared, blob garbage collection "
+           "exclusively")
+    def images_gc_lock(self):
+        return self.images / ".locks" / "gc.lock"
+
+    @property
+    @entry("recipes/", "site image recipes, shadowing shipped ones (`image import` writes "
+           "`recipes/<name>/image.yaml` + `oci/` or `archive.tar`)")
+    def recipes(self):
+        return self.root / "recipes"
+
+    @entry("recipes/<name>/", "one imported or site recipe")
+    def recipe_dir(self, name: str):
+        return self.recipes / name
+
+    @property
+    @entry("cache/layers/", "built layer trees, `<key>/` (root file systems, owned as on a "
+           "node), and their records `<key>.json`")
+    def layers(self):
+        return self.root / CACHE_NAME / "layers"
+
+    @entry("cache/layers/<key>/", "one layer's tree (its overlayfs upper dir)")
+    def layer_tree(self, key: str):
+        return self.layers / key
+
+    @entry("cache/layers/<key>.json", "the record of a built layer", "LayerRecord")
+    def layer_record(self, key: str):
+        return self.layers / f"{key}.json"
+
+    @entry("cache/layers/locks/<key>.lock", "one layer's build lock")
+    def layer_lock(self, key: str):
+        return self.layers / "locks" / f"{key}.lock"
+
+    @entry("cache/logs/<recipe>.log", "the output of a recipe's build steps")
+    def build_log(self, recipe: str):
+        return self.root / CACHE_NAME / "logs" / f"{recipe}.log"
+
+    @property
+    @entry("cache/debs/", "downloaded .debs ($PROVISIOND_CACHE_DIR/debs when set) and "
+           "`resolved.json`, the dependency resolutions")
+    def debs(self):
+        return self.cache / "debs"
+
+    # --- overlays and node secrets --------------------------------------------------------
+
+    @property
+    @entry("overlays/", "site overlays, shadowing shipped ones")
+    def overlays(self):
+        return self.root / "overlays"
+
+    @property
+    @entry("overlay-builds/", "overlay builds")
+    def overlay_builds(self):
+        return self.root / "overlay-builds"
+
+    @entry("overlay-builds/<node>/", "a node's builds: `system.cpio.<ext>`, "
+           "`runtime.cpio.<ext>` (+ `<kind>.key` where there are no user xattrs)")
+    def overlay_node_dir(self, node: str):
+        return self.overlay_builds / node
+
+    @property
+    @entry("overlay-builds/_shared/", "shared system overlay parts, `<key>.cpio.<ext>`, one "
+           "per content")
+    def overlay_shared_dir(self):
+        return self.overlay_builds / SHARED_BUILDS
+
+    @entry("secrets/ssh-host-keys/<node>/", "0600 in 0700 dirs: per-node "
+           "`ssh_host_<type>_key[.pub]` (provisiond.overlays.hostkeys; types from "
+           "build.ssh_host_key_types); lock `.lock` inside")
+    def host_keys(self, node: str):
+        return self.root / "secrets" / "ssh-host-keys" / node
+
+    @property
+    @entry("secrets/token.key", "0600: the key provisioning tokens are signed with "
+           "(provisiond.trust.tokens)")
+    def token_key(self):
+        return self.root / "secrets" / "token.key"
+
+    @property
+    @entry("secrets/nodes/", "0700: node credentials")
+    def trust_dir(self):
+        return self.root / "secrets" / "nodes"
+
+    @entry("secrets/nodes/<node>.json", "0600: sha256 of the node's credential, tokens "
+           "used (provisiond.trust.credentials.NodeTrust)")
+    def trust(self, node: str):
+        return self.trust_dir / f"{node}.json"
+
+    # --- what the servers record -------------------------------------------------------------
+
+    @property
+    @entry("status/", "node status, one file per node")
+    def status_dir(self):
+        return self.root / "status"
+
+    @entry("status/<node>.json", "boot phases, last refused token `token_refused` "
+           "(provisiond.status)", "NodeStatus")
+    def status(self, node: str):
+        return self.status_dir / f"{node}.json"
+
+    @property
+    @entry("dhcp-leases.json", "the DHCP server's unexpired pool leases, by MAC",
+           "Leases")
+    def leases(self):
+        return self.root / "dhcp-leases.json"
+
+    @property
+    @entry("discovery.jsonl", "unknown MACs the DHCP server saw, one JSON line each "
+           "(rate-limited)", "Sighting")
+    def sightings(self):
+        return self.root / "discovery.jsonl"
+
+    @property
+    @entry("discovery/", "discovered machines, reported facts, rules")
+    def discovery(self):
+        return self.root / "discovery"
+
+    @property
+    @entry("discovery/machines.json", "machines waiting, approved or rejected "
+           "(provisiond.discovery.machines.Book); lock machines.lock")
+    def machines(self):
+        return self.discovery / "machines.json"
+
+    @property
+    @entry("discovery/rules.yaml", "discovery rules (provisiond.discovery.rules)")
+    def discovery_rules(self):
+        return self.discovery / "rules.yaml"
+
+    @entry("discovery/facts/<node>.json", "the facts a node reported "
+           "(provisiond.discovery.facts.Facts)")
+    def facts(self, node: str):
+        return self.discovery / "facts" / f"{node}.json"
+
+    @property
+    @entry("power/fake-bmcs.json", "fake driver's BMCs (tests, dry runs)", "FakeBmcs")
+    def fake_bmcs(self):
+        return self.root / "power" / "fake-bmcs.json"
+
+    @property
+    @entry("power/pending-bootdev.json", "boot-device resets owed to BMCs without one-time "
+           "boot", "PendingBootdevs")
+    def pending_bootdev(self):
+        return self.root / "power" / "pending-bootdev.json"
+
+    @property
+    @entry("events/journal.jsonl", "the event journal (provisiond.events); lock "
+           "journal.jsonl.lock")
+    def events(self):
+        return self.root / "events" / "journal.jsonl"
+
+    @property
+    @entry("audit/audit.jsonl", "the audit record (provisiond.audit); lock "
+           "audit.jsonl.lock")
+    def audit(self):
+        return self.root / "audit" / "audit.jsonl"
+
+    # --- jobs, metrics, serve's run, slurm -------------------------------------------------
+
+    @property
+    @entry("jobs/", "asynchronous jobs (provisiond.jobs); the last 1,000 ended jobs are "
+           "kept; lock jobs/.lock")
+    def jobs(self):
+        return self.root / "jobs"
+
+    @entry("jobs/<job_id>.json", "a job's record (provisiond.jobs.model.Job)")
+    def job(self, job_id: str):
+        return self.jobs / f"{job_id}.json"
+
+    @entry("jobs/<job_id>.log", "its runner's output")
+    def job_log(self, job_id: str):
+        return self.jobs / f"{job_id}.log"
+
+    @property
+    @entry("jobs/index.json", "the next id and the claims of active jobs (node/N, image/N, "
+           "overlays/N; provisiond.jobs.model.Index)")
+    def jobs_index(self):
+        return self.jobs / "index.json"
+
+    @property
+    @entry("metrics.json", "build and BMC call histograms any process adds to "
+           "(provisiond.metrics); lock metrics.json.lock")
+    def metrics(self):
+        return self.root / "metrics.json"
+
+    @property
+    @entry("run/", "what lives only while `provisiond serve` runs")
+    def run(self):
+        return self.root / "run"
+
+    @property
+    @entry("run/metrics/", "a running serve's prometheus-client multiprocess files in "
+           "`<pid>/` (its lock: `<pid>.lock`); a later serve removes those of dead ones")
+    def metrics_runs(self):
+        return self.run / "metrics"
+
+    @property
+    @entry("slurm/", "what `provisiond slurm config` writes: the resume and suspend "
+           "programs")
+    def slurm(self):
+        return self.root / "slurm"
+
+    @property
+    @entry("slurm/slurm.conf", "slurm.conf as `provisiond slurm config` wrote it (the slurm "
+           "overlay's `slurm_conf`)")
+    def slurm_conf(self):
+        return self.slurm / "slurm.conf"
+
+
+KEYS = Layout(PurePosixPath())
+"""The layout over an empty root: its paths are the store keys (`str(KEYS.inventory)`)."""
+
+
+def placeholders(function: Callable) -> list[str]:
+    """`<name>` for each parameter of a layout method (after self)."""
+    return [f"<{name}>" for name in list(inspect.signature(function).parameters)[1:]]
+
+
+def doc_lines() -> list[str]:
+    """docs/contracts.md's state directory block: one line per entry, pattern then what."""
+    lines = []
+    for one in ENTRIES:
+        model = f" (model: {one.model})" if one.model else ""
+        text = f"{one.pattern:<{PATTERN_WIDTH}} {one.what}{model}"
+        lines += textwrap.wrap(text, DOC_WIDTH, subsequent_indent=" " * (PATTERN_WIDTH + 1),
+                               break_on_hyphens=False)
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(doc_lines()))
