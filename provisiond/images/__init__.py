@@ -22,6 +22,7 @@ from provisiond.images.layout import LayoutWriter, copy_layout
 from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
                                          list_images, load_manifest, lock_path)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe
+from provisiond.state.layout import Layout
 
 
 def import_image(config: Config, source: str, name: str, progress=None,
@@ -37,13 +38,13 @@ def import_image(config: Config, source: str, name: str, progress=None,
     check_name(name)  # before anything is written under recipes/<name>
     require_build_privileges("an image import")
     # one import of a name at a time: each would take the other's staging folder as stale
-    with locked(lock_path(config, name).with_name(f"{name}.import.lock")):
+    with locked(Layout.of(config).image_import_lock(name)):
         return _import(config, source, name, progress, kernel_args or [], init, insecure)
 
 
 def _import(config: Config, source: str, name: str, progress, kernel_args: list[str],
             init: str, insecure: bool) -> dict:
-    folder = config.state_dir / "recipes" / name
+    folder = Layout.of(config).recipe_dir(name)
     staged, previous = folder.with_name(f".{name}.import"), folder.with_name(f".{name}.previous")
     for stale in (staged, previous):
         shutil.rmtree(stale, ignore_errors=True)
@@ -99,7 +100,7 @@ def _kept_blob(config: Config, digest: str) -> Path | None:
     """A blob an earlier import already holds (re-imports and shared base layers are not
     downloaded again); LayoutWriter checks its size and digest before it links one in."""
     hexdigest = digest.split(":", 1)[1]
-    for path in sorted((config.state_dir / "recipes").glob(f"*/oci/blobs/sha256/{hexdigest}")):
+    for path in sorted(Layout.of(config).recipes.glob(f"*/oci/blobs/sha256/{hexdigest}")):
         return path
     return None
 

@@ -16,6 +16,7 @@ import zstandard
 from provisiond.archive import GZIP_LEVEL, ZSTD_LEVEL
 from provisiond.config import Config
 from provisiond.errors import InvalidInput, NotFound
+from provisiond.state.layout import Layout
 
 
 class BlobNotFound(NotFound):
@@ -28,7 +29,7 @@ def blob_path(config: Config, digest: str) -> Path:
     if algo != "sha256" or len(hexdigest) != 64 or not all(
             c in "0123456789abcdef" for c in hexdigest):
         raise InvalidInput(f"not a blob digest: {digest!r}")
-    return config.blob_dir / hexdigest
+    return Layout.of(config).blob(hexdigest)
 
 
 class _HashingFile:
@@ -69,8 +70,9 @@ class BlobWriter:
 @contextlib.contextmanager
 def open_blob(config: Config) -> Iterator[BlobWriter]:
     """Yield a BlobWriter whose `hashing` file takes the raw bytes; commit inside the block."""
-    config.blob_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=config.blob_dir)
+    folder = Layout.of(config).blobs
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             writer = BlobWriter(config, _HashingFile(handle), tmp)

@@ -17,9 +17,10 @@ from provisiond.events import build_events
 from provisiond.images import chroot, oci, squash, steps
 from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
-from provisiond.images.layers import LayerPlan, build_layer, cached_layer, layer_dir, layer_key
+from provisiond.images.layers import LayerPlan, build_layer, cached_layer, layer_key
 from provisiond.images.manifests import gc_lock, lock_path, save_manifest
 from provisiond.images.recipe import Recipe, Step, load_recipe
+from provisiond.state.layout import Layout
 
 Progress = Callable[[dict], None]
 
@@ -100,7 +101,7 @@ def _step_maker(config: Config, step: Step):
 
 
 def _log(config: Config, recipe: str) -> Path:
-    path = layer_dir(config).parent / "logs" / f"{recipe}.log"
+    path = Layout.of(config).build_log(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -119,7 +120,7 @@ def _build_layers(config: Config, recipe: Recipe, compression: str,
 
 def _one_layer(config: Config, plan: LayerPlan, parents: list[dict], compression: str,
                progress: Progress, event: dict, rebuild: bool) -> dict:
-    with locked(layer_dir(config) / "locks" / f"{plan.key}.lock"):
+    with locked(Layout.of(config).layer_lock(plan.key)):
         record = None if rebuild else cached_layer(config, plan.key)
         if record is not None:
             progress({**event, "status": "cached", "size": record["size"], "seconds": 0.0})
@@ -151,8 +152,9 @@ def _name_step(step: Step, exc: ProvisiondError) -> str:
 
 def _store_kernel(config: Config, recipe: Recipe, records: list[dict]) -> dict:
     """The newest /boot/vmlinuz-* of the finished image, stored as its own blob."""
-    trees = [layer_dir(config) / r["key"] for r in reversed(records)]
-    view = layer_dir(config) / f"view-{recipe.name}"
+    layout = Layout.of(config)
+    trees = [layout.layer_tree(r["key"]) for r in reversed(records)]
+    view = layout.layers / f"view-{recipe.name}"  # a mount point, gone after
     with chroot.overlay(trees, None, view / "w", view / "merged") as merged:
         kernels = sorted((merged / "boot").glob("vmlinuz-*")) if (merged / "boot").is_dir() else []
         if not kernels:

@@ -1,7 +1,7 @@
 """Debian packages as build inputs: resolve, download once into a cache, unpack.
 
-Downloaded .deb files are kept in `<cache>/debs` (PROVISIOND_CACHE_DIR, else the state
-dir's `cache/`), so rebuilds never fetch them again.
+Downloaded .deb files are kept in `<cache>/debs` (Layout.debs: $PROVISIOND_CACHE_DIR, else
+the state dir's `cache/`), so rebuilds never fetch them again.
 """
 
 from __future__ import annotations
@@ -17,18 +17,14 @@ from pathlib import Path
 
 from provisiond.archive import TRUSTED
 from provisiond.atomic import write_atomic
-from provisiond.config import CACHE_NAME, Config
+from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.images.blobs import file_sha256
+from provisiond.state.layout import Layout
+from provisiond.state.local import read_json
 
 APT_LISTS = Path("/var/lib/apt/lists")
 SOURCES = [Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d")]
-
-
-def cache_dir(config: Config) -> Path:
-    """Where downloads and layer trees are cached (a shared dir may be set by env)."""
-    shared = os.environ.get("PROVISIOND_CACHE_DIR")
-    return Path(shared) if shared else config.state_dir / CACHE_NAME
 
 
 def run_tool(argv: list[str], what: str, **kwargs) -> str:
@@ -56,12 +52,9 @@ def run_tool(argv: list[str], what: str, **kwargs) -> str:
 
 def resolve_package(config: Config, name: str) -> tuple[str, str]:
     """(package, version) apt would install, remembered until apt's lists change."""
-    memo_path = cache_dir(config) / "debs" / "resolved.json"
+    memo_path = Layout.of(config).debs / "resolved.json"
     lists = str(APT_LISTS.stat().st_mtime_ns) if APT_LISTS.exists() else ""
-    try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
-        memo = {}
+    memo = read_json(memo_path)
     if memo.get("lists") != lists:
         memo = {"lists": lists}
     if name not in memo:
@@ -89,7 +82,7 @@ def _ask_apt(name: str) -> list[str]:
 def fetch_deb(config: Config, name: str) -> Path:
     """The cached .deb of a package's candidate version, downloaded if missing."""
     package, version = resolve_package(config, name)
-    folder = cache_dir(config) / "debs"
+    folder = Layout.of(config).debs
     folder.mkdir(parents=True, exist_ok=True)
     filename = f"{package}_{version.replace(':', '%3a')}_amd64.deb"
     for candidate in (folder / filename, Path("/var/cache/apt/archives") / filename):

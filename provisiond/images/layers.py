@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -25,7 +26,10 @@ from provisiond.images.blobs import blob_path, compressed, open_blob
 from provisiond.images.cpio import (MTIME_CLAMP, is_whiteout, pack_tree, source_date_epoch,
                                    walk_tree)
 from provisiond.images.kernel import is_kernel_file
+from provisiond.state.layout import Layout
+from provisiond.state.models import LayerRecord
 
+log = logging.getLogger("provisiond.images")
 WHITEOUTS = ".provisiond/whiteouts"
 OPAQUE = "trusted.overlay.opaque"
 
@@ -53,23 +57,37 @@ def layer_key(parent: str | None, kind: str, entry: dict, inputs: dict, compress
 
 
 def layer_dir(config: Config) -> Path:
-    return config.state_dir / "cache" / "layers"
+    """The layer cache (Layout.layers), for provisiond.images.squash."""
+    return Layout.of(config).layers
 
 
 def cached_layer(config: Config, key: str) -> dict | None:
-    """The record of a built layer whose tree and blob both still exist, else None."""
-    record_path = layer_dir(config) / f"{key}.json"
-    if not record_path.is_file() or not (layer_dir(config) / key).is_dir():
+    """The record of a built layer whose tree and blob both still exist, else None (a
+    damaged record too: the layer is built again)."""
+    layout = Layout.of(config)
+    record = read_layer_record(layout.layer_record(key))
+    if record is None or not layout.layer_tree(key).is_dir():
         return None
-    record = json.loads(record_path.read_text())
-    return record if blob_path(config, record["digest"]).is_file() else None
+    return record.document() if blob_path(config, record.digest).is_file() else None
+
+
+def read_layer_record(path: Path) -> LayerRecord | None:
+    """A layer record; None when it is missing or damaged (logged)."""
+    try:
+        return LayerRecord.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable layer record, ignored: %s", path, exc)
+        return None
 
 
 def build_layer(config: Config, plan: LayerPlan, parents: list[dict], compression: str,
                 log: Path) -> dict:
     """Build one layer over its parents' trees, pack it, store it; returns its record."""
     started = time.monotonic()
-    root = layer_dir(config)
+    layout = Layout.of(config)
+    root = layout.layers
     upper, work = root / f"{plan.key}.tmp", root / f"{plan.key}.work"
     for stale in (upper, work):
         _remove_tree(stale)
@@ -79,13 +97,13 @@ def build_layer(config: Config, plan: LayerPlan, parents: list[dict], compressio
         if plan.tidy is not None:
             plan.tidy(upper)
         record = _pack(config, plan, upper, work, parents, compression)
-        _remove_tree(root / plan.key)
-        upper.rename(root / plan.key)
+        _remove_tree(layout.layer_tree(plan.key))
+        upper.rename(layout.layer_tree(plan.key))
     finally:
         _remove_tree(upper)
         _remove_tree(work)
     record["build_seconds"] = round(time.monotonic() - started, 3)
-    write_atomic(root / f"{plan.key}.json", json.dumps(record, indent=1) + "\n")
+    write_atomic(layout.layer_record(plan.key), LayerRecord.model_validate(record).text())
     return record
 
 
@@ -100,7 +118,7 @@ def _fill(plan: LayerPlan, upper: Path, work: Path, lowers: list[Path]) -> None:
 def _pack(config: Config, plan: LayerPlan, upper: Path, work: Path, parents: list[dict],
           compression: str) -> dict:
     deletes = has_deletions(upper)
-    chain = [layer_dir(config) / p["key"] for p in parents] + [upper]
+    chain = [Layout.of(config).layer_tree(p["key"]) for p in parents] + [upper]
     whiteouts = ""
     if deletes or any(p.get("deletes") for p in parents):
         whiteouts = final_whiteouts(chain, work / "view")

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import ImageNotFound
+from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import blob_path
-from provisiond.images.layers import layer_dir
+from provisiond.images.layers import read_layer_record
 from provisiond.images.recipe import check_image_name
 from provisiond.images.squash import mounted_digests
-
-MANIFEST = "manifest.json"
+from provisiond.state.layout import Layout
+from provisiond.state.models import DamagedDocument, ImageManifest, parse
 
 
 # What image names were before they became DNS labels (debian_12): a build under such a
@@ -31,49 +31,62 @@ def check_name(name: str) -> str:
 def _built_name(config: Config, name: str) -> str:
     """`name` if it is an image name or names an existing build under the older rule."""
     if (isinstance(name, str) and OLD_NAME_RE.fullmatch(name)
-            and (config.images_dir / name / MANIFEST).is_file()):
+            and Layout.of(config).image_manifest(name).is_file()):
         return name
     return check_name(name)
 
 
 def manifest_path(config: Config, name: str) -> Path:
-    return config.images_dir / _built_name(config, name) / MANIFEST
+    return Layout.of(config).image_manifest(_built_name(config, name))
 
 
 def lock_path(config: Config, name: str) -> Path:
     """The flock that serializes builds, imports and deletes of one image."""
-    return config.images_dir / ".locks" / f"{_built_name(config, name)}.lock"
+    return Layout.of(config).image_lock(_built_name(config, name))
 
 
 def gc_lock(config: Config) -> Path:
     """Builds hold it shared, gc exclusively: gc never takes a blob a build is adding."""
-    return config.images_dir / ".locks" / "gc.lock"
+    return Layout.of(config).images_gc_lock
 
 
 def load_manifest(config: Config, name: str) -> dict:
-    """The manifest of the current build of `name`; raises ImageNotFound."""
+    """The manifest of the current build of `name` as written (a hand-edited one too, for
+    `image show`; the boot reads it through ImageManifest); raises ImageNotFound, or
+    DamagedDocument when it is not a JSON object."""
     path = manifest_path(config, name)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise ImageNotFound(f"no image named {name!r} has been built") from None
+    except ValueError as exc:
+        raise DamagedDocument(f"{path}: not JSON ({exc}): build the image again") from None
+    if not isinstance(data, dict):
+        raise DamagedDocument(f"{path}: not a JSON object: build the image again")
+    return data
 
 
 def save_manifest(config: Config, manifest: dict) -> None:
-    path = manifest_path(config, manifest["name"])
-    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+    """Publish a build: the manifest checked against ImageManifest, written atomically."""
+    checked = parse(ImageManifest, manifest, f"image {manifest.get('name')!r}: manifest",
+                    BuildFailed)
+    write_atomic(manifest_path(config, checked.name), checked.text())
 
 
 def list_images(config: Config) -> list[dict]:
     """Every built image's manifest, sorted by name."""
-    if not config.images_dir.is_dir():
+    layout = Layout.of(config)
+    if not layout.images.is_dir():
         return []
     found = []
-    for path in sorted(config.images_dir.glob(f"*/{MANIFEST}")):
+    every = layout.image_manifest("*").relative_to(layout.images)  # */manifest.json
+    for path in sorted(layout.images.glob(str(every))):
         try:
-            found.append(json.loads(path.read_text()))
+            data = json.loads(path.read_bytes())
         except (OSError, ValueError):
             continue  # a manifest being replaced or damaged: not listed
+        if isinstance(data, dict):
+            found.append(data)
     return found
 
 
@@ -81,7 +94,7 @@ def delete_image(config: Config, name: str) -> None:
     """Remove an image's manifest (its blobs go at the next gc)."""
     with locked(lock_path(config, name)):
         load_manifest(config, name)
-        shutil.rmtree(config.images_dir / name)
+        shutil.rmtree(Layout.of(config).image_manifest(name).parent)
 
 
 def referenced_digests(config: Config) -> set[str]:
@@ -98,8 +111,9 @@ def collect_garbage(config: Config) -> dict:
     with locked(gc_lock(config)):
         keep = referenced_digests(config)
         removed, freed = 0, 0
-        if config.blob_dir.is_dir():
-            for path in sorted(config.blob_dir.iterdir()):
+        blobs = Layout.of(config).blobs
+        if blobs.is_dir():
+            for path in sorted(blobs.iterdir()):
                 if path.is_file() and f"sha256:{path.name}" not in keep:
                     freed += path.stat().st_size
                     path.unlink()
@@ -110,12 +124,14 @@ def collect_garbage(config: Config) -> dict:
 
 def _collect_trees(config: Config, keep: set[str]) -> int:
     removed = 0
-    folder = layer_dir(config)
+    layout = Layout.of(config)
+    folder = layout.layers
     for record_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = json.loads(record_path.read_text())
-        if record.get("digest") not in keep:
-            shutil.rmtree(folder / record_path.stem, ignore_errors=True)
-            (folder / "locks" / f"{record_path.stem}.lock").unlink(missing_ok=True)
+        record = read_layer_record(record_path)
+        if record is None or record.digest not in keep:  # a damaged record: rebuilt anyway
+            key = record_path.stem
+            shutil.rmtree(layout.layer_tree(key), ignore_errors=True)
+            layout.layer_lock(key).unlink(missing_ok=True)
             record_path.unlink()
             removed += 1
     return removed

@@ -9,7 +9,6 @@ their layer blobs.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -20,6 +19,8 @@ from provisiond.config import Config
 from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInput, NotFound
 from provisiond.inventory.values import check_image_name as _image_name_rule
+from provisiond.state.layout import Layout, recipe_search_path
+from provisiond.state.models import ShellLayers
 
 RECIPE_FILE = "image.yaml"
 DEFAULT_MODULES = ["virtio_net", "virtio_pci", "virtio_blk", "e1000", "af_packet"]
@@ -102,7 +103,6 @@ class TarLayer(_Layer):
 LAYER_MODELS = {m.model_fields["kind"].annotation.__args__[0]: m for m in (
     BusyboxLayer, DebootstrapLayer, OciLayer, DirectoryLayer, ImageLayer, PackagesLayer,
     CopyLayer, RunLayer, TarLayer)}
-SHELL_LAYERS = "shell.json"  # beside an image's manifest: the layers `image shell` made
 BASE_KINDS = {"busybox", "debootstrap", "oci-archive", "directory", "image"}
 
 
@@ -158,11 +158,11 @@ def check_image_name(name: str) -> str:
 def find_recipe(config: Config, name: str) -> Path:
     """The first `<dir>/<name>/image.yaml` on the recipe search path."""
     check_image_name(name)
-    for folder in config.recipe_search_path:
+    for folder in recipe_search_path(config):
         path = Path(folder) / name / RECIPE_FILE
         if path.is_file():
             return path
-    searched = ", ".join(str(d) for d in config.recipe_search_path)
+    searched = ", ".join(str(d) for d in recipe_search_path(config))
     raise RecipeNotFound(f"no recipe for image {name!r} (searched {searched})")
 
 
@@ -194,16 +194,15 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
 
 def shell_steps(config: Config, name: str, before: int) -> list[Step]:
     """The `tar` layers `image shell` added to image `name`, after its recipe's layers."""
-    folder = config.images_dir / name
+    listing = Layout.of(config).image_shell_layers(name)
     try:
-        entries = json.loads((folder / SHELL_LAYERS).read_text())
+        entries = ShellLayers.model_validate_json(listing.read_bytes()).root
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:
-        raise RecipeError(f"image {name}: {folder / SHELL_LAYERS} is unreadable: {exc}"
-                          ) from None
-    return [Step(name, before + number, TarLayer(kind="tar", **entry), folder)
-            for number, entry in enumerate(entries, 1)]
+    except (OSError, ValueError) as exc:  # a ValidationError is a ValueError
+        raise RecipeError(f"image {name}: {listing} is unreadable: {exc}") from None
+    return [Step(name, before + number, TarLayer(kind="tar", **entry.document()),
+                 listing.parent) for number, entry in enumerate(entries, 1)]
 
 
 def _parse_head(name: str, path: Path, raw: bytes) -> _RecipeHead:

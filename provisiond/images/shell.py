@@ -28,11 +28,12 @@ from provisiond.images import chroot
 from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
-from provisiond.images.layers import is_opaque, layer_dir
+from provisiond.images.layers import is_opaque
 from provisiond.images.manifests import gc_lock, load_manifest
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
-from provisiond.images.recipe import SHELL_LAYERS
 from provisiond.images.steps import no_services
+from provisiond.state.layout import Layout
+from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
 
@@ -73,12 +74,13 @@ def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path
     gc is held off meanwhile (it would take the trees from under the mount)."""
     manifest = load_manifest(config, name)
     with locked(gc_lock(config), shared=True):
-        lowers = [layer_dir(config) / layer["key"] for layer in reversed(manifest["layers"])]
+        layout = Layout.of(config)
+        lowers = [layout.layer_tree(layer["key"]) for layer in reversed(manifest["layers"])]
         missing = [path.name[:12] for path in lowers if not path.is_dir()]
         if missing:
             raise BuildFailed(f"image {name}: cached layer trees are gone ({', '.join(missing)}"
                               f"): run `provisiond image build {name}` first")
-        folder = Path(tempfile.mkdtemp(prefix=f"shell-{name}.", dir=layer_dir(config)))
+        folder = Path(tempfile.mkdtemp(prefix=f"shell-{name}.", dir=layout.layers))
         try:
             (folder / "upper").mkdir()
             yield lowers, folder / "upper", folder / "work"
@@ -134,7 +136,7 @@ def _prune_copied_up(upper: Path, lowers: list[Path]) -> None:
 
 def _save_layer(config: Config, name: str, upper: Path) -> Path:
     """The upper dir as a layer tarball named by its sha256, beside the image's manifest."""
-    folder = config.images_dir / name / "shell"
+    folder = Layout.of(config).image_shell_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".layer.", dir=folder)
     try:
@@ -182,12 +184,12 @@ def _plain(name: str, mtime: int) -> tarfile.TarInfo:
 def _add_layer(config: Config, name: str, tar: Path, command: str | None, progress) -> dict:
     """List the tarball as the image's next shell layer and rebuild; a failed build takes
     the entry and the tarball back out, so the image stays as it was."""
-    listing = config.images_dir / name / SHELL_LAYERS
+    listing = Layout.of(config).image_shell_layers(name)
     before = listing.read_text() if listing.is_file() else None
-    entries = json.loads(before) if before else []
+    entries = ShellLayers.model_validate_json(before) if before else ShellLayers([])
     what = f"image shell: {command}" if command else "image shell (interactive)"
-    entries.append({"path": f"shell/{tar.name}", "description": what[:200]})
-    write_atomic(listing, json.dumps(entries, indent=1) + "\n")
+    entries.root.append(ShellLayer(path=f"shell/{tar.name}", description=what[:200]))
+    write_atomic(listing, entries.text())
     try:
         return build_image(config, name, progress)
     except BaseException:
@@ -195,6 +197,6 @@ def _add_layer(config: Config, name: str, tar: Path, command: str | None, progre
             listing.unlink(missing_ok=True)
         else:
             write_atomic(listing, before)
-        if not any(e["path"] == f"shell/{tar.name}" for e in entries[:-1]):
+        if not any(e.path == f"shell/{tar.name}" for e in entries.root[:-1]):
             tar.unlink(missing_ok=True)
         raise

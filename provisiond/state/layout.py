@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 
-from provisiond.config import CACHE_NAME, CONFIG_NAME, Config
+from provisiond.config import CACHE_NAME, CONFIG_NAME, SHIPPED_DIR, Config
 from provisiond.errors import InvalidInput
 
 CACHE_ENV = "PROVISIOND_CACHE_DIR"
@@ -357,6 +357,16 @@ class Layout:
            "overlay's `slurm_conf`)")
     def slurm_conf(self):
         return self.slurm / "slurm.conf"
+
+
+def overlay_search_path(config: Config) -> list[Path]:
+    """Site overlays shadow shipped ones: the first dir holding a name wins."""
+    return [*config.overlay_dirs, Layout.of(config).overlays, SHIPPED_DIR / "overlays"]
+
+
+def recipe_search_path(config: Config) -> list[Path]:
+    """Site recipes (settings' image_dirs, then the state dir's) shadow shipped ones."""
+    return [*config.image_dirs, Layout.of(config).recipes, SHIPPED_DIR / "images"]
 
 
 KEYS = Layout(PurePosixPath())
