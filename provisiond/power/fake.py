@@ -7,14 +7,15 @@ fails at once, `hang` never answers (so fan-out deadlines can be tested without 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from provisiond.atomic import locked, write_atomic
 from provisiond.errors import BmcUnreachable, InvalidInput
 from provisiond.power.base import Driver, FirmwareComponent
+from provisiond.state.layout import Layout
+from provisiond.state.local import edited, read_json
+from provisiond.state.models import FakeBmc, FakeBmcs, FakeBoot
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 # PowerAction -> the state the fake system is in afterwards.
@@ -38,45 +39,46 @@ class FakeDriver(Driver):
             raise InvalidInput(f"node {self.settings.node}: bmc.address is not set")
 
     def get_power_state(self) -> PowerState:
-        return PowerState(self._read()["power"])
+        return PowerState(self._read().power)
 
     def set_power(self, action: PowerAction) -> None:
         with self._edit() as system:
-            was_on = system["power"] == PowerState.ON.value
+            was_on = system.power == PowerState.ON.value
             if action is PowerAction.ON and was_on:
                 return
             if action is PowerAction.RESET and not was_on:
                 return
-            system["power"] = ACTION_RESULT[action].value
+            system.power = ACTION_RESULT[action].value
             if action in BOOTING_ACTIONS:
                 self._boot(system)
 
     def set_boot_device(self, device: BootDevice, persistent: bool, uefi: bool | None) -> None:
         with self._edit() as system:
-            system["boot"] = {"device": device.value, "persistent": persistent,
-                              "uefi": system["boot"].get("uefi") if uefi is None else uefi}
+            system.boot = FakeBoot(device=device, persistent=persistent,
+                                   uefi=system.boot.uefi if uefi is None else uefi)
 
     def list_firmware(self) -> list[FirmwareComponent]:
-        firmware = self._read()["firmware"]
+        firmware = self._read().firmware
         return [FirmwareComponent(name, version, True) for name, version in firmware.items()]
 
     def update_firmware(self, image_url: str) -> str:
         with self._edit() as system:
-            major, minor, *rest = system["firmware"]["BIOS"].split(".")
+            major, minor, *rest = system.firmware["BIOS"].split(".")
             version = ".".join([major, str(int(minor) + 1), *rest])
-            system["firmware"]["BIOS"] = version
-            system["last_image"] = image_url
+            system.firmware["BIOS"] = version
+            system.last_image = image_url
         return f"BIOS updated to {version}"
 
-    def _boot(self, system: dict) -> None:
+    def _boot(self, system: FakeBmc) -> None:
         """Record a boot: which device it used; a one-time override is then spent."""
-        system["boots"].append(system["boot"]["device"])
-        if not system["boot"]["persistent"]:
-            system["boot"]["device"] = BootDevice.DISK.value
+        system.boots.append(system.boot.device.value)
+        if not system.boot.persistent:
+            system.boot.device = BootDevice.DISK
 
-    def _read(self) -> dict:
+    def _read(self) -> FakeBmc:
         self._contact()
-        return read_fake_bmcs(self._path).get(self.settings.node) or new_system()
+        found = read_fake_bmcs(self._path).get(self.settings.node)
+        return FakeBmc.model_validate(found or new_system())
 
     def _edit(self):
         self._contact()
@@ -90,7 +92,7 @@ class FakeDriver(Driver):
 
     @property
     def _path(self) -> Path:
-        return Path(self.settings.state_dir) / "power" / "fake-bmcs.json"
+        return Layout(Path(self.settings.state_dir)).fake_bmcs
 
 
 def new_system() -> dict:
@@ -100,16 +102,13 @@ def new_system() -> dict:
 
 def read_fake_bmcs(path: Path) -> dict:
     """Every fake system by node name (tests read it to see what the driver did)."""
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
+    return read_json(path)
 
 
 @contextlib.contextmanager
-def _edit_system(path: Path, node: str) -> Iterator[dict]:
+def _edit_system(path: Path, node: str) -> Iterator[FakeBmc]:
     """Change one fake system under the file's lock; written back on a clean exit."""
-    with locked(path.with_suffix(".lock")):
-        data = read_fake_bmcs(path)
-        yield data.setdefault(node, new_system())
-        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+    with edited(path, **FakeBmcs.FORMAT) as data:
+        system = FakeBmc.model_validate(data.get(node) or new_system())
+        yield system
+        data[node] = system.document()

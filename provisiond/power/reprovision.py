@@ -17,6 +17,7 @@ from provisiond.inventory.ranges import fold
 from provisiond.power import operations, pending
 from provisiond.power.base import Driver
 from provisiond.power.fanout import NodeResult
+from provisiond.state.models import NodeStatus
 from provisiond.states import BootDevice, NodePhase, PowerAction, PowerState
 from provisiond.status import read_status
 from provisiond.trust import revoke
@@ -85,22 +86,22 @@ def wait_ready(config: Config, names: list[str], started: float, deadline: float
 
 
 def _boot_outcome(config: Config, name: str, started: float) -> NodeResult | None:
-    status = read_status(config, name) or {}
-    if status.get("boot_started", 0) < started:
+    status = NodeStatus.of(name, read_status(config, name))
+    if status.boot_started < started:
         return None
     seconds = time.time() - started
-    if status.get("phase") == NodePhase.READY.value:
+    if status.phase is NodePhase.READY:
         return NodeResult(name, True, f"ready after {seconds:.1f} s", seconds=seconds)
-    if status.get("phase") == NodePhase.FAILED.value:
-        return NodeResult(name, False, f"boot failed: {status.get('detail') or 'no detail'}",
+    if status.phase is NodePhase.FAILED:
+        return NodeResult(name, False, f"boot failed: {status.detail or 'no detail'}",
                           seconds=seconds)
     return None
 
 
 def _timed_out(config: Config, name: str, started: float) -> NodeResult:
-    status = read_status(config, name) or {}
-    reached = status.get("phase") if status.get("boot_started", 0) >= started else None
-    where = f"reached {reached}" if reached else "no boot seen"
+    status = NodeStatus.of(name, read_status(config, name))
+    reached = status.phase if status.boot_started >= started else None
+    where = f"reached {reached.value}" if reached else "no boot seen"
     seconds = time.time() - started
     return NodeResult(name, False, f"not ready after {seconds:.0f} s ({where})",
                       seconds=seconds)

@@ -194,6 +194,15 @@ class NodeStatus(Document):
     """the agent's /proc/meminfo figures (mem_total_kib, mem_available_kib)"""
     token_refused: TokenRefusal | None = None
 
+    @classmethod
+    def of(cls, node: str, data: dict | None) -> "NodeStatus":
+        """The status `data` holds (as provisiond.status reads it); a node without one, or
+        with a damaged one (replaced whole by its next boot), has no phase."""
+        try:
+            return cls.model_validate({"node": node, **(data or {})})
+        except ValidationError:
+            return cls(node=node)
+
     def reached(self, phase: NodePhase, since: float) -> bool:
         """Whether the node's newest phase is `phase`, in a boot started at `since` or
         later."""
