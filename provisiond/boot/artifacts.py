@@ -5,7 +5,6 @@ Manifests are cached until their file changes; overlays are built on demand when
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections import OrderedDict
@@ -17,6 +16,9 @@ from provisiond.images import load_manifest
 from provisiond.overlays.build import build_node, output_path
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
+from provisiond.state.layout import Layout
+from provisiond.state.local import file_stamp
+from provisiond.state.models import DamagedDocument, ImageManifest, parse
 
 HEX_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -73,16 +75,20 @@ class ManifestCache:
         return self._load(name, cached, now)
 
     def _load(self, name: str, cached: tuple | None, now: float) -> dict:
-        path = self.config.images_dir / name / "manifest.json"
-        try:
-            st = os.stat(path)
-            stamp = (st.st_mtime_ns, st.st_ino, st.st_size)  # a rename within a tick: new inode
-        except (FileNotFoundError, NotADirectoryError):
+        stamp = file_stamp(Layout.of(self.config).image_manifest(name))
+        if stamp is None:
             self._cache.pop(name)
-            raise ImageNotFound(f"no image named {name!r} has been built") from None
-        manifest = cached[1] if cached and cached[0] == stamp else load_manifest(self.config,
-                                                                                 name)
+            raise ImageNotFound(f"no image named {name!r} has been built")
+        manifest = cached[1] if cached and cached[0] == stamp else self._read(name)
         self._cache.put(name, (stamp, manifest, now))
+        return manifest
+
+    def _read(self, name: str) -> dict:
+        """The manifest, checked against ImageManifest: a damaged one is refused here, in
+        one line naming it, not by a KeyError in the script it would have made."""
+        manifest = load_manifest(self.config, name)
+        parse(ImageManifest, manifest, Layout.of(self.config).image_manifest(name),
+              DamagedDocument)
         return manifest
 
 
@@ -90,7 +96,7 @@ def blob_file(config: Config, hexdigest: str) -> Path:
     """The blob `sha256:<hexdigest>`; a malformed digest is InvalidInput."""
     if not HEX_RE.fullmatch(hexdigest):  # `match` + `$` let a trailing newline in
         raise InvalidInput("a blob is named by 64 lowercase hex digits")
-    return config.blob_dir / hexdigest
+    return Layout.of(config).blob(hexdigest)
 
 
 class OverlayFiles:

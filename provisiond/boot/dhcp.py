@@ -6,7 +6,6 @@ go through `events`; leases are kept in a dict and written at most every few sec
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import struct
@@ -21,11 +20,12 @@ from provisiond.boot.phases import PhaseProcess, PhaseRecorder
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.config import Config
+from provisiond.state.layout import Layout
+from provisiond.state.models import Lease, Leases
 from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
 CLIENT_PORT, SERVER_PORT = 68, 67
-LEASES_FILE = "dhcp-leases.json"
 
 
 PROXY_PORT = 4011
@@ -176,8 +176,9 @@ class DhcpServer(UdpServer):
         self._saved = time.monotonic()
         now = time.time()
         self.leases = {mac: lease for mac, lease in self.leases.items() if lease[1] > now}
-        data = {mac: {"ip": ip, "expires": round(exp)} for mac, (ip, exp) in self.leases.items()}
-        write_atomic(self.config.state_dir / LEASES_FILE, json.dumps(data, sort_keys=True))
+        data = Leases({mac: Lease(ip=ip, expires=round(exp))
+                       for mac, (ip, exp) in self.leases.items()})
+        write_atomic(Layout.of(self.config).leases, data.text())
         self._dirty = False
 
     def close(self) -> None:

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import time
 
 from provisiond.config import Config
+from provisiond.state.layout import Layout
+from provisiond.state.models import Sighting
 
 log = logging.getLogger("provisiond.boot")
-DISCOVERY_FILE = "discovery.jsonl"
 
 
 def enlisting(config: Config) -> bool:
@@ -22,11 +22,12 @@ def enlisting(config: Config) -> bool:
 
 
 class DiscoveryLog:
-    """Appends unknown MACs to `<state>/discovery.jsonl`: once per MAC per `per_mac`
+    """Appends unknown MACs to `<state>/discovery.jsonl` (Layout.sightings, one Sighting
+    a line): once per MAC per `per_mac`
     seconds and at most `per_second` lines a second overall."""
 
     def __init__(self, config: Config, per_mac: float = 300.0, per_second: int = 20):
-        self.path = config.state_dir / DISCOVERY_FILE
+        self.path = Layout.of(config).sightings
         self.per_mac = per_mac
         self.per_second = per_second
         self._seen: dict[str, float] = {}
@@ -40,7 +41,7 @@ class DiscoveryLog:
         if len(self._seen) > 100_000:
             self._seen.clear()
         self._seen[mac] = now
-        line = json.dumps({"time": round(now, 3), "mac": mac, **fields}, sort_keys=True)
+        line = Sighting(time=round(now, 3), mac=mac, **fields).text()
         try:
             with open(self.path, "a") as handle:
                 handle.write(line + "\n")
@@ -58,9 +59,9 @@ class DiscoveryLog:
 
 
 def read_discovery(config: Config) -> list[dict]:
-    """The discovery events recorded so far, oldest first; a line that is not a JSON object
+    """The discovery events recorded so far, oldest first; a line that is no Sighting
     (cut short by a full disk, edited by hand) is skipped."""
-    path = config.state_dir / DISCOVERY_FILE
+    path = Layout.of(config).sightings
     try:
         lines = path.read_bytes().splitlines()
     except FileNotFoundError:
@@ -68,11 +69,9 @@ def read_discovery(config: Config) -> list[dict]:
     found = []
     for line in lines:
         try:
-            record = json.loads(line)
-        except ValueError:
+            found.append(Sighting.model_validate_json(line).document())
+        except ValueError:  # a ValidationError is one
             continue
-        if isinstance(record, dict):
-            found.append(record)
     return found
 
 

@@ -287,3 +287,16 @@ def test_a_dual_stack_bind_still_knows_the_node(client, config, monkeypatch):
     client.get(f"/blobs/sha256/{manifest['kernel']['digest'][7:]}", environ_base=mapped)
     client.application.extensions["provisiond"].phases.flush()
     assert read_status(config, "n1")["phase"] == "kernel"
+
+
+def test_a_damaged_manifest_is_named_in_the_nodes_retry_script(client, config):
+    """A manifest without its kernel (a hand edit) was a KeyError: a 500 for every boot of
+    the image, naming nothing."""
+    path = config.images_dir / "tiny" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["kernel"]
+    path.write_text(json.dumps(manifest))
+    client.application.extensions["provisiond"].manifests.interval = 0
+    response = client.get(f"/boot/ipxe/{mac_of(1)}")
+    text = response.get_data(as_text=True)
+    assert f"{path}: kernel: Field required" in text, (response.status_code, text)
