@@ -10,7 +10,7 @@ Two stores, because the work happens in two kinds of process:
   Prometheus expects of a restarted exporter. Without serve (a test, a bare gunicorn) the
   counters stay in the process.
 - **Outcomes any process records**, the CLI included (image and overlay builds, BMC
-  calls): few and slow, so each adds itself to one JSON document (`config.metrics_path`)
+  calls): few and slow, so each adds itself to one JSON document (`Layout.metrics`)
   under a lock, kept across runs; `FileCollector` reads it as histograms.
 
 Recording never raises: a metric is not worth a failed build or a dropped packet. No metric
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -30,9 +29,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from provisiond.atomic import locked, read_json, write_atomic
 from provisiond.config import Config
 from provisiond.errors import ServeFailed
+from provisiond.state.layout import Layout
+from provisiond.state.local import edited, read_json
 
 log = logging.getLogger("provisiond.metrics")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's own name for the directory
@@ -156,7 +156,7 @@ class MetricsRun:
     for the process and its children while it runs; its lock tells other serves it is live."""
 
     def __init__(self, config: Config):
-        self.base = config.run_dir / "metrics"
+        self.base = Layout.of(config).metrics_runs
         self.directory = self.base / str(os.getpid())
         self.base.mkdir(parents=True, exist_ok=True)
         self._lock = os.open(self.directory.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -186,7 +186,7 @@ def start_run(config: Config) -> MetricsRun:
     try:
         return MetricsRun(config)
     except OSError as exc:
-        raise ServeFailed(f"cannot make the metrics directory under {config.run_dir}: "
+        raise ServeFailed(f"cannot make the metrics directory under {Layout.of(config).run}: "
                           f"{exc.strerror or exc}") from None
 
 
@@ -226,13 +226,12 @@ def record_outcomes(config: Config, name: str,
     """Add (labels, seconds) observations to file histogram `name` (FILE_HISTOGRAMS)."""
     observations = list(observations)
     if observations:
-        _quietly(name, _record_outcomes, config.metrics_path, name, observations)
+        _quietly(name, _record_outcomes, Layout.of(config).metrics, name, observations)
 
 
 def _record_outcomes(path: Path, name: str, observations: list) -> None:
     buckets = FILE_HISTOGRAMS[name][2]
-    with locked(path.with_name(path.name + ".lock")):
-        document = read_json(path)
+    with edited(path, durable=False, sort_keys=True) as document:
         series = document.setdefault(name, {})
         for labels, seconds in observations:
             key = "\t".join(labels)
@@ -241,7 +240,6 @@ def _record_outcomes(path: Path, name: str, observations: list) -> None:
                 entry = series[key] = {"buckets": [0] * (len(buckets) + 1), "sum": 0.0}
             entry["buckets"][_bucket(buckets, seconds)] += 1
             entry["sum"] += seconds
-        write_atomic(path, json.dumps(document, sort_keys=True), durable=False)
 
 
 def _bucket(buckets: tuple, value: float) -> int:
@@ -256,10 +254,10 @@ def _valid_series(entry, size: int) -> bool:
 
 
 class FileCollector:
-    """prometheus-client collector of the outcomes in `config.metrics_path`."""
+    """prometheus-client collector of the outcomes in `Layout.metrics`."""
 
     def __init__(self, config: Config):
-        self.path = config.metrics_path
+        self.path = Layout.of(config).metrics
 
     def collect(self):
         from prometheus_client.core import HistogramMetricFamily

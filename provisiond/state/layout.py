@@ -331,7 +331,7 @@ class Layout:
 
     @property
     @entry("metrics.json", "build and BMC call histograms any process adds to "
-           "(provisiond.metrics); lock metrics.json.lock")
+           "(provisiond.metrics); lock metrics.lock")
     def metrics(self):
         return self.root / "metrics.json"
 
