@@ -16,9 +16,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from provisiond.atomic import read_json, write_atomic
+from provisiond.atomic import write_atomic
 from provisiond.config import CONTROL_RE, Config
 from provisiond.inventory.values import check_node_mac
+from provisiond.state.layout import Layout
+from provisiond.state.local import read_json
 
 def _text(value: str) -> str:
     if CONTROL_RE.search(value):
@@ -112,7 +114,7 @@ FACT_NAMES = ("mac", "memory_mib", "nics.count", "disks.count",
 
 
 def facts_path(config: Config, node: str):
-    return config.discovery_dir / "facts" / f"{node}.json"
+    return Layout.of(config).facts(node)
 
 
 def record_facts(config: Config, node: str, facts: Facts, when: float | None = None) -> NodeFacts:

@@ -17,10 +17,11 @@ from enum import Enum
 
 from pydantic import BaseModel, Field, ValidationError
 
-from provisiond.atomic import locked, read_json, write_atomic
 from provisiond.config import Config
 from provisiond.discovery.facts import Facts
 from provisiond.errors import NotFound, TooManyRequests, Unavailable
+from provisiond.state.layout import Layout
+from provisiond.state.local import edited, read_json
 
 
 class MachineState(str, Enum):
@@ -56,13 +57,17 @@ class MachineNotFound(NotFound):
 
 
 def book_path(config: Config):
-    return config.discovery_dir / "machines.json"
+    return Layout.of(config).machines
 
 
 def read_book(config: Config) -> Book:
     """The machines as last written (no lock: writes replace the file whole)."""
+    return _book(read_json(book_path(config)))
+
+
+def _book(data: dict) -> Book:
     try:
-        return Book.model_validate(read_json(book_path(config)))
+        return Book.model_validate(data)
     except ValidationError:
         return Book()  # a hand-edited file; the next write starts it anew
 
@@ -70,11 +75,11 @@ def read_book(config: Config) -> Book:
 @contextlib.contextmanager
 def edit_book(config: Config) -> Iterator[Book]:
     """The book under the lock; written back when the block ends without an error."""
-    path = book_path(config)
-    with locked(path.with_suffix(".lock")):
-        book = read_book(config)
+    with edited(book_path(config)) as data:
+        book = _book(data)
         yield book
-        write_atomic(path, book.model_dump_json())
+        data.clear()
+        data.update(book.model_dump(mode="json"))
 
 
 def get_machine(config: Config, mac: str) -> Machine:

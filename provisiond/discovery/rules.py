@@ -26,6 +26,7 @@ from provisiond.errors import InvalidInput
 from provisiond.inventory.ranges import expand
 from provisiond.inventory.store import describe_validation_error
 from provisiond.inventory.values import check_name
+from provisiond.state.layout import Layout
 
 MAX_RULES = 1000
 
@@ -83,7 +84,7 @@ def fact_text(value: object) -> str:
 
 
 def rules_path(config: Config) -> Path:
-    return config.discovery_dir / "rules.yaml"
+    return Layout.of(config).discovery_rules
 
 
 def load_rules(config: Config, path: Path | None = None) -> list[Rule]:

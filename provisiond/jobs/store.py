@@ -29,6 +29,7 @@ from provisiond.config import Config
 from provisiond.errors import Conflict, JobNotFound
 from provisiond.inventory.ranges import names_text
 from provisiond.jobs.model import POWER_STATUS, Job
+from provisiond.state.layout import Layout
 from provisiond.states import JobKind, JobState
 
 log = logging.getLogger("provisiond.jobs")
@@ -44,11 +45,11 @@ class Index(BaseModel):
 
 
 def job_path(config: Config, job_id: int) -> Path:
-    return config.jobs_dir / f"{job_id}.json"
+    return Layout.of(config).job(str(job_id))
 
 
 def log_path(config: Config, job_id: int) -> Path:
-    return config.jobs_dir / f"{job_id}.log"
+    return Layout.of(config).job_log(str(job_id))
 
 
 def claims_of(kind: JobKind, names: list[str], params: dict) -> list[str]:
@@ -133,9 +134,10 @@ def get(config: Config, job_id: int) -> Job:
 
 def job_ids(config: Config) -> list[int]:
     """Ids of the stored jobs, newest first."""
-    if not config.jobs_dir.is_dir():
+    folder = Layout.of(config).jobs
+    if not folder.is_dir():
         return []
-    return sorted((int(p.stem) for p in config.jobs_dir.glob("*.json") if p.stem.isdigit()),
+    return sorted((int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit()),
                   reverse=True)
 
 
@@ -213,7 +215,7 @@ def _prune(config: Config, index: Index) -> None:
 
 def _read_index(config: Config) -> Index:
     """The index; an unreadable one is rebuilt from the records (never reusing an id)."""
-    path = config.jobs_dir / "index.json"
+    path = Layout.of(config).jobs_index
     try:
         index = Index.model_validate_json(path.read_bytes())
     except FileNotFoundError:
@@ -237,10 +239,10 @@ def _rebuilt_index(config: Config) -> Index:
 
 
 def _write_index(config: Config, index: Index) -> None:
-    write_atomic(config.jobs_dir / "index.json", index.model_dump_json(), durable=True)
+    write_atomic(Layout.of(config).jobs_index, index.model_dump_json(), durable=True)
 
 
 @contextlib.contextmanager
 def _locked(config: Config) -> Iterator[None]:
-    with locked(config.jobs_dir / ".lock"):
+    with locked(Layout.of(config).jobs_lock):
         yield

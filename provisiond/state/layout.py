@@ -311,9 +311,14 @@ class Layout:
 
     @property
     @entry("jobs/", "asynchronous jobs (provisiond.jobs); the last 1,000 ended jobs are "
-           "kept; lock jobs/.lock")
+           "kept")
     def jobs(self):
         return self.root / "jobs"
+
+    @property
+    @entry("jobs/.lock", "held while the index or a record changes")
+    def jobs_lock(self):
+        return self.jobs / ".lock"
 
     @entry("jobs/<job_id>.json", "a job's record (provisiond.jobs.model.Job)")
     def job(self, job_id: str):
@@ -325,7 +330,7 @@ class Layout:
 
     @property
     @entry("jobs/index.json", "the next id and the claims of active jobs (node/N, image/N, "
-           "overlays/N; provisiond.jobs.model.Index)")
+           "overlays/N; provisiond.jobs.store.Index)")
     def jobs_index(self):
         return self.jobs / "index.json"
 
