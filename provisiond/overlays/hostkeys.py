@@ -20,6 +20,8 @@ from pathlib import Path
 from provisiond.atomic import fsync_dir, locked, write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
+from provisiond.state.layout import Layout
+from provisiond.state.local import Stamp, file_stamp
 
 KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 """Every type a node may have, in the order they are offered."""
@@ -27,7 +29,7 @@ RSA_BITS = 3072  # ssh-keygen's default
 
 
 def host_key_dir(config: Config, node: str) -> Path:
-    return config.state_dir / "secrets" / "ssh-host-keys" / node
+    return Layout.of(config).host_keys(node)
 
 
 def _key_names(key_type: str) -> tuple[str, str]:
@@ -40,17 +42,13 @@ def wanted_types(config: Config) -> tuple[str, ...]:
     return tuple(dict.fromkeys(config.build.ssh_host_key_types))
 
 
-def host_key_signature(config: Config, node: str) -> tuple | None:
+def host_key_signature(layout: Layout, node: str) -> Stamp | None:
     """What identifies the node's key files, or None when it has none yet: their
-    directory's inode and mtime, which change whenever a key file is made, renamed in or
-    deleted (every write here is a rename). One stat, so a build of 10,000 nodes can tell
+    directory's stamp (its mtime changes whenever a key file is made, renamed in or
+    deleted: every write here is a rename). One stat, so a build of 10,000 nodes can tell
     whether keys changed without reading them (listing and stat-ing each file cost ~0.3 s);
     a key file edited in place is not seen: replace it by renaming a new file over it."""
-    try:
-        st = os.stat(f"{config.state_dir}/secrets/ssh-host-keys/{node}")
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns
+    return file_stamp(layout.host_keys(node))
 
 
 def _stat(path: Path) -> bool:

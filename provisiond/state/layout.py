@@ -59,7 +59,11 @@ class Layout:
 
     def __init__(self, root: PurePath, cache: PurePath | None = None):
         self.root = root
-        self.cache = cache if cache is not None else root / CACHE_NAME
+        self._cache = cache
+
+    @property
+    def cache(self) -> PurePath:
+        return self._cache if self._cache is not None else self.root / CACHE_NAME
 
     @classmethod
     def of(cls, config: Config) -> "Layout":
@@ -221,7 +225,7 @@ class Layout:
            "`ssh_host_<type>_key[.pub]` (provisiond.overlays.hostkeys; types from "
            "build.ssh_host_key_types); lock `.lock` inside")
     def host_keys(self, node: str):
-        return self.root / "secrets" / "ssh-host-keys" / node
+        return self.root.joinpath("secrets", "ssh-host-keys", node)  # per node of a build
 
     @property
     @entry("secrets/token.key", "0600: the key provisioning tokens are signed with "

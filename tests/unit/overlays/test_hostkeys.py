@@ -16,6 +16,7 @@ from provisiond.errors import InvalidConfig
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import (ensure_host_keys, forget_host_keys, has_host_keys,
                                           host_key_dir, host_key_signature)
+from provisiond.state.layout import Layout
 from tests.unit.overlays.test_build import files_of, write_inventory
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"  # the real OpenSSH tool checks what we wrote
@@ -61,9 +62,9 @@ def test_keys_are_made_in_process_without_ssh_keygen(config, monkeypatch):
 
 def test_keys_are_made_once_and_kept(config):
     first = ensure_host_keys(config, "n1")
-    signature = host_key_signature(config, "n1")
+    signature = host_key_signature(Layout.of(config), "n1")
     assert ensure_host_keys(config, "n1") == first
-    assert host_key_signature(config, "n1") == signature
+    assert host_key_signature(Layout.of(config), "n1") == signature
     assert ensure_host_keys(config, "n2") != first
 
 
