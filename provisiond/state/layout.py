@@ -356,10 +356,14 @@ class Layout:
         return self.run / "metrics"
 
     @property
-    @entry("slurm/", "what `provisiond slurm config` writes: the resume and suspend "
-           "programs")
+    @entry("slurm/", "what `provisiond slurm config` writes")
     def slurm(self):
         return self.root / "slurm"
+
+    @entry("slurm/<verb>", "Slurm's ResumeProgram (`resume`) and SuspendProgram (`suspend`) "
+           "unless the settings name others")
+    def slurm_program(self, verb: str):
+        return self.slurm / verb
 
     @property
     @entry("slurm/slurm.conf", "slurm.conf as `provisiond slurm config` wrote it (the slurm "
