@@ -5,7 +5,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from provisiond.errors import InvalidInput
-from provisiond.state.layout import (CACHE_ENV, ENTRIES, KEYS, Layout, lock_of,
+from provisiond.state.layout import (CACHE_ENV, ENTRIES, KEYS, Layout, doc_lines, lock_of,
                                      placeholders)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -68,3 +68,18 @@ def test_the_path_properties_config_still_has_are_the_layouts(config):
     assert config.trust_dir == layout.trust_dir
     assert config.blob_dir == layout.blobs
     assert config.images_dir == layout.images
+
+
+def test_the_contracts_doc_lists_every_layout_path_and_no_other():
+    """docs/contracts.md's state directory block is the layout's, line for line (a path
+    added to either alone fails here)."""
+    text = (REPO / "docs" / "contracts.md").read_text()
+    section = text.split("## State directory (`Config.state_dir`)\n", 1)[1]
+    block = section.split("```\n", 2)[1]
+    assert block.splitlines() == doc_lines(), "run python -m provisiond.state.layout"
+
+
+def test_the_doc_lines_name_each_pattern_once():
+    patterns = [line.split()[0] for line in doc_lines() if not line.startswith(" ")]
+    assert patterns == [e.pattern for e in ENTRIES]
+    assert len(set(patterns)) == len(patterns)
