@@ -1,5 +1,6 @@
 """state.layout: one name per path, its store key, and the contracts doc made from them."""
 
+import re
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -83,3 +84,26 @@ def test_the_doc_lines_name_each_pattern_once():
     patterns = [line.split()[0] for line in doc_lines() if not line.startswith(" ")]
     assert patterns == [e.pattern for e in ENTRIES]
     assert len(set(patterns)) == len(patterns)
+
+
+# Modules not moved to the layout yet (others are changing them in this session): each
+# should name its paths through Layout and leave this list.
+NOT_MOVED = {"provisiond/auth.py", "provisiond/audit.py", "provisiond/events.py",
+             "provisiond/status.py", "provisiond/inventory/store.py",
+             "provisiond/inventory/secrets.py", "provisiond/trust/tokens.py",
+             "provisiond/trust/credentials.py", "provisiond/boot/table.py",
+             "provisiond/images/squash.py", "provisiond/cli/init.py"}
+PATH_BUILDING = re.compile(r"state_dir\)?\s*/|state_dir\}/|\.(inventory_path|secrets_path|"
+                           r"blob_dir|images_dir|status_dir|trust_dir)\b")
+
+
+def test_no_module_builds_a_state_path_of_its_own():
+    """Paths under the state dir come from the layout (twelve modules built their own)."""
+    found = set()
+    for path in sorted((REPO / "provisiond").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel in ("provisiond/state/layout.py", "provisiond/config.py"):
+            continue
+        if PATH_BUILDING.search(path.read_text()):
+            found.add(rel)
+    assert found <= NOT_MOVED, f"build paths of their own: {sorted(found - NOT_MOVED)}"
