@@ -86,7 +86,8 @@ def _make_missing_keys(config: Config, node: str, durable: bool) -> None:
     _make_private_parent(folder.parent)
     if not folder.exists() and _make_key_dir(folder, node, config, durable):
         return
-    with locked(folder / ".lock"):  # another builder may be making the same node's keys
+    # another builder may be making the same node's keys
+    with locked(Layout.of(config).host_keys_lock(node)):
         for key_type in wanted_types(config):
             if not _has_key(folder, key_type):
                 for name, data in _new_key(node, key_type):  # private first
@@ -186,7 +187,7 @@ def rotate_host_keys(config: Config, node: str) -> None:
         make_host_keys(config, node)
         return
     try:
-        with locked(folder / ".lock"):
+        with locked(Layout.of(config).host_keys_lock(node)):
             for key_type in KEY_TYPES:
                 if key_type in wanted_types(config) or _has_key(folder, key_type):
                     for name, data in _new_key(node, key_type):  # private first
@@ -204,6 +205,5 @@ def sync_new_keys() -> None:
 def forget_host_keys(config: Config, node: str) -> None:
     """Delete a node's keys (a new set is made on its next runtime build), and the lock
     file that earlier builds kept beside its key directory."""
-    folder = host_key_dir(config, node)
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder.parent / f".{node}.lock").unlink(missing_ok=True)
+    shutil.rmtree(host_key_dir(config, node), ignore_errors=True)
+    Layout.of(config).host_keys_old_lock(node).unlink(missing_ok=True)

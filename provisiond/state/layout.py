@@ -223,9 +223,18 @@ class Layout:
 
     @entry("secrets/ssh-host-keys/<node>/", "0600 in 0700 dirs: per-node "
            "`ssh_host_<type>_key[.pub]` (provisiond.overlays.hostkeys; types from "
-           "build.ssh_host_key_types); lock `.lock` inside")
+           "build.ssh_host_key_types)")
     def host_keys(self, node: str):
         return self.root.joinpath("secrets", "ssh-host-keys", node)  # per node of a build
+
+    @entry("secrets/ssh-host-keys/<node>/.lock", "held while the node's keys are made")
+    def host_keys_lock(self, node: str):
+        return self.host_keys(node) / ".lock"
+
+    @entry("secrets/ssh-host-keys/.<node>.lock", "the same lock where older builds kept "
+           "it; removed with the node's keys")
+    def host_keys_old_lock(self, node: str):
+        return self.root.joinpath("secrets", "ssh-host-keys", f".{node}.lock")
 
     @property
     @entry("secrets/token.key", "0600: the key provisioning tokens are signed with "
