@@ -80,8 +80,9 @@ def check_address(state: Path, node: str, address: str) -> None:
     one shared hosts file): the counts alone would not show a stale build."""
     from provisiond import archive
     from provisiond.config import load_config
+    from provisiond.state.layout import Layout
 
-    builds = load_config(state).overlay_build_dir
+    builds = Layout.of(load_config(state)).overlay_builds
     wanted = {"system": (next((builds / node).glob("system.cpio.*")), f"Address={address}/"),
               "shared": (_only(builds / "_shared"), f"{address}\t{node}.")}
     for kind, (path, text) in wanted.items():

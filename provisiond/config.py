@@ -552,6 +552,11 @@ class Config(_Section):
         """The base URL nodes use to reach this server's HTTP endpoints."""
         return f"http://{url_host(self.server.address)}:{self.http.port}"
 
+    # Paths under the state dir are named by provisiond.state.layout (Layout.of(config)),
+    # which sits above this module in the import layers. These few stay until what still
+    # reads them (status, inventory, trust, images.squash, tests) moves to the layout; a
+    # test keeps them equal to the layout's.
+
     @property
     def inventory_path(self) -> Path:
         return self.state_dir / "inventory.yaml"
@@ -569,11 +574,6 @@ class Config(_Section):
         return self.state_dir / "images"
 
     @property
-    def discovery_dir(self) -> Path:
-        """Discovered machines, the facts nodes report, the discovery rules."""
-        return self.state_dir / "discovery"
-
-    @property
     def status_dir(self) -> Path:
         return self.state_dir / "status"
 
@@ -581,46 +581,6 @@ class Config(_Section):
     def trust_dir(self) -> Path:
         """Node credentials (hashed) and used provisioning tokens, one file per node."""
         return self.state_dir / "secrets" / "nodes"
-
-    @property
-    def overlay_build_dir(self) -> Path:
-        return self.state_dir / "overlay-builds"
-
-    @property
-    def jobs_dir(self) -> Path:
-        """Asynchronous jobs: one record and one log per job (provisiond.jobs)."""
-        return self.state_dir / "jobs"
-
-    @property
-    def run_dir(self) -> Path:
-        """What lives only while `provisiond serve` runs (cleared by the next serve)."""
-        return self.state_dir / "run"
-
-    @property
-    def slurm_dir(self) -> Path:
-        """What `provisiond slurm config` writes: slurm.conf (the copy the slurm overlay
-        gives nodes) and the resume and suspend programs."""
-        return self.state_dir / "slurm"
-
-    @property
-    def slurm_conf_path(self) -> Path:
-        """slurm.conf as `provisiond slurm config` wrote it (overlays read it as
-        `slurm_conf`)."""
-        return self.slurm_dir / "slurm.conf"
-
-    @property
-    def metrics_path(self) -> Path:
-        """Build and BMC call outcomes any process records (provisiond.metrics)."""
-        return self.state_dir / "metrics.json"
-
-    @property
-    def overlay_search_path(self) -> list[Path]:
-        """Site overlays shadow shipped ones: the first dir holding a name wins."""
-        return [*self.overlay_dirs, self.state_dir / "overlays", SHIPPED_DIR / "overlays"]
-
-    @property
-    def recipe_search_path(self) -> list[Path]:
-        return [*self.image_dirs, self.state_dir / "recipes", SHIPPED_DIR / "images"]
 
 
 def _overlap(one: str, other: str) -> bool:

@@ -3,8 +3,8 @@ scripts and overlays."""
 
 from __future__ import annotations
 
+import errno
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from provisiond.boot.table import BootTable, TableWatcher
 from provisiond.config import Config
 from provisiond.errors import NodeNotFound
 from provisiond.images.blobs import file_sha256
+from provisiond.state.local import file_stamp
 from provisiond.trust import RefusalLog, authenticate
 
 log = logging.getLogger("provisiond.boot")
@@ -54,8 +55,9 @@ class BootServices:
 
     def file_etag(self, path: Path) -> str:
         """sha256 of a file, remembered (for the last ETAGS_KEPT paths) until it changes."""
-        st = os.stat(path)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)  # a build renamed in: a new inode
+        stamp = file_stamp(path)  # a build renamed in: a new inode
+        if stamp is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
         cached = self._etags.get(str(path))
         if cached and cached[0] == stamp:
             return cached[1]

@@ -169,9 +169,11 @@ def _profiles(config) -> list[str]:
 
 def _images(config) -> list[str]:
     from provisiond.images import list_images
+    from provisiond.images.recipe import RECIPE_FILE
+    from provisiond.state.layout import recipe_search_path
 
-    recipes = {p.parent.name for folder in config.recipe_search_path if folder.is_dir()
-               for p in folder.glob("*/image.yaml")}
+    recipes = {p.parent.name for folder in recipe_search_path(config) if folder.is_dir()
+               for p in folder.glob(f"*/{RECIPE_FILE}")}
     return sorted(recipes | {m["name"] for m in list_images(config)})
 
 

@@ -24,6 +24,7 @@ from provisiond.config import (CONFIG_NAME, SETTINGS_SCHEMA, Config, load_config
 from provisiond.documents import SCHEMA_KEY, backup_path, load_yaml_mapping
 from provisiond.errors import InvalidInput, StateDirNotFound
 from provisiond.service.secrets import MAX_VALUE as MAX_SECRET
+from provisiond.state.layout import Layout
 
 # Control (Cc), format (Cf: bidi overrides, zero-width), surrogate, private-use and
 # unassigned code points, and line/paragraph separators: none may reach a terminal raw.
@@ -39,8 +40,9 @@ class Context:
         """The state dir's settings; a dir `init` never made is StateDirNotFound, so a
         mistyped path never becomes a new, empty cluster."""
         config = load_config(self.state_dir)  # valid, so migrating its file is safe
-        migrate_settings(self.state_dir / CONFIG_NAME)
-        if not (self.state_dir / CONFIG_NAME).is_file() and not config.inventory_path.is_file():
+        layout = Layout.of(config)
+        migrate_settings(layout.settings)
+        if not layout.settings.is_file() and not layout.inventory.is_file():
             raise StateDirNotFound(
                 f"no provisiond state in {self.state_dir} (no {CONFIG_NAME}, no inventory): "
                 f"create one with `provisiond --state-dir {self.state_dir} init`, or name "

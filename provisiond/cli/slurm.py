@@ -31,6 +31,7 @@ from provisiond.inventory.ranges import fold
 from provisiond.power import operations
 from provisiond.power.report import exit_code
 from provisiond.slurm import conf, power
+from provisiond.state.layout import Layout
 from provisiond.states import JobKind, PowerAction
 
 SYSLOG_SOCKET = "/dev/log"
@@ -80,7 +81,7 @@ def config_handler(args, ctx) -> int:
     written = conf.write_conf(ctx.config)
     partitions = ", ".join(f"{name} ({fold(names)})"
                            for name, names in written.partitions.items())
-    print(f"wrote {ctx.config.slurm_conf_path}: {len(written.nodes)} node(s), partitions "
+    print(f"wrote {Layout.of(ctx.config).slurm_conf}: {len(written.nodes)} node(s), partitions "
           f"{partitions}")
     if ctx.config.slurm.suspend_time is None:
         print("power saving is off (slurm.suspend_time is not set)")

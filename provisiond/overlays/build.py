@@ -21,17 +21,17 @@ from provisiond.config import Config
 from provisiond.errors import BuildFailed, NodeNotFound, ProvisiondError
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
+from provisiond.state.layout import SHARED_BUILDS, Layout
 
 KEY_XATTR = "user.provisiond.key"
-SHARED_DIR = "_shared"  # node names start with a letter or digit
 
 
 def node_dir(config: Config, node: str) -> Path:
-    return config.overlay_build_dir / node
+    return Layout.of(config).overlay_node_dir(node)
 
 
 def shared_dir(config: Config) -> Path:
-    return config.overlay_build_dir / SHARED_DIR
+    return Layout.of(config).overlay_shared_dir
 
 
 def output_path(config: Config, builder: Builder, node: str, kind: str) -> Path:
@@ -42,7 +42,7 @@ def _output_name(builder: Builder, node: str, kind: str) -> str:
     """The build's path as a string (no pathlib: checked for every node of a build)."""
     suffix = archive.SUFFIXES[builder.compression(kind)]
     if kind == "shared":
-        return f"{builder.build_dir}/{SHARED_DIR}/{builder.node_key(node, kind)}.cpio.{suffix}"
+        return f"{builder.build_dir}/{SHARED_BUILDS}/{builder.node_key(node, kind)}.cpio.{suffix}"
     return f"{builder.build_dir}/{node}/{kind}.cpio.{suffix}"
 
 
@@ -84,7 +84,7 @@ def _replace(path: Path, data: bytes, mode: int, key: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if not tagged and path.parent.name != SHARED_DIR:
+    if not tagged and path.parent.name != SHARED_BUILDS:
         Path(_key_file(str(path))).write_text(key)
 
 

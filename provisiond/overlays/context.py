@@ -17,6 +17,8 @@ from provisiond.errors import NotFound
 from provisiond.images import load_manifest
 from provisiond.inventory import Node, load_nodes
 from provisiond.inventory.model import Record, node_sort_key
+from provisiond.state.layout import Layout
+from provisiond.state.local import file_stamp
 
 
 BUILD_TIMES = frozenset({"built_at", "build_seconds", "layer_build_seconds"})
@@ -119,22 +121,15 @@ _SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}
 
 def take_snapshot(config: Config, reuse: bool = True) -> Snapshot:
     """The inventory as it is now; with `reuse`, the last snapshot if nothing changed."""
-    key = str(config.inventory_path)
-    signature = (_file_signature(config.inventory_path), digest_of(server_context(config)))
+    inventory = Layout.of(config).inventory
+    key = str(inventory)
+    signature = (file_stamp(inventory), digest_of(server_context(config)))
     cached = _SNAPSHOTS.get(key)
     if reuse and cached and cached[0] == signature:
         return cached[1]
     snapshot = Snapshot(nodes=load_nodes(config), server=server_context(config))
     _SNAPSHOTS[key] = (signature, snapshot)
     return snapshot
-
-
-def _file_signature(path) -> tuple:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return (None,)
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def image_digest(manifest: dict) -> str:

@@ -22,17 +22,17 @@ from pathlib import Path
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, StaleRevision
 from provisiond.state import open as opening
+from provisiond.state.layout import KEYS, Layout
 from provisiond.state.store import ABSENT, Entry, Store
 
 KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 """Every type a node may have, in the order they are offered."""
 RSA_BITS = 3072  # ssh-keygen's default
-PREFIX = "secrets/ssh-host-keys/"
 
 
 def host_key_dir(config: Config, node: str) -> Path:
     """Where the files store keeps the node's keys."""
-    return config.state_dir / "secrets" / "ssh-host-keys" / node
+    return Layout.of(config).host_keys(node)
 
 
 def _key_names(key_type: str) -> tuple[str, str]:
@@ -41,7 +41,8 @@ def _key_names(key_type: str) -> tuple[str, str]:
 
 
 def _prefix(node: str) -> str:
-    return f"{PREFIX}{node}/"
+    """The store keys of the node's keys start with this."""
+    return f"{KEYS.host_keys(node)}/"
 
 
 def wanted_types(config: Config) -> tuple[str, ...]:
@@ -212,6 +213,5 @@ def forget_host_keys(config: Config, node: str) -> None:
     store = opening.open_store(config)
     for entry in store.list(_prefix(node)):
         store.delete(entry.key)
-    folder = host_key_dir(config, node)
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder.parent / f".{node}.lock").unlink(missing_ok=True)
+    shutil.rmtree(host_key_dir(config, node), ignore_errors=True)
+    Layout.of(config).host_keys_old_lock(node).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from provisiond.overlays.context import ImageCache, Snapshot, digest_of
 from provisiond.overlays.hostkeys import ensure_host_keys, host_key_signature, make_host_keys
 from provisiond.overlays.source import Overlay, load_overlay
 from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
+from provisiond.state.layout import Layout
 
 FORMAT = "provisiond-overlay-3"
 KINDS = ("shared", "system", "runtime")
@@ -55,7 +56,8 @@ class Builder:
     def __init__(self, config: Config, snapshot: Snapshot, durable_secrets: bool = True):
         self.config = config
         self.snapshot = snapshot
-        self.build_dir = str(config.overlay_build_dir)
+        self.layout = Layout.of(config)
+        self.build_dir = str(self.layout.overlay_builds)
         self.images = ImageCache(config)
         self.durable_secrets = durable_secrets
         """False: new secrets are not fsynced one by one (the caller syncs after a batch)."""
@@ -187,7 +189,7 @@ class Builder:
         if "slurm_conf" in overlay.uses:
             text = self.slurm_conf()
             context["slurm_conf"] = text if text is not None else StrictUndefined(
-                hint=f"no {self.config.slurm_conf_path} yet: run `provisiond slurm config`")
+                hint=f"no {self.layout.slurm_conf} yet: run `provisiond slurm config`")
         if kind == "runtime" and "secrets" in overlay.uses:
             context["secrets"] = self.secrets(node)[0]
         return context
@@ -197,11 +199,11 @@ class Builder:
         once per builder: every node gets the text slurmctld was given."""
         if self._slurm_conf is False:
             try:
-                self._slurm_conf = self.config.slurm_conf_path.read_text()
+                self._slurm_conf = self.layout.slurm_conf.read_text()
             except FileNotFoundError:
                 self._slurm_conf = None
             except (OSError, UnicodeDecodeError) as exc:
-                raise InvalidInput(f"{self.config.slurm_conf_path}: cannot read: "
+                raise InvalidInput(f"{self.layout.slurm_conf}: cannot read: "
                                    f"{getattr(exc, 'strerror', None) or 'not UTF-8'}") from None
         return self._slurm_conf
 

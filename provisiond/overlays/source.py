@@ -25,6 +25,7 @@ from provisiond.config import CONTROL_RE, Config
 from provisiond.errors import InvalidInput, OverlayNotFound
 from provisiond.overlays.templates import (ENVIRONMENT, compile_template, fields_read,
                                            reads_whole_context)
+from provisiond.state.layout import overlay_search_path
 
 META_FILE = "overlay.yaml"
 TEMPLATE_SUFFIX = ".j2"
@@ -77,7 +78,7 @@ def find_overlay_dir(config: Config, name: str) -> Path:
     """The first search-path directory holding `name` (a site overlay shadows a shipped one)."""
     if "/" in name or name.startswith("."):
         raise InvalidInput(f"invalid overlay name {name!r}")
-    for base in config.overlay_search_path:
+    for base in overlay_search_path(config):
         if (base / name).is_dir():
             return base / name
     raise OverlayNotFound(f"no overlay named {name!r} in {_search_text(config)}")
@@ -86,7 +87,7 @@ def find_overlay_dir(config: Config, name: str) -> Path:
 def list_overlay_dirs(config: Config) -> dict[str, tuple[Path, list[Path]]]:
     """name -> (the directory that wins, the directories it shadows)."""
     found: dict[str, tuple[Path, list[Path]]] = {}
-    for base in config.overlay_search_path:
+    for base in overlay_search_path(config):
         for entry in sorted(base.iterdir()) if base.is_dir() else []:
             if entry.is_dir() and not entry.name.startswith("."):
                 if entry.name in found:
@@ -97,7 +98,7 @@ def list_overlay_dirs(config: Config) -> dict[str, tuple[Path, list[Path]]]:
 
 
 def _search_text(config: Config) -> str:
-    return ", ".join(str(p) for p in config.overlay_search_path)
+    return ", ".join(str(p) for p in overlay_search_path(config))
 
 
 _CACHE: dict[Path, tuple[tuple, Overlay]] = {}

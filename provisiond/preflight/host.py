@@ -15,6 +15,7 @@ from provisiond.config import Config, check_serving, service_paths, url_host
 from provisiond.errors import InvalidConfig
 from provisiond.preflight import Finding, fail, ok, warn
 from provisiond.preflight.sockets import is_provisiond_serve, port_owner
+from provisiond.state.layout import Layout
 
 IPXE_FILES = ("undionly.kpxe", "snponly.efi", "ipxe.efi")  # BIOS, UEFI, UEFI HTTP boot
 SHOWN = 3  # paths named in one finding
@@ -26,7 +27,7 @@ def check_host(config: Config) -> list[Finding]:
 
 
 def check_settings(config: Config) -> list[Finding]:
-    path = str(config.state_dir / "provisiond.yaml")
+    path = str(Layout.of(config).settings)
     try:
         check_serving(config, enabled_services(config))
     except InvalidConfig as exc:

@@ -13,6 +13,8 @@ from provisiond.overlays.build import is_built
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
 from provisiond.preflight import Finding, fail, ok, warn
+from provisiond.state.layout import Layout
+from provisiond.state.models import DamagedDocument, ImageManifest, parse
 
 OVERLAY_KINDS = ("shared", "system", "runtime")
 
@@ -22,7 +24,7 @@ def check_nodes(config: Config, pattern: str | None, bmc: bool = True,
     try:
         nodes = load_nodes(config)
     except ProvisiondError as exc:
-        return [fail("inventory", str(config.inventory_path), str(exc),
+        return [fail("inventory", str(Layout.of(config).inventory), str(exc),
                      "fix the record it names (provisiond node set, or edit and re-apply)")]
     names = expand(pattern) if pattern else list(nodes)
     missing = [name for name in names if name not in nodes]
@@ -30,7 +32,7 @@ def check_nodes(config: Config, pattern: str | None, bmc: bool = True,
                      "node")] if missing else []
     selected = {name: nodes[name] for name in names if name in nodes}
     if not selected:
-        return findings + [warn("inventory", str(config.inventory_path), "no node to boot",
+        return findings + [warn("inventory", str(Layout.of(config).inventory), "no node to boot",
                                 "provisiond node add NAME --mac ... --ipaddr ...")]
     images = _ImageChecks(config)
     builder = Builder(config, take_snapshot(config, reuse=False))
@@ -81,21 +83,24 @@ class _ImageChecks:
     def _check_image(self, image: str) -> tuple[str, str, str]:
         build = f"provisiond image build {image} (as root)"
         try:
-            manifest = load_manifest(self.config, image)
+            manifest = parse(ImageManifest, load_manifest(self.config, image),
+                             Layout.of(self.config).image_manifest(image), DamagedDocument)
         except ImageNotFound:
             return "fail", "not built", build
-        digests = [manifest["kernel"]["digest"], *(l["digest"] for l in manifest["layers"])]
+        except DamagedDocument as exc:
+            return "fail", str(exc), build
+        digests = [manifest.kernel.digest, *(layer.digest for layer in manifest.layers)]
         missing = [d for d in digests if not blob_path(self.config, d).is_file()]
         if missing:
             return "fail", f"{len(missing)} blob(s) of its build are missing", build
         try:
             recipe = load_recipe(self.config, image)
         except ProvisiondError:
-            return "ok", f"built {manifest.get('built_at', '')} (no recipe to compare)", ""
-        if recipe.sha256 != manifest.get("recipe", {}).get("sha256"):
+            return "ok", f"built {manifest.built_at} (no recipe to compare)", ""
+        if manifest.recipe is None or recipe.sha256 != manifest.recipe.sha256:
             return ("warn", f"{recipe.path} changed since the build of "
-                    f"{manifest.get('built_at', '?')}: nodes boot the older build", build)
-        return "ok", f"built {manifest.get('built_at', '')}, current", ""
+                    f"{manifest.built_at or '?'}: nodes boot the older build", build)
+        return "ok", f"built {manifest.built_at}, current", ""
 
 
 def _overlays(builder: Builder, node: Node) -> Finding:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from provisiond.inventory.merge import Node, merge_node
 from provisiond.inventory.model import Inventory, Record, check_name, node_sort_key
 from provisiond.inventory.ranges import expand, fold
 from provisiond.inventory.store import InventoryStore, Version
+from provisiond.state.layout import Layout
+from provisiond.state.local import file_stamp
 
 SNAPSHOTS_KEPT = 4  # state dirs one process reads (tests make many)
 MAX_LIMIT = 1000
@@ -139,12 +140,8 @@ def snapshot(config: Config) -> Snapshot:
     """The inventory as it is now: the last snapshot of this state dir if the file has not
     changed since (its stat), else the snapshot of the store's current version (the one
     this process just wrote needs no reading)."""
-    path = config.inventory_path
-    try:
-        st = os.stat(path)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-    except FileNotFoundError:
-        stamp = None
+    path = Layout.of(config).inventory
+    stamp = file_stamp(path)
     kept = _snapshots.get(str(path))
     if kept is not None and stamp is not None and kept[0] == stamp:
         return kept[2]

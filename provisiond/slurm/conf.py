@@ -23,6 +23,7 @@ from provisiond.inventory.merge import Node
 from provisiond.discovery.facts import facts_of
 from provisiond.inventory.model import Slurm, node_sort_key
 from provisiond.inventory.ranges import fold
+from provisiond.state.layout import Layout
 
 OVERLAY = "slurm"
 """Nodes that list this runtime overlay are Slurm's nodes: they get slurm.conf and the key."""
@@ -50,7 +51,7 @@ class SlurmConf:
 def program_path(config: Config, verb: str) -> str:
     """The ResumeProgram (`verb` resume) or SuspendProgram slurm.conf names."""
     configured = getattr(config.slurm, f"{verb}_program")
-    return configured or str(config.slurm_dir / verb)
+    return configured or str(Layout.of(config).slurm_program(verb))
 
 
 def slurm_nodes(nodes: dict[str, Node]) -> list[Node]:
@@ -177,9 +178,9 @@ def write_conf(config: Config) -> SlurmConf:
     """Write <state>/slurm/slurm.conf (the copy the slurm overlay gives nodes) and the
     resume and suspend programs (when slurm.conf names the defaults)."""
     conf = render_conf(config, load_nodes(config))
-    config.slurm_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(config.slurm_conf_path, conf.text)
+    layout = Layout.of(config)
+    write_atomic(layout.slurm_conf, conf.text)
     for verb in ("resume", "suspend"):
         if getattr(config.slurm, f"{verb}_program") is None:
-            write_atomic(config.slurm_dir / verb, power_program(config, verb), mode=0o755)
+            write_atomic(layout.slurm_program(verb), power_program(config, verb), mode=0o755)
     return conf

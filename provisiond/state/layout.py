@@ -59,7 +59,11 @@ class Layout:
 
     def __init__(self, root: PurePath, cache: PurePath | None = None):
         self.root = root
-        self.cache = cache if cache is not None else root / CACHE_NAME
+        self._cache = cache
+
+    @property
+    def cache(self) -> PurePath:
+        return self._cache if self._cache is not None else self.root / CACHE_NAME
 
     @classmethod
     def of(cls, config: Config) -> "Layout":
@@ -219,9 +223,18 @@ class Layout:
 
     @entry("secrets/ssh-host-keys/<node>/", "0600 in 0700 dirs: per-node "
            "`ssh_host_<type>_key[.pub]` (provisiond.overlays.hostkeys; types from "
-           "build.ssh_host_key_types); lock `.lock` inside")
+           "build.ssh_host_key_types)")
     def host_keys(self, node: str):
-        return self.root / "secrets" / "ssh-host-keys" / node
+        return self.root.joinpath("secrets", "ssh-host-keys", node)  # per node of a build
+
+    @entry("secrets/ssh-host-keys/<node>/.lock", "held while the node's keys are made")
+    def host_keys_lock(self, node: str):
+        return self.host_keys(node) / ".lock"
+
+    @entry("secrets/ssh-host-keys/.<node>.lock", "the same lock where older builds kept "
+           "it; removed with the node's keys")
+    def host_keys_old_lock(self, node: str):
+        return self.root.joinpath("secrets", "ssh-host-keys", f".{node}.lock")
 
     @property
     @entry("secrets/token.key", "0600: the key provisioning tokens are signed with "
@@ -352,10 +365,14 @@ class Layout:
         return self.run / "metrics"
 
     @property
-    @entry("slurm/", "what `provisiond slurm config` writes: the resume and suspend "
-           "programs")
+    @entry("slurm/", "what `provisiond slurm config` writes")
     def slurm(self):
         return self.root / "slurm"
+
+    @entry("slurm/<verb>", "Slurm's ResumeProgram (`resume`) and SuspendProgram (`suspend`) "
+           "unless the settings name others")
+    def slurm_program(self, verb: str):
+        return self.slurm / verb
 
     @property
     @entry("slurm/slurm.conf", "slurm.conf as `provisiond slurm config` wrote it (the slurm "

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from provisiond.config import load_config
+from provisiond.state.layout import Layout
 from tests.conftest import run_provisiond
 from tests.tools import tool
 
@@ -86,8 +87,8 @@ def test_slurmctld_takes_the_written_conf_with_the_nodes_hardware(controller):
     conf = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", out, re.MULTILINE))
     config = load_config(controller.state_dir)
     assert conf["SuspendTime"] == "120 sec" and conf["ClusterName"] == "pvlab"
-    assert conf["ResumeProgram"] == str(config.slurm_dir / "resume")
-    assert conf["SuspendProgram"] == str(config.slurm_dir / "suspend")
+    assert conf["ResumeProgram"] == str(Layout.of(config).slurm / "resume")
+    assert conf["SuspendProgram"] == str(Layout.of(config).slurm / "suspend")
     assert Path(conf["ResumeProgram"]).stat().st_mode & 0o111
 
 
@@ -103,7 +104,7 @@ def test_a_resume_whose_bmc_fails_sets_the_node_down_with_the_reason(controller)
     slurm.start(controller)
     config = load_config(controller.state_dir)
     done = slurm.command(controller, "sh", "-c", 'exec "$0" "$1"',
-                         str(config.slurm_dir / "resume"), "n[1-2]")
+                         str(Layout.of(config).slurm / "resume"), "n[1-2]")
     assert done.returncode != 0
     failed, booted = scontrol(controller, "node", "n2"), scontrol(controller, "node", "n1")
     assert "DOWN" in failed["State"] and "DOWN" not in booted["State"], (failed, booted)

@@ -14,6 +14,7 @@ from provisiond import metrics
 from provisiond.errors import BuildFailed, ServeFailed
 from provisiond.metrics import (MULTIPROC_ENV, FileCollector, record_outcomes, start_run,
                                 timed_build)
+from provisiond.state.layout import Layout
 from tests.conftest import REPO
 from tests.prometheus_text import collected
 
@@ -56,7 +57,7 @@ def test_outcomes_from_several_processes_add_up(config):
                                         "image\tok": {"buckets": [1, -1], "sum": "x"},
                                         "a\tb\tc": {"buckets": [0] * 15, "sum": 1}}})])
 def test_a_damaged_file_is_read_as_empty_and_written_anew(config, damage):
-    config.metrics_path.write_text(damage)
+    Layout.of(config).metrics.write_text(damage)
     assert ("provisiond_build_duration_seconds_count", (("kind", "image"), ("outcome", "ok"))) \
         not in collected(FileCollector(config))
     record_outcomes(config, "build_duration_seconds", [(("image", "ok"), 1.0)])
@@ -66,7 +67,7 @@ def test_a_damaged_file_is_read_as_empty_and_written_anew(config, damage):
 
 def test_an_unwritable_file_costs_the_record_not_the_caller(config, caplog, monkeypatch):
     monkeypatch.setattr(metrics, "_failures", set())  # logged once: not yet in this test
-    config.metrics_path.mkdir()  # a directory where the file should be
+    Layout.of(config).metrics.mkdir()  # a directory where the file should be
     with timed_build(config, "image"):
         pass  # the build itself succeeds: no exception may come out of recording it
     assert "cannot record build_duration_seconds" in caplog.text
@@ -109,18 +110,18 @@ def test_a_run_names_its_directory_and_removes_it_when_closed(config, monkeypatc
     run = start_run(config)
     try:
         assert os.environ[MULTIPROC_ENV] == str(run.directory)
-        assert run.directory == config.run_dir / "metrics" / str(os.getpid())
+        assert run.directory == Layout.of(config).run / "metrics" / str(os.getpid())
         assert run.directory.is_dir()
     finally:
         run.close()
     assert MULTIPROC_ENV not in os.environ
-    assert list((config.run_dir / "metrics").iterdir()) == []
+    assert list((Layout.of(config).run / "metrics").iterdir()) == []
     run.close()  # twice: nothing more
 
 
 def test_a_run_removes_dead_serves_directories_and_keeps_live_ones(config, monkeypatch):
     monkeypatch.delenv(MULTIPROC_ENV, raising=False)
-    base = config.run_dir / "metrics"
+    base = Layout.of(config).run / "metrics"
     for pid in ("111", "222", "333"):
         (base / pid).mkdir(parents=True)
         (base / pid / "counter_1.db").write_bytes(b"x")
@@ -139,7 +140,7 @@ def test_a_run_removes_dead_serves_directories_and_keeps_live_ones(config, monke
 
 def test_a_run_that_cannot_make_its_directory_is_one_line(config, monkeypatch):
     monkeypatch.delenv(MULTIPROC_ENV, raising=False)
-    config.run_dir.write_text("a file where the run directory should be")
+    Layout.of(config).run.write_text("a file where the run directory should be")
     with pytest.raises(ServeFailed, match="cannot make the metrics directory"):
         start_run(config)
     assert MULTIPROC_ENV not in os.environ

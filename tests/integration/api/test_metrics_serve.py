@@ -15,6 +15,7 @@ from dnslib import DNSRecord
 
 from loopback_node import prepare
 from provisiond.config import load_config
+from provisiond.state.layout import Layout
 from servers import free_port, loopback_services, start_serve, stop_serve, wait_http, write_config
 from tests.conftest import REPO, run_provisiond
 from tests.prometheus_text import by_label, parse
@@ -32,7 +33,7 @@ def served(tmp_path_factory):
     """(config, ports, base URL, nodes) of a serve with HTTP (2 workers), DHCP, DNS, TFTP."""
     state = tmp_path_factory.mktemp("metrics") / "state"
     config, ports, _, nodes = prepare(state, 3, http={"workers": 2})
-    stale = config.run_dir / "metrics" / "999999999"  # a killed serve's: no lock held
+    stale = Layout.of(config).run / "metrics" / "999999999"  # a killed serve's: no lock held
     stale.mkdir(parents=True)
     subprocess.run([sys.executable, "-c", STALE, str(stale)], cwd=REPO, check=True)
     proc = start_serve(state)
@@ -124,7 +125,7 @@ def test_the_run_directory_is_removed_when_serve_stops(tmp_path):
     state = tmp_path / "state"
     ports = loopback_services(state)
     proc = start_serve(state, "--no-dns", "--no-tftp")
-    run = load_config(state).run_dir / "metrics"
+    run = Layout.of(load_config(state)).run / "metrics"
     try:
         wait_http(f"http://127.0.0.1:{ports['http']}/metrics", proc)
         assert [entry.name for entry in run.iterdir()] != []

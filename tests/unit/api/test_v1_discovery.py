@@ -17,6 +17,7 @@ from provisiond.discovery.rules import rules_path
 from provisiond.events import read_since
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
+from provisiond.state.layout import Layout
 from v1helpers import Api, assert_error
 
 FACTS = {"cpu": {"sockets": 1, "cores": 2, "threads": 4, "model": "QEMU Virtual CPU"},
@@ -71,7 +72,7 @@ def machines(api, *query) -> list[dict]:
 
 
 def state_files(config) -> dict:
-    paths = [config.inventory_path, book_path(config), *config.discovery_dir.rglob("*.json")]
+    paths = [config.inventory_path, book_path(config), *Layout.of(config).discovery.rglob("*.json")]
     return {str(p): p.read_bytes() for p in paths if p.exists()}
 
 

@@ -12,6 +12,7 @@ from provisiond.boot.dhcp_packet import encode_request
 from provisiond.config import Config
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import NetDev, Record
+from provisiond.state.layout import Layout
 
 
 def mac_of(index: int) -> str:
@@ -67,7 +68,7 @@ def add_image(config: Config, name: str = "tiny", layers: int = 2) -> dict:
 
 def add_overlay(config: Config, node: str, kind: str, data: bytes) -> Path:
     """Put a built overlay where provisiond.overlays.ensure_overlay returns it."""
-    path = config.overlay_build_dir / node / f"{kind}.cpio.zst"
+    path = Layout.of(config).overlay_builds / node / f"{kind}.cpio.zst"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path

@@ -6,6 +6,7 @@ import pytest
 
 from provisiond.config import CONFIG_TEMPLATE, load_config, resolve_state_dir, write_default_config
 from provisiond.errors import InvalidConfig
+from provisiond.state.layout import overlay_search_path
 
 
 def test_template_parses_to_the_defaults(tmp_path):
@@ -37,9 +38,9 @@ def test_bad_config_is_one_clear_error(tmp_path, text, message):
 
 
 def test_site_overlays_shadow_shipped_ones(tmp_path):
-    config = load_config(tmp_path)
-    assert config.overlay_search_path[0] == tmp_path / "overlays"
-    assert config.overlay_search_path[-1].name == "overlays"
+    search = overlay_search_path(load_config(tmp_path))
+    assert search[0] == tmp_path / "overlays"
+    assert search[-1].name == "overlays"
 
 
 def test_server_url_brackets_ipv6(tmp_path):

@@ -12,6 +12,7 @@ from provisiond import jobs
 from provisiond.errors import Conflict, JobNotFound
 from provisiond.jobs import store
 from provisiond.states import JobKind, JobState
+from provisiond.state.layout import Layout
 
 
 def new_job(config, names, kind=JobKind.POWER, actor="cli:test"):
@@ -124,7 +125,7 @@ def test_the_history_keeps_the_newest_jobs_and_never_reuses_an_id(config, monkey
     assert not store.log_path(config, 2).exists() and store.log_path(config, 5).exists()
     with pytest.raises(JobNotFound, match="no job 2"):
         store.read(config, 2)
-    (config.jobs_dir / "index.json").unlink()
+    (Layout.of(config).jobs / "index.json").unlink()
     assert new_job(config, ["n9"]).id == 8
     assert running.id == 1
 
@@ -132,7 +133,7 @@ def test_the_history_keeps_the_newest_jobs_and_never_reuses_an_id(config, monkey
 def test_an_unreadable_index_is_rebuilt_with_the_claims_of_active_jobs(config):
     new_job(config, ["n1"])
     finish(config, new_job(config, ["n2"]))
-    (config.jobs_dir / "index.json").write_text("{not json")
+    (Layout.of(config).jobs / "index.json").write_text("{not json")
     with pytest.raises(Conflict, match="node n1 is busy: job 1"):
         new_job(config, ["n1"])
     assert new_job(config, ["n2"]).id == 3

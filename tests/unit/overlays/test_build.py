@@ -16,6 +16,7 @@ from provisiond import archive
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
+from provisiond.state.layout import Layout
 
 SYSTEM = ["init", "hostname", "hosts", "network", "agent"]
 
@@ -84,7 +85,7 @@ def test_address_change_rebuilds_the_shared_part_once_and_that_node(cfg, state_d
 def test_shared_part_is_stored_once_and_the_node_part_holds_the_rest(cfg):
     build_overlays(cfg, kinds=("system",))
     shared = ensure_overlay(cfg, "n1", "shared")
-    assert shared.parent == cfg.overlay_build_dir / "_shared"
+    assert shared.parent == Layout.of(cfg).overlay_builds / "_shared"
     assert {ensure_overlay(cfg, n, "shared") for n in ("n2", "n3")} == {shared}
     assert shared.stat().st_mode & 0o777 == 0o644
     common, own = files_of(shared), files_of(ensure_overlay(cfg, "n1", "system"))
@@ -111,7 +112,7 @@ def test_nodes_with_different_lists_get_different_shared_parts(state_dir):
     summary = build_overlays(cfg, kinds=("system",))
     assert summary["rebuilt"] == {"shared": 2, "system": 3}
     assert "etc/hosts" not in files_of(ensure_overlay(cfg, "n3", "shared"))
-    assert len(list((cfg.overlay_build_dir / "_shared").iterdir())) == 2
+    assert len(list((Layout.of(cfg).overlay_builds / "_shared").iterdir())) == 2
 
 
 def test_ensure_overlay_builds_when_stale_and_is_stable(cfg, state_dir):
@@ -128,7 +129,7 @@ def test_ensure_overlay_builds_when_stale_and_is_stable(cfg, state_dir):
 
 def test_builds_are_deterministic(cfg):
     data = [ensure_overlay(cfg, "n1", kind).read_bytes() for kind in ("shared", "system")]
-    shutil.rmtree(cfg.overlay_build_dir)
+    shutil.rmtree(Layout.of(cfg).overlay_builds)
     assert [ensure_overlay(cfg, "n1", k).read_bytes() for k in ("shared", "system")] == data
 
 
@@ -155,8 +156,8 @@ def test_no_secret_in_any_system_overlay(cfg):
     build_overlays(cfg)
     secrets = [p.read_bytes() for p in (cfg.state_dir / "secrets").rglob("*_key")]
     assert len(secrets) == 6
-    paths = [*cfg.overlay_build_dir.glob("*/system.cpio.*"),
-             *cfg.overlay_build_dir.glob("_shared/*.cpio.*")]
+    paths = [*Layout.of(cfg).overlay_builds.glob("*/system.cpio.*"),
+             *Layout.of(cfg).overlay_builds.glob("_shared/*.cpio.*")]
     assert len(paths) == 4
     for path in paths:
         blob = archive.decompress(path.read_bytes())
@@ -210,7 +211,7 @@ def test_stored_secrets_reach_runtime_templates_node_over_profile(state_dir):
     assert build_overlays(cfg)["rebuilt"]["runtime"] == 1
     assert files_of(ensure_overlay(cfg, "n1", "runtime"))["etc/munge/munge.key"] == \
         b"rotated\n"
-    for path in cfg.overlay_build_dir.glob("*/system.cpio.*"):
+    for path in Layout.of(cfg).overlay_builds.glob("*/system.cpio.*"):
         assert b"munge-key" not in archive.decompress(path.read_bytes())
 
 
@@ -266,7 +267,7 @@ def test_template_error_names_overlay_file_line_node_and_keeps_previous(state_di
     assert message.startswith("overlay broken, file etc/motd.j2, line 2, node n")
     assert "rack" in message and "(and 2 more nodes failed)" in message
     assert caught.value.summary["failed"].keys() == {"n1", "n2", "n3"}
-    path = cfg.overlay_build_dir / "n1" / "system.cpio.zst"
+    path = Layout.of(cfg).overlay_builds / "n1" / "system.cpio.zst"
     assert path.read_bytes() == previous
 
 
@@ -292,7 +293,7 @@ def test_key_file_when_the_file_system_has_no_user_xattrs(cfg, monkeypatch):
     monkeypatch.setattr("os.setxattr", no_xattr)
     monkeypatch.setattr("os.getxattr", no_xattr)
     assert build_overlays(cfg, kinds=("system",))["rebuilt"] == {"shared": 1, "system": 3}
-    assert (cfg.overlay_build_dir / "n1" / "system.key").is_file()
+    assert (Layout.of(cfg).overlay_builds / "n1" / "system.key").is_file()
     assert build_overlays(cfg, kinds=("system",))["reused"] == {"shared": 1, "system": 3}
 
 

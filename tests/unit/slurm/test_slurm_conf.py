@@ -15,6 +15,7 @@ from provisiond.inventory.secrets import SecretStore
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.power.fake import read_fake_bmcs
 from provisiond.slurm.conf import NODES_PER_LINE, render_conf
+from provisiond.state.layout import Layout
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def test_no_slurm_node_or_a_bad_partition_tag_is_one_line_and_writes_nothing(cli
     result = cli("slurm", "config")
     assert result.code != 0 and len(result.err.strip().splitlines()) == 1
     assert "n1: tag partition: 'a b' is not a partition name" in result.err
-    assert not config.slurm_conf_path.exists()
+    assert not Layout.of(config).slurm_conf.exists()
 
 
 def test_the_written_resume_program_pxe_boots_through_the_fake_bmc(cluster, config, tmp_path):
@@ -104,7 +105,7 @@ def test_the_written_resume_program_pxe_boots_through_the_fake_bmc(cluster, conf
     argument (a real process, this interpreter's provisiond), from a working directory
     whose own `provisiond` package it must not run."""
     assert cluster("slurm", "config").code == 0
-    program = config.slurm_dir / "resume"
+    program = Layout.of(config).slurm / "resume"
     decoy = tmp_path / "cwd" / "provisiond"
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text("")
@@ -114,7 +115,7 @@ def test_the_written_resume_program_pxe_boots_through_the_fake_bmc(cluster, conf
     assert done.returncode == 0, done.stderr
     bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
     assert [bmcs[n]["boots"] for n in ("n1", "n2")] == [["pxe"], ["pxe"]]
-    done = subprocess.run([str(config.slurm_dir / "suspend"), "n[1-2]"], timeout=120)
+    done = subprocess.run([str(Layout.of(config).slurm / "suspend"), "n[1-2]"], timeout=120)
     assert done.returncode == 0
     bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
     assert {bmcs[n]["power"] for n in ("n1", "n2")} == {"off"}
@@ -129,7 +130,7 @@ def test_the_overlay_gives_nodes_the_written_file_and_their_munge_key(cluster, c
     SecretStore(config).set("nodes", ["n1", "n2", "n3"], "munge.key", key)
     assert cluster("slurm", "config").code == 0
     files = unpacked(ensure_overlay(config, "n1", "runtime"))
-    assert files["etc/slurm/slurm.conf"].data == config.slurm_conf_path.read_bytes()
+    assert files["etc/slurm/slurm.conf"].data == Layout.of(config).slurm_conf.read_bytes()
     assert files["etc/munge/munge.key"].data == key.encode()  # byte for byte: munged's key
     assert files["etc/munge/munge.key"].mode & 0o777 == 0o400
     assert files["etc/munge"].mode & 0o777 == 0o700

@@ -13,6 +13,7 @@ from provisiond.api import create_app
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Bmc
 from provisiond.power.fake import read_fake_bmcs
+from provisiond.state.layout import Layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "boot"))
 from bootdata import add_image, add_nodes, credential, node_env  # noqa: E402
@@ -53,7 +54,7 @@ def test_programs_run_with_every_descriptor_closed_as_slurmctld_runs_them(config
         assert cli(*args).code == 0
     for verb in ("resume", "suspend"):
         done = subprocess.run(["sh", "-c", 'exec 0<&- 1>&- 2>&-; "$0" "$1"',
-                               str(config.slurm_dir / verb), "n[1-2]"], timeout=120)
+                               str(Layout.of(config).slurm / verb), "n[1-2]"], timeout=120)
         assert done.returncode == 0, log.read_text()
     bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
     assert [(bmcs[n]["boots"], bmcs[n]["power"]) for n in ("n1", "n2")] == [(["pxe"], "off")] * 2

@@ -1,11 +1,12 @@
 """state.layout: one name per path, its store key, and the contracts doc made from them."""
 
+import re
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from provisiond.errors import InvalidInput
-from provisiond.state.layout import (CACHE_ENV, ENTRIES, KEYS, Layout, lock_of,
+from provisiond.state.layout import (CACHE_ENV, ENTRIES, KEYS, Layout, doc_lines, lock_of,
                                      placeholders)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -19,7 +20,7 @@ def test_each_entry_is_the_key_its_method_gives(one):
 def test_every_path_the_layout_names_is_an_entry():
     """A new method or property naming a path must be declared (and so documented)."""
     declared = {e.function for e in ENTRIES}
-    helpers = {"of", "key", "path", "__init__"}
+    helpers = {"of", "key", "path", "cache"}  # cache: the download root, maybe elsewhere
     for name, member in vars(Layout).items():
         if name in helpers or name.startswith("__"):
             continue
@@ -68,3 +69,41 @@ def test_the_path_properties_config_still_has_are_the_layouts(config):
     assert config.trust_dir == layout.trust_dir
     assert config.blob_dir == layout.blobs
     assert config.images_dir == layout.images
+
+
+def test_the_contracts_doc_lists_every_layout_path_and_no_other():
+    """docs/contracts.md's state directory block is the layout's, line for line (a path
+    added to either alone fails here)."""
+    text = (REPO / "docs" / "contracts.md").read_text()
+    section = text.split("## State directory (`Config.state_dir`)\n", 1)[1]
+    block = section.split("```\n", 2)[1]
+    assert block.splitlines() == doc_lines(), "run python -m provisiond.state.layout"
+
+
+def test_the_doc_lines_name_each_pattern_once():
+    patterns = [line.split()[0] for line in doc_lines() if not line.startswith(" ")]
+    assert patterns == [e.pattern for e in ENTRIES]
+    assert len(set(patterns)) == len(patterns)
+
+
+# Modules not moved to the layout yet (others are changing them in this session): each
+# should name its paths through Layout and leave this list.
+NOT_MOVED = {"provisiond/auth.py", "provisiond/audit.py", "provisiond/events.py",
+             "provisiond/status.py", "provisiond/inventory/store.py",
+             "provisiond/inventory/secrets.py", "provisiond/trust/tokens.py",
+             "provisiond/trust/credentials.py", "provisiond/boot/table.py",
+             "provisiond/images/squash.py", "provisiond/cli/init.py"}
+PATH_BUILDING = re.compile(r"state_dir\)?\s*/|state_dir\}/|\.(inventory_path|secrets_path|"
+                           r"blob_dir|images_dir|status_dir|trust_dir)\b")
+
+
+def test_no_module_builds_a_state_path_of_its_own():
+    """Paths under the state dir come from the layout (twelve modules built their own)."""
+    found = set()
+    for path in sorted((REPO / "provisiond").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel in ("provisiond/state/layout.py", "provisiond/config.py"):
+            continue
+        if PATH_BUILDING.search(path.read_text()):
+            found.add(rel)
+    assert found <= NOT_MOVED, f"build paths of their own: {sorted(found - NOT_MOVED)}"
