@@ -23,6 +23,7 @@ reprovision waits for a boot that never comes) are stopped by their pid.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -69,12 +70,21 @@ def served(tmp_path_factory):
         assert made.returncode == 0, made.stderr
     made = run_provisiond(state, "secret", "set", "node", "n1", "bmc_password", input="pw\n")
     assert made.returncode == 0, made.stderr
+    with serving(state, ports) as url:
+        yield state, url, tokens
+
+
+@contextlib.contextmanager
+def serving(state: Path, ports: dict, before_stop=lambda: None):
+    """`provisiond serve` on `state` until the block ends; the URL of its OpenAPI document
+    (answering). `before_stop` runs first when it ends."""
     proc = start_serve(state)
     try:
         url = f"http://127.0.0.1:{ports['http']}/api/v1/openapi.json"
         wait_http(url, proc)
-        yield state, url, tokens
+        yield url
     finally:
+        before_stop()
         stop_serve(proc)
 
 
@@ -157,15 +167,8 @@ def served_jobs(tmp_path_factory, libvirt_emulator):  # noqa: F811
                               "--bmc-username", user, "--bmc-password-file",
                               str(state.parent / password), *extra)
         assert made.returncode == 0, made.stderr
-    with bmc_processes(ipmi_ports):
-        proc = start_serve(state)
-        try:
-            url = f"http://127.0.0.1:{ports['http']}/api/v1/openapi.json"
-            wait_http(url, proc)
-            yield state, url, token
-        finally:
-            stop_runners(state)
-            stop_serve(proc)
+    with bmc_processes(ipmi_ports), serving(state, ports, lambda: stop_runners(state)) as url:
+        yield state, url, token
 
 
 def stop_runners(state: Path) -> None:
