@@ -27,6 +27,7 @@ from provisiond.boot.artifacts import blob_file
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError, Unavailable
 from provisiond.images.blobs import BlobNotFound, open_blob
+from provisiond.state.layout import Layout
 
 log = logging.getLogger("provisiond.boot")
 PEER_HEADER = "X-Provisiond-Peer"
@@ -117,9 +118,8 @@ def _fetch_lock(config: Config, hexdigest: str, deadline: float) -> Iterator[Pat
     """Hold the digest's fetch lock (an flock: every request and worker of this server
     opens the file anew, so each excludes the others); polled so that a gevent worker's
     other connections go on meanwhile."""
-    folder = config.blob_dir.parent / ".fetching"  # beside sha256/: gc never sees it
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / f"{hexdigest}.lock"
+    lock = Layout.of(config).blob_fetch_lock(hexdigest)  # beside sha256/: gc never sees it
+    lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as handle:
         while True:
             try:

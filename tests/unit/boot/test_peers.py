@@ -14,6 +14,7 @@ import pytest
 from provisiond.boot.peers import PEER_HEADER, BlobUnavailable, local_or_fetched
 from provisiond.config import Config
 from provisiond.images.blobs import BlobNotFound
+from provisiond.state.layout import Layout
 
 DATA = b"layer bytes " * 50_000  # 600 KB: several reads of a chunk
 
@@ -156,4 +157,4 @@ def test_fetch_lock_files_stay_outside_the_blob_store(config, peers):
     peer = peers({hex_of(DATA): DATA})
     config = with_peers(config, peer)
     local_or_fetched(config, hex_of(DATA))
-    assert not list(Path(config.blob_dir.parent, ".fetching").iterdir())
+    assert not list(Layout.of(config).blob_fetch_lock(hex_of(DATA)).parent.iterdir())
