@@ -19,6 +19,7 @@ from provisiond.errors import InvalidInput
 from provisiond.inventory.merge import Node
 from provisiond.inventory.store import dump_yaml
 from provisiond.state import open as opening
+from provisiond.state.files import StoreFileError
 
 KEY = "secrets.yaml"
 
@@ -39,11 +40,11 @@ class SecretStore:
     def read(self) -> dict:
         """The secrets; an unreadable, invalid or non-mapping file is an error (never taken
         for an empty one, which the next write would make true), shown without its text."""
-        entry = self.store.get(KEY)
-        if entry is None and self.store.url.startswith("files://") and self.path.exists():
-            # a directory or a socket there: the files store holds no value, yet it is no
-            # empty file either (a delete would then leave the node's secrets behind)
-            raise InvalidInput(f"{self.path}: cannot read: not a regular file")
+        try:
+            entry = self.store.get(KEY)
+        except StoreFileError as exc:  # a directory there, no permission: never {}
+            raise InvalidInput(f"{self.path}: cannot read: {str(exc).rpartition(': ')[2]}") \
+                from None
         return self._parse(entry.value) if entry else {}
 
     def _parse(self, raw: bytes) -> dict:

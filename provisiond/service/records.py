@@ -21,7 +21,7 @@ from provisiond.errors import (AlreadyExists, InUse, InvalidInventory, Precondit
                                StaleRevision)
 from provisiond.inventory.model import Inventory, Record
 from provisiond.inventory.ranges import fold, names_head, names_text, spread_addresses
-from provisiond.inventory.store import describe_validation_error
+from provisiond.inventory.store import RecordChanged, describe_validation_error
 from provisiond.lifecycle import check_forgettable, edit_inventory, forget_nodes
 from provisiond.inventory.secrets import SecretStore
 from provisiond.service.inventory import (NODES, PROFILES, Kind, Snapshot, check_limit, decode_cursor,
@@ -31,6 +31,10 @@ from provisiond.status import read_status
 
 # A change: (name, the stored record or None) -> the new record, or None to delete it.
 Change = Callable[[str, Record | None], Record | None]
+
+EDIT_ATTEMPTS = 50
+"""Times a write of records is decided again when another writer changed one of them
+meanwhile (a lock would have had it wait and decide on the newer record)."""
 
 
 @dataclass(frozen=True)
@@ -121,28 +125,33 @@ def write_records(config: Config, actor: str, kind: Kind, action: str, names: li
     and must not be changed in place.
     `etags` is an If-Match list ("*": any existing record); `expected_revision` the
     inventory revision the caller read. Returns the written inventory."""
-    deleted: list[str] = []
-    before: dict[str, dict | None] = {}
-    after: dict[str, dict | None] = {}
-    try:
-        with edit_inventory(config, expected_revision) as inventory:
-            records = kind.records(inventory)
-            _check_names(kind, records, names, create)
-            for name in names:
-                stored = records.get(name)
-                if etags is not None:
-                    check_etag(etags, record_etag(stored), f"{kind.noun} {name}")
-                new = change(name, stored)
-                before[name] = stored.to_data() if stored else None
-                after[name] = new.to_data() if new else None
-                if new is None:
-                    check_deletable(inventory, kind, [name])
-                    records.pop(name, None)
-                    deleted.append(name)
-                else:
-                    records[name] = new
-    except StaleRevision as exc:
-        raise PreconditionFailed(str(exc), field="If-Match") from None
+    for attempt in range(EDIT_ATTEMPTS):  # RecordChanged: decide again on the newer record
+        deleted: list[str] = []
+        before: dict[str, dict | None] = {}
+        after: dict[str, dict | None] = {}
+        try:
+            with edit_inventory(config, expected_revision) as inventory:
+                records = kind.records(inventory)
+                _check_names(kind, records, names, create)
+                for name in names:
+                    stored = records.get(name)
+                    if etags is not None:
+                        check_etag(etags, record_etag(stored), f"{kind.noun} {name}")
+                    new = change(name, stored)
+                    before[name] = stored.to_data() if stored else None
+                    after[name] = new.to_data() if new else None
+                    if new is None:
+                        check_deletable(inventory, kind, [name])
+                        records.pop(name, None)
+                        deleted.append(name)
+                    else:
+                        records[name] = new
+            break
+        except RecordChanged as exc:
+            if expected_revision is not None or attempt == EDIT_ATTEMPTS - 1:
+                raise PreconditionFailed(str(exc), field="If-Match") from None
+        except StaleRevision as exc:
+            raise PreconditionFailed(str(exc), field="If-Match") from None
     if deleted:
         forget_records(config, kind, deleted)
     _tell(config, actor, kind, action, names, before, after, inventory.revision)

@@ -98,11 +98,7 @@ class EtcdStore(Store):
         if self._put_since(start, since):  # etcd hands them over in 0.1 s, not at once
             timeout = max(timeout, REQUEST_TIMEOUT)
         deadline = time.monotonic() + timeout
-        changes = self._each_member(lambda client: self._watch_on(client, body, deadline))
-        if changes is None:  # a member that takes connections but never answers:
-            self._preferred = (self._preferred + 1) % len(self.clients)  # the next one next
-            return []
-        return changes
+        return self._each_member(lambda client: self._watch_on(client, body, deadline))
 
     def _put_since(self, start: bytes, since: int) -> bool:
         """Whether a key under `start` was written after `since` (and is still there)."""
@@ -241,25 +237,22 @@ class EtcdStore(Store):
         raise Unavailable(f"etcd {self.url}: no member served the request within "
                           f"{RETRY_FOR:g} s ({'; '.join(failures[-count:])})")
 
-    def _watch_on(self, client, body: dict, deadline: float) -> list[Change] | None:
-        """The first changes the member streams; [] at the deadline, None when the member
-        did not even confirm the watch by then."""
+    def _watch_on(self, client, body: dict, deadline: float) -> list[Change]:
+        """The first changes the member streams; [] at the deadline."""
         left = max(deadline - time.monotonic(), 0.01)
-        answered = False
         try:
             with client.session.post(client.get_url("watch"), json=body, stream=True,
                                      timeout=(CONNECT_TIMEOUT, left)) as reply:
                 if reply.status_code != 200:
                     raise _Retry(f"HTTP {reply.status_code}: {reply.text[:200]}")
                 for line in reply.iter_lines():
-                    answered = True
                     changes = self._watch_message(line)
                     if changes or time.monotonic() > deadline:
                         return changes
         except requests.exceptions.RequestException as exc:
             if not _timed_out(exc):
                 raise _Retry(_short(exc)) from None
-            return [] if answered else None
+            return []
         raise _Retry("the watch stream ended")
 
     def _watch_message(self, line: bytes) -> list[Change]:

@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from provisiond.errors import AlreadyExists, StaleRevision
+from provisiond.errors import StaleRevision
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
+from provisiond.inventory.store import RecordChanged
 from provisiond.state import open as opening
 from provisiond.state.files import FilesStore
 
@@ -30,23 +31,51 @@ def _edit_meanwhile(config, monkeypatch, other):
     monkeypatch.setattr(store, "put", put)
 
 
-def test_a_lost_race_keeps_both_writers_fields(config, store, monkeypatch):
+def test_a_lost_race_keeps_both_writers_records(config, store, monkeypatch):
     with InventoryStore(config).edit_records() as inventory:
         inventory.nodes["n1"] = Record(comment="one")
 
     def other():
         with InventoryStore(config).edit_records() as inventory:
-            inventory.nodes["n1"] = Record(comment="changed", image="other")
+            inventory.nodes["n1"] = Record(comment="changed")
             inventory.nodes["n2"] = Record()
 
     _edit_meanwhile(config, monkeypatch, other)
     with InventoryStore(config).edit_records() as mine:
-        mine.nodes["n1"] = Record(comment="one", kernel_args=["quiet"])
+        mine.nodes["n3"] = Record(kernel_args=["quiet"])
     stored = InventoryStore(config).read()
-    assert sorted(stored.nodes) == ["n1", "n2"]
-    assert stored.nodes["n1"].to_data() == {"comment": "changed", "image": "other",
-                                            "kernel_args": ["quiet"]}
+    assert sorted(stored.nodes) == ["n1", "n2", "n3"]
+    assert stored.nodes["n1"].comment == "changed"
     assert stored.revision == 3 and mine.revision == 3  # the caller's draft is what was written
+
+
+def test_a_record_both_changed_is_decided_again(config, store, monkeypatch):
+    """The caller decided from the record it read (an If-Match, the fields it kept): it is
+    told, and the service layer runs its change again on the newer record."""
+    from provisiond.service.records import write_records
+    from provisiond.service.inventory import NODES
+
+    _add(config, "n1", "one")
+
+    def other():
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n1"] = Record(comment="one", tags={"x": "1"})
+
+    _edit_meanwhile(config, monkeypatch, other)
+    with pytest.raises(RecordChanged, match="node n1 was changed by another writer"):
+        with InventoryStore(config).edit_records() as inventory:
+            inventory.nodes["n1"] = Record(comment="two")
+    _edit_meanwhile(config, monkeypatch, lambda: _add(config, "n1", "three"))
+    calls = []
+
+    def change(name, stored):
+        calls.append(stored.comment)
+        return stored.model_copy(update={"kernel_args": ["quiet"]})
+
+    write_records(config, "cli:test", NODES, "set", ["n1"], change)
+    assert calls == ["one", "three"]
+    stored = InventoryStore(config).read().nodes["n1"]
+    assert stored.comment == "three" and stored.kernel_args == ["quiet"]
 
 
 def test_a_lost_race_with_a_named_revision_is_stale(config, store, monkeypatch):
@@ -59,7 +88,7 @@ def test_a_lost_race_with_a_named_revision_is_stale(config, store, monkeypatch):
 
 def test_a_create_that_lost_to_another_create_is_refused(config, store, monkeypatch):
     _edit_meanwhile(config, monkeypatch, lambda: _add(config, "n1", "theirs"))
-    with pytest.raises(AlreadyExists, match="node n1 was created by another writer"):
+    with pytest.raises(RecordChanged, match="node n1 was changed by another writer"):
         _add(config, "n1", "mine")
     assert InventoryStore(config).read().nodes["n1"].comment == "theirs"
 
