@@ -174,15 +174,31 @@ def dhcp_lease(site: Site, index: int, folder: Path) -> str:
     segment = site.net.segments[index]
     ip("-n", segment.node.name, "link", "set", segment.node_if, "address", MACS[index])
     leases, pidfile = folder / f"lease{index}", folder / f"pid{index}"
-    result = subprocess.run(["ip", "netns", "exec", segment.node.name, DHCLIENT, "-1", "-v",
-                             "-sf", "/bin/true", "-lf", str(leases), "-pf", str(pidfile),
-                             segment.node_if], capture_output=True, text=True, timeout=60)
-    if pidfile.exists() and pidfile.read_text().strip():
-        os.kill(int(pidfile.read_text().strip()), 15)  # dhclient stays once bound
+    try:
+        result = subprocess.run(["ip", "netns", "exec", segment.node.name, DHCLIENT, "-1",
+                                 "-v", "-sf", "/bin/true", "-lf", str(leases), "-pf",
+                                 str(pidfile), segment.node_if], capture_output=True, text=True,
+                                timeout=60)
+    finally:
+        stop_dhclient(pidfile)
     assert result.returncode == 0, result.stderr
     address = re.search(r"fixed-address ([0-9.]+);", leases.read_text()).group(1)
     ip("-n", segment.node.name, "addr", "add", f"{address}/24", "dev", segment.node_if)
     return address
+
+
+def stop_dhclient(pidfile: Path, seconds: float = 10) -> None:
+    """dhclient stays in the background once bound, and writes its pid file after its
+    parent exits: wait for the pid (bounded), end it, wait until it is gone."""
+    deadline = time.monotonic() + seconds
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        if time.monotonic() > deadline:
+            return  # it did not bind: no daemon left
+        time.sleep(0.05)
+    pid = int(pidfile.read_text().strip())
+    os.kill(pid, 15)
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.05)
 
 
 def boot_chain(site: Site, index: int) -> dict:
