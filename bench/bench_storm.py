@@ -5,6 +5,14 @@ from nginx-light serving the same files (the scripts provisiond renders, the ove
 built), in one run, on loopback.
 
     python bench/bench_storm.py [--nodes 1000] [--concurrency 200] [--rounds 3]
+    python bench/bench_storm.py --servers 2 [--nodes 1000] ...
+
+With `--servers 2` the peer is not nginx but provisiond itself: two `provisiond serve` on one
+3-member etcd cluster (loopback), 2 x N nodes in the shared inventory, the image built on the
+first server only (the second fetches its blobs from the first, checked, on their first
+request). Each round storms N nodes on one server alone, and N nodes on each of the two at
+once (the same concurrency each): the wall-time ratio two/one (1.0: two servers boot twice
+the nodes in the same time; on one machine they share its cores) and the errors.
 
 provisiond runs as a user runs it: its provisiond.yaml, the shipped `default` profile (its
 system overlays built beforehand, as `provisiond overlay build` does), HTTP only. Each node
@@ -184,7 +192,8 @@ async def boot(loop, server: tuple[str, int], index: int) -> int:
         conn.close()
 
 
-async def storm(server: tuple[str, int], nodes: int, concurrency: int) -> dict:
+async def storm(server: tuple[str, int], nodes: int, concurrency: int, first: int = 1
+                ) -> dict:
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(concurrency)
     errors: list[str] = []
@@ -199,7 +208,7 @@ async def storm(server: tuple[str, int], nodes: int, concurrency: int) -> dict:
                 return 0
 
     started = time.monotonic()
-    sizes = await asyncio.gather(*(one(i) for i in range(1, nodes + 1)))
+    sizes = await asyncio.gather(*(one(i) for i in range(first, first + nodes)))
     return {"seconds": time.monotonic() - started, "errors": errors, "bytes": sum(sizes)}
 
 
@@ -267,13 +276,120 @@ def alternate(round_: int, servers: dict, args) -> tuple[dict, dict]:
     return results["nginx"], results["provisiond"]
 
 
+def on_etcd(state: Path, cluster, peer: int) -> Path:
+    """`state` set to use the cluster's store (a new store key) and to fetch blobs from the
+    server on port `peer`."""
+    from provisiond.state.crypt import create_key
+
+    key = state / "store.key"
+    if not key.exists():
+        create_key(key)
+    settings = yaml.safe_load((state / "provisiond.yaml").read_text()) or {}
+    settings.update(store=cluster.url("/provisiond"), peers={"urls": [
+        f"http://127.0.0.1:{peer}"]})
+    (state / "provisiond.yaml").write_text(yaml.safe_dump(settings))
+    return state
+
+
+def publish(state: Path) -> None:
+    """The files setup() wrote that the servers share, put on the store: the inventory and
+    the image's manifest (what `provisiond state import` does, for these two)."""
+    from provisiond.config import load_config
+    from provisiond.state.open import open_store
+
+    store = open_store(load_config(state))
+    for key in ("inventory.yaml", "images/tiny/manifest.json"):
+        store.put(key, (state / key).read_bytes())
+
+
+def second_server(first: Path, cluster, port: int, first_port: int) -> Path:
+    """A state dir with only its settings and the store key: no blobs, no manifest, no
+    inventory of its own; its system overlays built from the store, as the first's were."""
+    from provisiond.config import load_config
+    from provisiond.overlays import build_overlays
+
+    state = first.parent / "second"
+    state.mkdir()
+    settings = yaml.safe_load((first / "provisiond.yaml").read_text())
+    settings["http"] = {**settings["http"], "port": port}
+    settings["peers"] = {"urls": [f"http://127.0.0.1:{first_port}"]}
+    (state / "provisiond.yaml").write_text(yaml.safe_dump(settings))
+    (state / "store.key").write_bytes((first / "store.key").read_bytes())
+    (state / "store.key").chmod(0o600)
+    build_overlays(load_config(state), kinds=("shared", "system"))
+    return state
+
+
+async def storms(targets: list[tuple[tuple[str, int], range]], concurrency: int) -> dict:
+    """Storms on several servers at once, each its own nodes: the wall time of all."""
+    started = time.monotonic()
+    results = await asyncio.gather(*(storm(server, len(nodes), concurrency, first=nodes.start)
+                                     for server, nodes in targets))
+    return {"seconds": time.monotonic() - started,
+            "errors": [e for r in results for e in r["errors"]],
+            "bytes": sum(r["bytes"] for r in results)}
+
+
+def two_servers(args) -> None:
+    """--servers 2: one server storming N nodes against two storming N each, one etcd."""
+    from tests.etcd_cluster import EtcdCluster
+
+    ports = [free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)]
+    first = setup(2 * args.nodes, ports[0])
+    with EtcdCluster(first.parent / "etcd") as cluster:
+        on_etcd(first, cluster, ports[1])
+        publish(first)
+        second = second_server(first, cluster, ports[1], ports[0])
+        procs = [serve(state, "--http", "--no-dhcp", "--no-tftp", "--no-dns")
+                 for state in (first, second)]
+        try:
+            wait_for(lambda: all(up(f"http://127.0.0.1:{p}/boot/ipxe") for p in ports))
+            time.sleep(2)  # the workers settle
+            print(f"{args.nodes} nodes a server, {args.concurrency} at a time each; etcd "
+                  f"{len(cluster.members)} members; load average {os.getloadavg()[0]:.2f}",
+                  flush=True)
+            one = [("127.0.0.1", ports[0]), range(1, args.nodes + 1)]
+            two = [one, [("127.0.0.1", ports[1]), range(args.nodes + 1, 2 * args.nodes + 1)]]
+            runs = []
+            for round_ in range(args.rounds):
+                order = [("one server", [one]), ("two servers", two)]
+                if round_ % 2:
+                    order.reverse()
+                done = {}
+                for name, targets in order:
+                    done[name] = asyncio.run(storms(targets, args.concurrency))
+                    result = done[name]
+                    print(f"{name:<12} {result['seconds']:6.2f} s  {len(result['errors'])} "
+                          f"errors  {result['bytes'] / 2**30:.1f} GiB  (load average "
+                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                    for line in result["errors"][:5]:
+                        print(f"    {line}")
+                runs.append(done)
+            ratios = [r["two servers"]["seconds"] / r["one server"]["seconds"] for r in runs]
+            errors = {name: sum(len(r[name]["errors"]) for r in runs)
+                      for name in ("one server", "two servers")}
+            print(f"ratio (two servers, {2 * args.nodes} nodes / one server, {args.nodes} "
+                  f"nodes; wall time) {statistics.median(ratios):.2f}, median of {len(runs)} "
+                  f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); errors one server "
+                  f"{errors['one server']}, two servers {errors['two servers']}")
+        finally:
+            for proc in procs:
+                stop(proc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=1000,
+                        help="nodes in a storm (with --servers 2: on each server)")
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3,
                         help="storms from each server, alternating who goes first")
+    parser.add_argument("--servers", type=int, choices=(1, 2), default=1,
+                        help="2: two provisiond on one etcd against one (no nginx)")
     args = parser.parse_args()
+    if args.servers == 2:
+        two_servers(args)
+        return
     port, port_nginx = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
     state = setup(args.nodes, port)
     root = mirror(state)

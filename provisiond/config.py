@@ -15,6 +15,7 @@ import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
@@ -411,6 +412,28 @@ class MetricsSettings(_Section):
     exporters are (it holds counts, never names, addresses or secrets)."""
 
 
+def peer_url(value: str) -> str:
+    """A peer's HTTP base URL (http[s]://host[:port][/path]), without a trailing '/'."""
+    parts = urlsplit(value)
+    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.query
+            or parts.fragment or CONTROL_RE.search(value) or " " in value):
+        raise ValueError(f"{value!r}: an http:// or https:// base URL, e.g. "
+                         "http://10.0.0.2:9873")
+    return value.rstrip("/")
+
+
+class PeerSettings(_Section):
+    """Other boot servers and the builder, where a blob this server lacks is fetched from
+    (provisiond.boot.peers; docs/scale-out.md)."""
+
+    urls: list[Annotated[str, AfterValidator(peer_url)]] = []
+    """Their HTTP base URLs, tried in order; empty: a missing blob is a 404."""
+    timeout: Annotated[float, bounded(0.5, 300)] = 10.0
+    """Seconds one connect or read from a peer may wait."""
+    fetch_seconds: Annotated[float, bounded(1, 3600)] = 300.0
+    """Seconds one blob's fetch may take over all peers (a request for it waits as long)."""
+
+
 SLURM_KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
 SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -500,6 +523,7 @@ class Config(_Section):
     trust: TrustSettings = TrustSettings()
     metrics: MetricsSettings = MetricsSettings()
     slurm: SlurmSettings = SlurmSettings()
+    peers: PeerSettings = PeerSettings()
     overlay_dirs: list[Path] = []
     """Extra overlay search dirs, searched before the state dir's and the shipped ones."""
     image_dirs: list[Path] = []
@@ -776,6 +800,14 @@ slurm:
   partition_tag: partition   # tag holding a node's partitions (comma-separated)
   default_partition: compute # partition of nodes without the tag (Default=YES)
   options: {{}}          # more slurm.conf lines, e.g. {{SlurmUser: slurm}}
+
+peers:
+  # Several boot servers (README: Several boot servers): a blob this server lacks is
+  # fetched from the first of these that has it (other servers, the builder), its
+  # sha256 checked before it is kept and served.
+  urls: []               # HTTP base URLs, e.g. [http://10.0.0.2:9873]
+  timeout: 10.0          # seconds a connect or read from a peer may wait, 0.5-300
+  fetch_seconds: 300.0   # seconds one blob's fetch may take over all peers, 1-3600
 """
 
 

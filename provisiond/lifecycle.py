@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from provisiond.config import Config
 from provisiond.discovery.facts import forget_facts
 from provisiond.errors import InvalidInput, InvalidInventory, NotFound
-from provisiond.images.manifests import manifest_path
+from provisiond.images.manifests import image_exists
 from provisiond.images.recipe import find_recipe
 from provisiond.inventory.model import Inventory
 from provisiond.inventory.secrets import SecretStore
@@ -64,7 +64,7 @@ def _image_problem(config: Config, name: str) -> str | None:
         return None
     except NotFound:
         pass
-    if manifest_path(config, name).is_file():
+    if image_exists(config, name):
         return None
     return f"no recipe and no built image named {name!r} (see `provisiond image list`)"
 

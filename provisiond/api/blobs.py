@@ -1,5 +1,7 @@
 """Immutable blobs by digest: ETag = digest, cached forever, Range, sent with sendfile
-(a whole blob is sent by api.whole in front of Flask, with the same headers)."""
+(a whole blob is sent by api.whole in front of Flask, with the same headers). A blob this
+server lacks is fetched from its peers and checked first (provisiond.boot.peers), unless
+the request is itself a peer's fetch."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from werkzeug.http import http_date
 
 from provisiond.api.services import client_address, log_step, services
 from provisiond.boot.artifacts import HEX_RE, blob_file
+from provisiond.boot.peers import PEER_HEADER, local_or_fetched
 from provisiond.errors import NotFound, ProvisiondError
 from provisiond.states import NodePhase
 
@@ -24,7 +27,10 @@ CACHE_CONTROL = f"public, max-age={ONE_YEAR}, immutable"
 def blob(hexdigest: str):
     started = time.monotonic()
     svc = services()
-    path = blob_file(svc.config, hexdigest)
+    if request.headers.get(PEER_HEADER):
+        path = blob_file(svc.config, hexdigest)
+    else:
+        path = local_or_fetched(svc.config, hexdigest)
     try:
         # A path (not a file object) lets gunicorn's file wrapper use sendfile.
         response = send_file(path, mimetype="application/octet-stream", conditional=True,

@@ -1,6 +1,6 @@
 """Read what the image and overlay builders produced, following docs/contracts.md.
 
-Manifests are cached until their file changes; overlays are built on demand when stale.
+Manifests are cached until their stored revision changes; overlays are built on demand when stale.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, InvalidInput, NodeNotFound, NotFound
-from provisiond.images import load_manifest
+from provisiond.images.manifests import manifest_entry, parse_manifest
 from provisiond.overlays.build import build_node, output_path
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.render import Builder
 from provisiond.state.layout import Layout
-from provisiond.state.local import file_stamp
 from provisiond.state.models import DamagedDocument, ImageManifest, parse
+from provisiond.state.store import Entry
 
 HEX_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -59,13 +59,14 @@ class LruCache:
 
 
 class ManifestCache:
-    """Image manifests by name, re-read only when manifest.json changes; a name is stat'ed
-    at most once per `interval` seconds (no syscall on most requests)."""
+    """Image manifests by name, parsed again only when the stored manifest's revision
+    changes (a build here or on another server); a name is read from the store at most
+    once per `interval` seconds."""
 
     def __init__(self, config: Config, interval: float = 1.0, size: int = 256):
         self.config = config
         self.interval = interval
-        self._cache = LruCache(size)  # name -> (stat stamp, manifest, checked at)
+        self._cache = LruCache(size)  # name -> (revision, manifest, checked at)
 
     def get(self, name: str) -> dict:
         now = time.monotonic()
@@ -75,20 +76,21 @@ class ManifestCache:
         return self._load(name, cached, now)
 
     def _load(self, name: str, cached: tuple | None, now: float) -> dict:
-        stamp = file_stamp(Layout.of(self.config).image_manifest(name))
-        if stamp is None:
+        try:
+            entry = manifest_entry(self.config, name)
+        except ImageNotFound:
             self._cache.pop(name)
-            raise ImageNotFound(f"no image named {name!r} has been built")
-        manifest = cached[1] if cached and cached[0] == stamp else self._read(name)
-        self._cache.put(name, (stamp, manifest, now))
+            raise
+        same = cached and cached[0] == entry.revision
+        manifest = cached[1] if same else self._read(entry)
+        self._cache.put(name, (entry.revision, manifest, now))
         return manifest
 
-    def _read(self, name: str) -> dict:
+    def _read(self, entry: Entry) -> dict:
         """The manifest, checked against ImageManifest: a damaged one is refused here, in
         one line naming it, not by a KeyError in the script it would have made."""
-        manifest = load_manifest(self.config, name)
-        parse(ImageManifest, manifest, Layout.of(self.config).image_manifest(name),
-              DamagedDocument)
+        manifest = parse_manifest(entry)
+        parse(ImageManifest, manifest, entry.key, DamagedDocument)
         return manifest
 
 

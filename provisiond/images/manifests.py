@@ -1,5 +1,10 @@
 """Image manifests (`images/<name>/manifest.json`): read, list, write, delete, and the
-garbage collection of blobs that no manifest references."""
+garbage collection of blobs that no manifest references.
+
+Manifests are documents on the store (provisiond.state): with the files store the file it
+always was, with etcd one key every server reads. A build publishes its image by putting
+the manifest; a server that lacks the blobs it names fetches them from a peer when a node
+asks (provisiond.boot.peers)."""
 
 from __future__ import annotations
 
@@ -8,15 +13,18 @@ import re
 import shutil
 from pathlib import Path
 
-from provisiond.atomic import locked, write_atomic
+from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import blob_path
 from provisiond.images.layers import read_layer_record
 from provisiond.images.recipe import check_image_name
 from provisiond.images.squash import mounted_digests
+from provisiond.state import open as opening
 from provisiond.state.layout import Layout
 from provisiond.state.models import DamagedDocument, ImageManifest, parse
+from provisiond.state.store import Entry
+
 
 
 # What image names were before they became DNS labels (debian_12): a build under such a
@@ -31,13 +39,19 @@ def check_name(name: str) -> str:
 def _built_name(config: Config, name: str) -> str:
     """`name` if it is an image name or names an existing build under the older rule."""
     if (isinstance(name, str) and OLD_NAME_RE.fullmatch(name)
-            and Layout.of(config).image_manifest(name).is_file()):
+            and opening.open_store(config).get(_key(config, name)) is not None):
         return name
     return check_name(name)
 
 
-def manifest_path(config: Config, name: str) -> Path:
-    return Layout.of(config).image_manifest(_built_name(config, name))
+def _key(config: Config, name: str) -> str:
+    layout = Layout.of(config)
+    return layout.key(layout.image_manifest(name))
+
+
+def manifest_key(config: Config, name: str) -> str:
+    """The store key of the image's manifest (a checked name)."""
+    return _key(config, _built_name(config, name))
 
 
 def lock_path(config: Config, name: str) -> Path:
@@ -50,51 +64,69 @@ def gc_lock(config: Config) -> Path:
     return Layout.of(config).images_gc_lock
 
 
+def manifest_entry(config: Config, name: str) -> Entry:
+    """The stored manifest of `name` with its revision (caches compare revisions); raises
+    ImageNotFound."""
+    entry = opening.open_store(config).get(manifest_key(config, name))
+    if entry is None:
+        raise ImageNotFound(f"no image named {name!r} has been built")
+    return entry
+
+
 def load_manifest(config: Config, name: str) -> dict:
     """The manifest of the current build of `name` as written (a hand-edited one too, for
     `image show`; the boot reads it through ImageManifest); raises ImageNotFound, or
     DamagedDocument when it is not a JSON object."""
-    path = manifest_path(config, name)
+    return parse_manifest(manifest_entry(config, name))
+
+
+def parse_manifest(entry: Entry) -> dict:
+    """A stored manifest's JSON object; DamagedDocument when it is none."""
     try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ImageNotFound(f"no image named {name!r} has been built") from None
+        data = json.loads(entry.value)
     except ValueError as exc:
-        raise DamagedDocument(f"{path}: not JSON ({exc}): build the image again") from None
+        raise DamagedDocument(f"{entry.key}: not JSON ({exc}): build the image again"
+                              ) from None
     if not isinstance(data, dict):
-        raise DamagedDocument(f"{path}: not a JSON object: build the image again")
+        raise DamagedDocument(f"{entry.key}: not a JSON object: build the image again")
     return data
 
 
+def image_exists(config: Config, name: str) -> bool:
+    return opening.open_store(config).get(manifest_key(config, name)) is not None
+
+
 def save_manifest(config: Config, manifest: dict) -> None:
-    """Publish a build: the manifest checked against ImageManifest, written atomically."""
+    """Publish a build: the manifest checked against ImageManifest, put on the store, where
+    every server sharing it sees it."""
     checked = parse(ImageManifest, manifest, f"image {manifest.get('name')!r}: manifest",
                     BuildFailed)
-    write_atomic(manifest_path(config, checked.name), checked.text())
+    opening.open_store(config).put(manifest_key(config, checked.name), checked.text().encode())
 
 
 def list_images(config: Config) -> list[dict]:
     """Every built image's manifest, sorted by name."""
     layout = Layout.of(config)
-    if not layout.images.is_dir():
-        return []
+    prefix = layout.key(layout.images) + "/"
     found = []
-    every = layout.image_manifest("*").relative_to(layout.images)  # */manifest.json
-    for path in sorted(layout.images.glob(str(every))):
+    for entry in opening.open_store(config).list(prefix):
+        name = entry.key[len(prefix):].partition("/")[0]
+        if entry.key != _key(config, name):
+            continue
         try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            continue  # a manifest being replaced or damaged: not listed
-        if isinstance(data, dict):
-            found.append(data)
+            found.append(parse_manifest(entry))
+        except DamagedDocument:
+            continue  # a damaged manifest: not listed
     return found
 
 
 def delete_image(config: Config, name: str) -> None:
-    """Remove an image's manifest (its blobs go at the next gc)."""
+    """Remove an image's manifest (its blobs go at the next gc) and what the builder kept
+    beside it (`image shell` layers)."""
     with locked(lock_path(config, name)):
-        load_manifest(config, name)
-        shutil.rmtree(Layout.of(config).image_manifest(name).parent)
+        key = manifest_entry(config, name).key
+        opening.open_store(config).delete(key)
+        shutil.rmtree(Layout.of(config).path(key).parent, ignore_errors=True)
 
 
 def referenced_digests(config: Config) -> set[str]:
@@ -138,4 +170,4 @@ def _collect_trees(config: Config, keep: set[str]) -> int:
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
-           "collect_garbage"]
+           "collect_garbage", "image_exists", "manifest_entry"]

@@ -139,6 +139,11 @@ class Layout:
     def blob(self, hexdigest: str):
         return self.blobs / hexdigest
 
+    @entry("blobs/.fetching/<hexdigest>.lock", "held while the blob is fetched from a peer "
+           "(provisiond.boot.peers); removed once it is in")
+    def blob_fetch_lock(self, hexdigest: str):
+        return self.root / "blobs" / ".fetching" / f"{hexdigest}.lock"
+
     @property
     @entry("images/", "one folder per built image")
     def images(self):

@@ -1,6 +1,7 @@
 """`provisiond node|profile ...` as a user runs them."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -283,15 +284,15 @@ def test_references_are_checked_when_stored(cluster, config, args, message):
 
 
 def test_site_overlays_and_built_images_can_be_named(cluster, config):
-    from provisiond.images.manifests import manifest_path
+    from provisiond.images.manifests import delete_image, save_manifest
     (config.state_dir / "overlays" / "site-motd").mkdir(parents=True)
-    manifest_path(config, "imported").parent.mkdir(parents=True)
-    manifest_path(config, "imported").write_text("{}")
+    fixture = Path(__file__).resolve().parents[2] / "fixtures/state/manifest-mounted.json"
+    save_manifest(config, {**json.loads(fixture.read_text()), "name": "imported"})
     result = cluster("node", "set", "n001", "--image", "imported", "--system-overlay",
                      "site-motd", "--runtime-overlay", "ssh")
     assert result.code == 0, result.err
     # a record left alone is not checked again: the image going away blocks no later edit
-    manifest_path(config, "imported").unlink()
+    delete_image(config, "imported")
     assert cluster("node", "set", "n002", "--comment", "fine").code == 0
     assert cluster("node", "delete", "n001", "--yes").code == 0
 

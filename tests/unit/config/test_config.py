@@ -104,6 +104,12 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("discovery: {pool: 10.0.0.250-10.0.1.9}\n", "discovery: pool: .* holds 10.0.0.255, the broadcast address"),
     ("discovery: {pool: 10.0.0.10-10.0.0.20, gateway: 10.1.0.1}\n",
      "discovery: gateway: 10.1.0.1 is outside"),
+    ("peers: {urls: ['ftp://10.0.0.2']}\n", "peers.urls.0: 'ftp://10.0.0.2': an http://"),
+    ("peers: {urls: ['10.0.0.2:9873']}\n", "peers.urls.0: .*an http://"),
+    ("peers: {urls: ['http://a b:9873']}\n", "peers.urls.0"),
+    ("peers: {urls: ['http://10.0.0.2:9873/?x=1']}\n", "peers.urls.0"),
+    ("peers: {timeout: 0}\n", "peers.timeout: 0.0 is outside 0.5-300"),
+    ("peers: {fetch_seconds: .inf}\n", "peers.fetch_seconds"),
 ])
 def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
     """Each of these gave a traceback or a dead service once `serve` ran; now the settings
@@ -129,6 +135,8 @@ def test_out_of_range_settings_are_one_line_at_load(tmp_path, text, message):
      lambda c: c.dns.upstream_address == ("127.0.0.1", 53)),
     ("dns: {bind: 10.0.0.1, upstream: '127.0.0.1'}\n",
      lambda c: c.dns.upstream_address == ("127.0.0.1", 53)),
+    ("peers: {urls: ['http://10.0.0.2:9873/', 'https://[fd00::2]:9873/pv']}\n",
+     lambda c: c.peers.urls == ["http://10.0.0.2:9873", "https://[fd00::2]:9873/pv"]),
 ])
 def test_good_settings_are_normalised(tmp_path, text, check):
     (tmp_path / "provisiond.yaml").write_text(text)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from provisiond.errors import BuildFailed, InvalidInput
+from provisiond.errors import BuildFailed, ImageNotFound, InvalidInput
 from provisiond.images.layers import cached_layer
 from provisiond.images.manifests import (collect_garbage, delete_image, list_images,
-                                         load_manifest, manifest_path, save_manifest)
+                                         load_manifest, manifest_key, save_manifest)
 from provisiond.state.layout import Layout
 from provisiond.state.models import DamagedDocument
 
@@ -31,7 +31,33 @@ def test_an_image_built_under_an_older_name_rule_can_be_shown_and_deleted(config
 @pytest.mark.parametrize("name", ["debian_12", "../x", ".hidden", "a/b", ""])
 def test_a_name_outside_the_rule_names_no_new_image(config, name):
     with pytest.raises(InvalidInput, match="not an image name"):
-        manifest_path(config, name)
+        manifest_key(config, name)
+
+
+def test_a_server_sharing_the_store_sees_an_image_built_elsewhere(tmp_path, monkeypatch):
+    """The builder publishes a manifest through the store; a server with a state dir of its
+    own (no manifest file, no blobs) lists it, loads it, and its boot cache follows a
+    rebuild."""
+    from provisiond.boot.artifacts import ManifestCache
+    from provisiond.config import load_config, write_default_config
+    from provisiond.state.files import FilesStore
+
+    shared = FilesStore(tmp_path / "shared")
+    monkeypatch.setattr("provisiond.state.open.open_store", lambda config: shared)
+    builder, server = (load_config(write_default_config(tmp_path / n).parent)
+                       for n in ("builder", "server"))
+    manifest = json.loads((FIXTURES / "manifest-mounted.json").read_text())
+    save_manifest(builder, {**manifest, "build_seconds": 1})
+    cache = ManifestCache(server, interval=0)
+    assert load_manifest(server, "tiny")["build_seconds"] == 1
+    assert [m["name"] for m in list_images(server)] == ["tiny"]
+    assert cache.get("tiny")["build_seconds"] == 1
+    save_manifest(builder, {**manifest, "build_seconds": 2})
+    assert cache.get("tiny")["build_seconds"] == 2
+    assert not (server.images_dir / "tiny").exists()
+    delete_image(builder, "tiny")
+    with pytest.raises(ImageNotFound):
+        cache.get("tiny")
 
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "state"
@@ -42,7 +68,7 @@ def test_a_damaged_manifest_is_one_clear_error_naming_its_file(config):
     path = Layout.of(config).image_manifest("tiny")
     path.parent.mkdir(parents=True)
     path.write_text('{"name": "tiny", "kern')
-    with pytest.raises(DamagedDocument, match=f"{path}: not JSON"):
+    with pytest.raises(DamagedDocument, match="images/tiny/manifest.json: not JSON"):
         load_manifest(config, "tiny")
     path.write_text("[]")
     with pytest.raises(DamagedDocument, match="not a JSON object"):

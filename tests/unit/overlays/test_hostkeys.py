@@ -4,19 +4,18 @@ for OpenSSH, kept 0600, and an older node's RSA key kept and still offered."""
 from __future__ import annotations
 
 import errno
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from provisiond import archive
-from provisiond.config import load_config
+from provisiond.config import load_config, write_default_config
 from provisiond.errors import InvalidConfig
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import (ensure_host_keys, forget_host_keys, has_host_keys,
                                           host_key_dir, host_key_signature)
-from provisiond.state.layout import Layout
+from provisiond.state.files import FilesStore
+from provisiond.state.open import open_store
 from tests.unit.overlays.test_build import files_of, write_inventory
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"  # the real OpenSSH tool checks what we wrote
@@ -62,9 +61,9 @@ def test_keys_are_made_in_process_without_ssh_keygen(config, monkeypatch):
 
 def test_keys_are_made_once_and_kept(config):
     first = ensure_host_keys(config, "n1")
-    signature = host_key_signature(Layout.of(config), "n1")
+    signature = host_key_signature(config, "n1")
     assert ensure_host_keys(config, "n1") == first
-    assert host_key_signature(Layout.of(config), "n1") == signature
+    assert host_key_signature(config, "n1") == signature
     assert ensure_host_keys(config, "n2") != first
 
 
@@ -133,22 +132,48 @@ def test_a_batch_build_syncs_new_keys_once(config, state_dir, monkeypatch):
 
 def test_a_builder_that_loses_the_race_for_a_new_node_keeps_the_winners_keys(config,
                                                                              monkeypatch):
-    """New keys go to a temp directory renamed into place; if another builder's directory
-    got there first, its keys stay and only the missing types are added."""
-    folder = host_key_dir(config, "n1")
-    real_rename = os.rename
+    """Two servers building n1's runtime overlay at once: the private key is stored only if
+    absent, so the one that stores second takes the first one's key (and its public key is
+    that key's), and only the missing types are added."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    def other_builder_first(source, target):
-        os.mkdir(target)
-        (Path(target) / "ssh_host_ed25519_key").write_text("WINNER\n")
-        (Path(target) / "ssh_host_ed25519_key.pub").write_text("ssh-ed25519 WINNER\n")
-        real_rename(source, target)
+    winner = ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption())
+    store = open_store(config)
+    real_put = type(store).put
 
-    monkeypatch.setattr("provisiond.overlays.hostkeys.os.rename", other_builder_first)
+    def other_server_first(self, key, value, expect=None):
+        if key.endswith("/ssh_host_ed25519_key") and self.get(key) is None:
+            real_put(self, key, winner)  # the other server's key lands first
+        return real_put(self, key, value, expect)
+
+    monkeypatch.setattr(type(store), "put", other_server_first)
     keys = ensure_host_keys(config, "n1")
-    assert keys["ed25519"]["private"] == "WINNER\n"
+    assert keys["ed25519"]["private"] == winner.decode()
+    assert public_of(host_key_dir(config, "n1") / "ssh_host_ed25519_key") == \
+        keys["ed25519"]["public"].split()[1]
     assert keys["ecdsa"]["public"].startswith("ecdsa-sha2-nistp256 ")
-    assert [p.name for p in folder.parent.iterdir()] == ["n1"]
+    assert [p.name for p in host_key_dir(config, "n1").parent.iterdir()] == ["n1"]
+
+
+def test_two_servers_on_one_store_give_a_node_the_same_keys(tmp_path, monkeypatch):
+    """Servers with state dirs of their own and one shared store: the keys one made are the
+    ones the other reads and builds into the node's runtime overlay."""
+    shared = FilesStore(tmp_path / "shared")
+    monkeypatch.setattr("provisiond.state.open.open_store", lambda config: shared)
+    shared.root.mkdir()
+    write_inventory(shared.root, count=1)  # the inventory both read from the store
+    configs = []
+    for name in ("first", "second"):
+        write_default_config(tmp_path / name)
+        configs.append(load_config(tmp_path / name))
+    made = ensure_host_keys(configs[0], "n1")
+    assert ensure_host_keys(configs[1], "n1") == made
+    files = files_of(ensure_overlay(configs[1], "n1", "runtime"))
+    assert files["etc/ssh/ssh_host_ed25519_key"].decode() == made["ed25519"]["private"]
+    assert not host_key_dir(configs[1], "n1").exists()  # not on the second's own disk
 
 
 @pytest.mark.parametrize("types, words", [("[dsa]", "ssh_host_key_types.0"),
@@ -178,22 +203,22 @@ def test_dropping_an_old_key_or_asking_for_rsa_rebuilds_the_runtime_part(state_d
 
 def test_a_key_that_cannot_be_written_fails_that_node_only(config, state_dir, monkeypatch):
     write_inventory(state_dir, count=3)
-    from provisiond.overlays import hostkeys
-    real_write = hostkeys._write_new
+    store = open_store(config)
+    real_put = type(store).put
 
-    def full_disk_for_n2(path, data, durable):
-        if "/.n2." in path:
-            raise OSError(errno.ENOSPC, "No space left on device", path)
-        real_write(path, data, durable)
+    def full_disk_for_n2(self, key, value, expect=None):
+        if key.startswith("secrets/ssh-host-keys/n2/"):
+            raise OSError(errno.ENOSPC, "No space left on device", key)
+        return real_put(self, key, value, expect)
 
-    monkeypatch.setattr(hostkeys, "_write_new", full_disk_for_n2)
+    monkeypatch.setattr(type(store), "put", full_disk_for_n2)
     with pytest.raises(OverlayBuildFailed) as caught:
         build_overlays(config)
     assert str(caught.value) == "ssh host keys for n2: No space left on device"
     summary = caught.value.summary
     assert summary["failed"].keys() == {"n2"} and summary["rebuilt"]["runtime"] == 2
-    assert not host_key_dir(config, "n2").exists()
-    assert [p.name for p in host_key_dir(config, "n1").parent.iterdir()] == ["n1", "n3"]
+    assert not list(host_key_dir(config, "n2").glob("ssh_*"))
+    assert host_key_signature(config, "n2") is None
 
 
 def test_a_key_type_listed_twice_is_made_once(state_dir):

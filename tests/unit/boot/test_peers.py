@@ -1,0 +1,160 @@
+"""Blob fetch from peers (provisiond.boot.peers) against real HTTP servers on loopback that
+answer as a peer would: good copies, other bytes, a body cut short, 404, silence."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from provisiond.boot.peers import PEER_HEADER, BlobUnavailable, local_or_fetched
+from provisiond.config import Config
+from provisiond.images.blobs import BlobNotFound
+from provisiond.state.layout import Layout
+
+DATA = b"layer bytes " * 50_000  # 600 KB: several reads of a chunk
+
+
+class Peer:
+    """A loopback HTTP server answering GET /blobs/sha256/<hex> with `blobs[hex]` (bytes),
+    or as `mode` says: "cut" sends half of it under the full Content-Length, "silent"
+    never answers (until closed), anything missing is a 404. Counts the requests."""
+
+    def __init__(self, blobs: dict[str, bytes], mode: str = "ok"):
+        self.blobs, self.mode, self.requests, self.headers = blobs, mode, 0, []
+        self.release = threading.Event()
+        peer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                peer.requests += 1
+                peer.headers.append(dict(self.headers))
+                if peer.mode == "silent":
+                    peer.release.wait(30)
+                    return
+                data = peer.blobs.get(self.path.rsplit("/", 1)[-1])
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[:len(data) // 2] if peer.mode == "cut" else data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def peers():
+    started: list[Peer] = []
+
+    def start(blobs, mode="ok") -> Peer:
+        started.append(Peer(blobs, mode))
+        return started[-1]
+
+    yield start
+    for peer in started:
+        peer.close()
+
+
+def with_peers(config: Config, *peers: Peer, **settings) -> Config:
+    return config.model_copy(update={"peers": config.peers.model_copy(
+        update={"urls": [p.url for p in peers], **settings})})
+
+
+def hex_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def stored(config: Config) -> list[str]:
+    """Every file in the blob store, temp files included."""
+    folder = config.blob_dir
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_a_missing_blob_is_fetched_checked_and_kept(config, peers):
+    peer = peers({hex_of(DATA): DATA})
+    config = with_peers(config, peer)
+    path = local_or_fetched(config, hex_of(DATA))
+    assert path.read_bytes() == DATA and stored(config) == [hex_of(DATA)]
+    assert peer.headers[0].get(PEER_HEADER) == "1"  # the peer must not fetch onward
+    assert local_or_fetched(config, hex_of(DATA)) == path and peer.requests == 1
+
+
+def test_a_corrupted_copy_is_refused_and_the_next_peer_gives_a_good_one(config, peers):
+    bad = peers({hex_of(DATA): DATA[:-1] + b"X"})
+    good = peers({hex_of(DATA): DATA})
+    config = with_peers(config, bad, good)
+    assert local_or_fetched(config, hex_of(DATA)).read_bytes() == DATA
+    assert (bad.requests, good.requests) == (1, 1)
+    assert stored(config) == [hex_of(DATA)]
+
+
+@pytest.mark.parametrize("mode", ["corrupt", "cut"])
+def test_no_good_copy_is_an_error_and_leaves_nothing_in_the_store(config, peers, mode):
+    data = DATA[:-1] + b"X" if mode == "corrupt" else DATA
+    peer = peers({hex_of(DATA): data}, "cut" if mode == "cut" else "ok")
+    config = with_peers(config, peer)
+    with pytest.raises(BlobUnavailable) as raised:
+        local_or_fetched(config, hex_of(DATA))
+    assert raised.value.http_status == 502 and peer.url in str(raised.value)
+    assert stored(config) == []  # no partial and no wrong blob, no temp file
+    assert not (config.blob_dir / hex_of(DATA)).exists()
+
+
+def test_a_blob_no_peer_has_is_not_found(config, peers):
+    config = with_peers(config, peers({}), peers({}))
+    with pytest.raises(BlobNotFound):
+        local_or_fetched(config, hex_of(DATA))
+
+
+def test_without_peers_nothing_is_fetched(config):
+    path = local_or_fetched(config, hex_of(DATA))
+    assert path == config.blob_dir / hex_of(DATA) and not path.exists()
+
+
+def test_a_silent_peer_is_given_up_after_the_timeout_and_the_next_is_asked(config, peers):
+    silent = peers({hex_of(DATA): DATA}, "silent")
+    good = peers({hex_of(DATA): DATA})
+    config = with_peers(config, silent, good, timeout=0.5)
+    assert local_or_fetched(config, hex_of(DATA)).read_bytes() == DATA
+    assert silent.requests == 1 and good.requests == 1
+
+
+def test_concurrent_requests_for_one_digest_fetch_it_once(config, peers):
+    peer = peers({hex_of(DATA): DATA})
+    config = with_peers(config, peer)
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda _: local_or_fetched(config, hex_of(DATA)), range(16)))
+    assert all(p.read_bytes() == DATA for p in paths)
+    assert peer.requests == 1
+    assert stored(config) == [hex_of(DATA)]
+
+
+def test_a_malformed_digest_is_refused_before_any_fetch(config, peers):
+    peer = peers({})
+    with pytest.raises(Exception) as raised:
+        local_or_fetched(with_peers(config, peer), "../" + "a" * 61)
+    assert getattr(raised.value, "http_status", None) == 400 and peer.requests == 0
+
+
+def test_fetch_lock_files_stay_outside_the_blob_store(config, peers):
+    peer = peers({hex_of(DATA): DATA})
+    config = with_peers(config, peer)
+    local_or_fetched(config, hex_of(DATA))
+    assert not list(Layout.of(config).blob_fetch_lock(hex_of(DATA)).parent.iterdir())
