@@ -145,7 +145,7 @@ class Builder:
 
     def _key_signature(self, node: str) -> tuple | None:
         if self._signatures.get(node) is None:
-            self._signatures[node] = host_key_signature(self.layout, node)
+            self._signatures[node] = host_key_signature(self.config, node)
         return self._signatures[node]
 
     def make_secrets(self, node: str, kind: str) -> None:
