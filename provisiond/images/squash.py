@@ -27,7 +27,7 @@ from provisiond.archive import Writer, dir_entry, file_entry, symlink_entry
 from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
-from provisiond.images.blobs import blob_path, open_blob
+from provisiond.images.blobs import blob_path, file_sha256, open_blob
 from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
 from provisiond.images.kernel import module_bytes, scan_modules, select_modules
@@ -281,3 +281,39 @@ def describe_boot(manifest: dict) -> str:
     size = sum(layer["size"] for layer in mounted["layers"]) + mounted["kit"]["size"]
     return (f"{mounted['boot']} (mounted: {mounted['format']}, {size / 2**20:.1f} MiB with "
             f"the boot kit; provisiond.boot=mounted|unpacked per node)")
+
+
+def mounted_problems(config: Config, manifest: dict) -> list[str]:
+    """What would stop a mounted boot of this build from this server: a layer without its
+    mounted form, no boot kit, a blob missing or not of the size and digest the manifest
+    names (`provisiond doctor`). None for a build whose nodes boot unpacked anyway."""
+    mounted = manifest.get("mounted")
+    if not mounted or mounted.get("unavailable"):
+        return []
+    layers = mounted.get("layers") or []
+    problems = [] if len(layers) == len(manifest["layers"]) else [
+        f"{len(layers)} mounted layers for {len(manifest['layers'])} layers"]
+    blobs = [(f"layer {depth + 1}", layer) for depth, layer in enumerate(layers)]
+    if "kit" in mounted:
+        blobs.append(("the boot kit", mounted["kit"]))
+    else:
+        problems.append("no boot kit")
+    for what, record in blobs:
+        problem = _blob_problem(config, record)
+        if problem:
+            problems.append(f"{what}'s blob {problem}")
+    return problems
+
+
+def _blob_problem(config: Config, record: dict) -> str | None:
+    """Why a mounted blob cannot be served as its record says, or None."""
+    path = blob_path(config, record["digest"])
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path.name[:12]} is missing"
+    if size != record["size"]:
+        return f"{path} is {size} bytes, not {record['size']}"
+    if "sha256:" + file_sha256(path) != record["digest"]:
+        return f"{path} does not match its digest (damaged)"
+    return None
