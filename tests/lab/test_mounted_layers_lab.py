@@ -8,6 +8,7 @@ mounted one reaches ready."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
@@ -62,10 +63,13 @@ class SerialClock:
         self._thread.join(5)
 
     def _follow(self) -> None:
-        done, partial = 0, b""
+        done, partial, inode = 0, b"", None
         while not self._stop.wait(0.2):
             try:
                 with open(self.path, "rb") as log:
+                    if os.fstat(log.fileno()).st_ino != inode:  # a new boot's new log
+                        done, partial, inode = 0, b"", os.fstat(log.fileno()).st_ino
+                        self.lines = []
                     log.seek(done)
                     data = log.read()
             except FileNotFoundError:
@@ -95,9 +99,15 @@ def set_boot_mode(lab, mode: str | None) -> None:
         inventory.nodes[NODE].kernel_args = [f"provisiond.boot={mode}"] if mode else None
 
 
-def probe_memory(lab) -> dict:
-    """/proc/meminfo (KiB), the file systems (KiB used) and loop devices of the booted node."""
-    out = lab.ssh(NODE, PROBE, timeout=60).stdout
+def probe_memory(lab, seconds: float = 180) -> dict:
+    """/proc/meminfo (KiB), the file systems (KiB used) and loop devices of the booted node
+    (ssh retried while sshd does not answer yet)."""
+    deadline = time.monotonic() + seconds
+    while (result := lab.ssh(NODE, PROBE, timeout=60)).returncode == 255 and (
+            time.monotonic() < deadline):
+        time.sleep(3)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     meminfo, _, rest = out.partition("#df")
     found = {key: int(value.split()[0]) for key, value in
              (line.split(":", 1) for line in meminfo.splitlines() if ":" in line)}
@@ -176,7 +186,9 @@ def set_memory(lab, mib: int) -> None:
 
     node = lab.nodes[NODE]
     node.memory_mib = mib
-    libvirtd.connect(lab.state).defineXML(domains.domain_xml(node, lab.state.accel, lab.dir))
+    xml = domains.domain_xml(node, lab.state.accel, lab.dir)
+    xml = xml.replace("<name>", f"<uuid>{node.uuid}</uuid>\n  <name>", 1)  # the same domain
+    libvirtd.connect(lab.state).defineXML(xml)
 
 
 def wait_console(lab, patterns: tuple[str, ...], timeout: float) -> str | None:
