@@ -35,11 +35,12 @@ STEPS = [
     ("systemd start", r"Welcome to Debian"),
     ("to login prompt", r" login: "),
 ]
-MEMINFO = ("MemTotal", "MemAvailable", "MemFree", "Cached", "Shmem", "AnonPages", "Slab",
-           "SUnreclaim", "KernelStack", "PageTables")
+MEMINFO = ("MemTotal", "MemAvailable", "MemFree", "Cached", "Shmem", "AnonPages",
+           "Active(file)", "Inactive(file)", "SReclaimable", "SUnreclaim", "KernelStack",
+           "PageTables", "VmallocUsed", "Percpu", "Unevictable")
 PROBE = ("cat /proc/meminfo; echo '#df'; df -k -x devtmpfs | tail -n +2; echo '#loop'; "
          "for f in /sys/block/loop*/loop/backing_file; do [ -f $f ] && "
-         "echo $f $(cat ${f%/loop/backing_file}/size); done")
+         "echo $f $(cat ${f%/loop/backing_file}/size); done; true")
 FAILED_UNPACKED = (r"provisiond-init: ERROR: .*", r"Initramfs unpacking failed: .*",
                    r"Kernel panic - .*", r"Out of memory: .*")
 
@@ -67,8 +68,9 @@ class SerialClock:
         while not self._stop.wait(0.2):
             try:
                 with open(self.path, "rb") as log:
-                    if os.fstat(log.fileno()).st_ino != inode:  # a new boot's new log
-                        done, partial, inode = 0, b"", os.fstat(log.fileno()).st_ino
+                    info = os.fstat(log.fileno())
+                    if info.st_ino != inode or info.st_size < done:  # a new boot's new log
+                        done, partial, inode = 0, b"", info.st_ino  # (inodes are reused)
                         self.lines = []
                     log.seek(done)
                     data = log.read()
