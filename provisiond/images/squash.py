@@ -53,20 +53,20 @@ exec sh /init "$@"
 KERNEL_FILES = r"^boot/(vmlinuz|initrd\.img)-"
 # erofs-utils 1.5 and the 6.1 kernel know lz4 only (zstd came to erofs in 6.10)
 FORMATS = {
-    "squashfs": {"module": "squashfs", "compressor": "zstd", "level": 3},
+    "squashfs": {"module": "squashfs", "compressor": "zstd", "level": 16, "block": "256K"},
     "erofs": {"module": "erofs", "compressor": "lz4hc"},
 }
 DEFAULT_FORMAT = "squashfs"
 # How layers are packed: a layer's mounted form made by another packing is made again (2:
-# file times clamped, no longer all set to the epoch)
-PACKING = 2
+# file times clamped, no longer all set to the epoch; 3: squashfs zstd-16, 256 KiB blocks)
+PACKING = 3
 NEWC_MAX_FILE = 0xFFFFFFFF  # a newc entry's size is 8 hex digits (archive.Writer refuses more)
 BOOT_MODES = ("mounted", "unpacked")
 DEFAULT_BOOT = "mounted"
 
 
 def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
-                 level: int | None = None) -> list[str]:
+                 level: int | None = None, block: str | None = None) -> list[str]:
     """The packer's argv: deterministic (a fixed UUID; times: pack_image), xattrs kept,
     kernels out."""
     if fs not in FORMATS:
@@ -75,6 +75,7 @@ def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
         compressor, level = FORMATS[fs]["compressor"], FORMATS[fs].get("level")
     if fs == "squashfs":
         tuning = ["-Xcompression-level", str(level)] if level is not None else []
+        tuning += ["-b", block or FORMATS[fs]["block"]]
         return ["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
                 "-comp", compressor, *tuning, "-xattrs", "-reproducible", "-processors", "2",
                 "-wildcards", "-e", "boot/vmlinuz-*", "boot/initrd.img-*"]
@@ -84,9 +85,9 @@ def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
 
 
 def pack_image(fs: str, tree: Path, out: Path, compressor: str | None = None,
-               level: int | None = None) -> None:
+               level: int | None = None, block: str | None = None) -> None:
     """Pack a layer tree into a file system image at `out`; a failure is one line."""
-    argv = pack_command(fs, tree, out, compressor, level)
+    argv = pack_command(fs, tree, out, compressor, level, block)
     # both packers clamp file times newer than SOURCE_DATE_EPOCH to it and keep older ones,
     # as the cpio layers do (-all-time/-T set every file's: a package's .py then no longer
     # matched the mtime its .pyc was compiled against, and Python recompiled it at boot)
