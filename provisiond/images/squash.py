@@ -287,7 +287,7 @@ def describe_boot(manifest: dict) -> str:
 def mounted_problems(config: Config, manifest: dict) -> list[str]:
     """What would stop a mounted boot of this build from this server: a layer without its
     mounted form, no boot kit, a blob missing or not of the size and digest the manifest
-    names (`provisiond doctor`). None for a build whose nodes boot unpacked anyway."""
+    names (`provisiond doctor`). Empty for a build whose nodes boot unpacked anyway."""
     mounted = manifest.get("mounted")
     if not mounted or mounted.get("unavailable"):
         return []
