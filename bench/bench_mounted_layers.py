@@ -20,8 +20,12 @@ from provisiond.images import load_manifest  # noqa: E402
 from provisiond.images.layers import layer_dir  # noqa: E402
 from provisiond.images.squash import pack_image  # noqa: E402
 
-CANDIDATES = [("squashfs", "zstd", 3), ("squashfs", "zstd", 15), ("squashfs", "lz4", None),
-              ("squashfs", "xz", None), ("erofs", "lz4", None), ("erofs", "lz4hc", None)]
+# (format, compressor, level, squashfs block size); the default is squash.FORMATS's
+CANDIDATES = [("squashfs", "zstd", 3, "128K"), ("squashfs", "zstd", 3, "1M"),
+              ("squashfs", "zstd", 12, "256K"), ("squashfs", "zstd", 16, "256K"),
+              ("squashfs", "zstd", 19, "256K"), ("squashfs", "zstd", 19, "1M"),
+              ("squashfs", "lz4", None, "128K"), ("squashfs", "xz", None, "1M"),
+              ("erofs", "lz4", None, None), ("erofs", "lz4hc", None, None)]
 
 
 def read_back(image: Path, fs: str, mnt: Path) -> float:
@@ -42,22 +46,23 @@ def main(state_dir: str, image: str) -> None:
     cpio = sum(layer["size"] for layer in manifest["layers"])
     print(f"{image}: {len(trees)} layers, cpio ({manifest['layers'][0]['compression']}) "
           f"{cpio / 2**20:.1f} MiB")
-    print(f"{'format':10} {'comp':6} {'level':5} {'MiB':>7} {'pack s':>7} {'read s':>7}")
+    print(f"{'format':10} {'comp':6} {'level':5} {'block':5} {'MiB':>7} {'pack s':>7} "
+          f"{'read s':>7}")
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         mnt = Path(tmp) / "mnt"
         mnt.mkdir()
-        for fs, comp, level in CANDIDATES:
+        for fs, comp, level, block in CANDIDATES:
             size = pack = read = 0.0
             for index, tree in enumerate(trees):
                 out = Path(tmp) / f"{index}.{fs}"
                 started = time.monotonic()
-                pack_image(fs, tree, out, comp, level)
+                pack_image(fs, tree, out, comp, level, block)
                 pack += time.monotonic() - started
                 size += out.stat().st_size
                 read += read_back(out, fs, mnt)
                 out.unlink()
-            print(f"{fs:10} {comp:6} {str(level or '-'):5} {size / 2**20:7.1f} {pack:7.1f} "
-                  f"{read:7.1f}")
+            print(f"{fs:10} {comp:6} {str(level or '-'):5} {block or '-':5} "
+                  f"{size / 2**20:7.1f} {pack:7.1f} {read:7.1f}")
 
 
 if __name__ == "__main__":

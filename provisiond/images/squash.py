@@ -27,7 +27,7 @@ from provisiond.archive import Writer, dir_entry, file_entry, symlink_entry
 from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.errors import BuildFailed
-from provisiond.images.blobs import blob_path, open_blob
+from provisiond.images.blobs import blob_path, file_sha256, open_blob
 from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
 from provisiond.images.kernel import module_bytes, scan_modules, select_modules
@@ -53,20 +53,20 @@ exec sh /init "$@"
 KERNEL_FILES = r"^boot/(vmlinuz|initrd\.img)-"
 # erofs-utils 1.5 and the 6.1 kernel know lz4 only (zstd came to erofs in 6.10)
 FORMATS = {
-    "squashfs": {"module": "squashfs", "compressor": "zstd", "level": 3},
+    "squashfs": {"module": "squashfs", "compressor": "zstd", "level": 16, "block": "256K"},
     "erofs": {"module": "erofs", "compressor": "lz4hc"},
 }
 DEFAULT_FORMAT = "squashfs"
 # How layers are packed: a layer's mounted form made by another packing is made again (2:
-# file times clamped, no longer all set to the epoch)
-PACKING = 2
+# file times clamped, no longer all set to the epoch; 3: squashfs zstd-16, 256 KiB blocks)
+PACKING = 3
 NEWC_MAX_FILE = 0xFFFFFFFF  # a newc entry's size is 8 hex digits (archive.Writer refuses more)
 BOOT_MODES = ("mounted", "unpacked")
 DEFAULT_BOOT = "mounted"
 
 
 def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
-                 level: int | None = None) -> list[str]:
+                 level: int | None = None, block: str | None = None) -> list[str]:
     """The packer's argv: deterministic (a fixed UUID; times: pack_image), xattrs kept,
     kernels out."""
     if fs not in FORMATS:
@@ -75,6 +75,7 @@ def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
         compressor, level = FORMATS[fs]["compressor"], FORMATS[fs].get("level")
     if fs == "squashfs":
         tuning = ["-Xcompression-level", str(level)] if level is not None else []
+        tuning += ["-b", block or FORMATS[fs]["block"]]
         return ["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
                 "-comp", compressor, *tuning, "-xattrs", "-reproducible", "-processors", "2",
                 "-wildcards", "-e", "boot/vmlinuz-*", "boot/initrd.img-*"]
@@ -84,9 +85,9 @@ def pack_command(fs: str, tree: Path, out: Path, compressor: str | None = None,
 
 
 def pack_image(fs: str, tree: Path, out: Path, compressor: str | None = None,
-               level: int | None = None) -> None:
+               level: int | None = None, block: str | None = None) -> None:
     """Pack a layer tree into a file system image at `out`; a failure is one line."""
-    argv = pack_command(fs, tree, out, compressor, level)
+    argv = pack_command(fs, tree, out, compressor, level, block)
     # both packers clamp file times newer than SOURCE_DATE_EPOCH to it and keep older ones,
     # as the cpio layers do (-all-time/-T set every file's: a package's .py then no longer
     # matched the mtime its .pyc was compiled against, and Python recompiled it at boot)
@@ -281,3 +282,39 @@ def describe_boot(manifest: dict) -> str:
     size = sum(layer["size"] for layer in mounted["layers"]) + mounted["kit"]["size"]
     return (f"{mounted['boot']} (mounted: {mounted['format']}, {size / 2**20:.1f} MiB with "
             f"the boot kit; provisiond.boot=mounted|unpacked per node)")
+
+
+def mounted_problems(config: Config, manifest: dict) -> list[str]:
+    """What would stop a mounted boot of this build from this server: a layer without its
+    mounted form, no boot kit, a blob missing or not of the size and digest the manifest
+    names (`provisiond doctor`). Empty for a build whose nodes boot unpacked anyway."""
+    mounted = manifest.get("mounted")
+    if not mounted or mounted.get("unavailable"):
+        return []
+    layers = mounted.get("layers") or []
+    problems = [] if len(layers) == len(manifest["layers"]) else [
+        f"{len(layers)} mounted layers for {len(manifest['layers'])} layers"]
+    blobs = [(f"layer {depth + 1}", layer) for depth, layer in enumerate(layers)]
+    if "kit" in mounted:
+        blobs.append(("the boot kit", mounted["kit"]))
+    else:
+        problems.append("no boot kit")
+    for what, record in blobs:
+        problem = _blob_problem(config, record)
+        if problem:
+            problems.append(f"{what}'s blob {problem}")
+    return problems
+
+
+def _blob_problem(config: Config, record: dict) -> str | None:
+    """Why a mounted blob cannot be served as its record says, or None."""
+    path = blob_path(config, record["digest"])
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path.name[:12]} is missing"
+    if size != record["size"]:
+        return f"{path} is {size} bytes, not {record['size']}"
+    if "sha256:" + file_sha256(path) != record["digest"]:
+        return f"{path} does not match its digest (damaged)"
+    return None

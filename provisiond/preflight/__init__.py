@@ -18,7 +18,7 @@ LEVELS = ("ok", "warn", "fail")
 class Finding:
     check: str
     """settings, inventory, listener, interface, ipxe, state-dir, mac, address, image,
-    overlays, bmc"""
+    mounted, overlays, bmc"""
     subject: str
     level: str
     detail: str

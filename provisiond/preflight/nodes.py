@@ -6,6 +6,7 @@ from __future__ import annotations
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, ProvisiondError
 from provisiond.images import blob_path, load_manifest, load_recipe
+from provisiond.images.squash import boot_mode, mounted_problems
 from provisiond.inventory import load_nodes
 from provisiond.inventory.merge import Node
 from provisiond.inventory.ranges import expand, fold
@@ -38,6 +39,7 @@ def check_nodes(config: Config, pattern: str | None, bmc: bool = True,
     builder = Builder(config, take_snapshot(config, reuse=False))
     for node in selected.values():
         findings += _identity(config, node) + [images.check(node), _overlays(builder, node)]
+        findings += images.mounted(node)
     if bmc:
         findings += _bmcs(config, selected, bmc_timeout)
     return findings
@@ -69,6 +71,8 @@ class _ImageChecks:
     def __init__(self, config: Config):
         self.config = config
         self._done: dict[str, tuple[str, str, str]] = {}
+        self._manifests: dict[str, dict] = {}
+        self._mounted: dict[str, list[str]] = {}
 
     def check(self, node: Node) -> Finding:
         image = node.record.image
@@ -83,8 +87,10 @@ class _ImageChecks:
     def _check_image(self, image: str) -> tuple[str, str, str]:
         build = f"provisiond image build {image} (as root)"
         try:
-            manifest = parse(ImageManifest, load_manifest(self.config, image),
-                             Layout.of(self.config).image_manifest(image), DamagedDocument)
+            raw = load_manifest(self.config, image)
+            manifest = parse(ImageManifest, raw, Layout.of(self.config).image_manifest(image),
+                             DamagedDocument)
+            self._manifests[image] = raw  # the mounted checks read it as written
         except ImageNotFound:
             return "fail", "not built", build
         except DamagedDocument as exc:
@@ -101,6 +107,26 @@ class _ImageChecks:
             return ("warn", f"{recipe.path} changed since the build of "
                     f"{manifest.built_at or '?'}: nodes boot the older build", build)
         return "ok", f"built {manifest.built_at}, current", ""
+
+    def mounted(self, node: Node) -> list[Finding]:
+        """The image's mounted layer blobs and boot kit (read and hashed once per image):
+        a fail for a node that boots mounted, a warning for one that boots unpacked."""
+        manifest = self._manifests.get(node.record.image or "")
+        if manifest is None:
+            return []  # no image, or not built: the image check says so
+        image = node.record.image
+        if image not in self._mounted:
+            self._mounted[image] = mounted_problems(self.config, manifest)
+        problems = self._mounted[image]
+        mode = boot_mode(manifest, node.record.kernel_args or [])
+        if not problems:
+            return [ok("mounted", node.name, f"{image}: boots {mode}; mounted blobs intact")]
+        level = "fail" if mode == "mounted" else "warn"
+        fix = f"provisiond image build {image} (as root): it packs what is missing"
+        if any("(damaged)" in p or "bytes, not" in p for p in problems):
+            fix = "remove the blob files named above, then " + fix
+        return [Finding("mounted", node.name, level, f"{image} (boots {mode}): "
+                        + "; ".join(problems), fix)]
 
 
 def _overlays(builder: Builder, node: Node) -> Finding:

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "boot"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "boot"))
 
-from bootdata import add_image, add_nodes, mac_of  # noqa: E402
+from bootdata import add_blob, add_image, add_nodes, mac_of  # noqa: E402
 from provisiond.cli.init import SHIPPED_PROFILES, import_profiles  # noqa: E402
 from provisiond.config import load_config  # noqa: E402
 from provisiond.inventory import InventoryStore  # noqa: E402
@@ -81,6 +81,71 @@ def test_a_missing_blob_of_a_built_image(cli, healthy):
     code, findings = doctor(cli, "n1")
     assert code == PREFLIGHT_FAILED
     assert "1 blob(s) of its build are missing" in problems(findings)[("image", "n1")]["detail"]
+
+
+def give_mounted_form(config) -> dict:
+    """tiny's manifest with a mounted form (two layer blobs and a boot kit) as a build
+    writes it, the overlays built again for it; the manifest."""
+    path = config.images_dir / "tiny" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    blobs = [(f"mounted layer {i}".encode(), {"file": f".provisiond/layers/{i:03d}.squashfs"})
+             for i in range(len(manifest["layers"]))]
+    records = [{"digest": add_blob(config, data), "size": len(data), **extra}
+               for data, extra in blobs]
+    kit = b"boot kit"
+    manifest["mounted"] = {"boot": "mounted", "format": "squashfs", "layers": records,
+                           "kit": {"digest": add_blob(config, kit), "size": len(kit),
+                                   "modules": ["loop"], "format": "squashfs"}}
+    path.write_text(json.dumps(manifest))
+    build_overlays(config)
+    return manifest
+
+
+def blob_file(config, record: dict) -> Path:
+    return config.blob_dir / record["digest"].split(":")[1]
+
+
+def test_intact_mounted_blobs_pass(cli, healthy):
+    give_mounted_form(healthy)
+    code, findings = doctor(cli, "--all")
+    assert code == 0, problems(findings)
+    mounted = {f["subject"]: f for f in findings if f["check"] == "mounted"}
+    assert set(mounted) == {"n1", "n2", "n3"}
+    assert mounted["n1"]["detail"] == "tiny: boots mounted; mounted blobs intact"
+
+
+def test_a_missing_mounted_blob_fails_a_mounted_boot_and_warns_an_unpacked_one(cli, healthy):
+    manifest = give_mounted_form(healthy)
+    blob_file(healthy, manifest["mounted"]["layers"][1]).unlink()
+    with InventoryStore(healthy).edit() as inv:
+        inv.nodes["n3"].kernel_args = ["provisiond.boot=unpacked"]
+    code, findings = doctor(cli)
+    failed, warned = problems(findings), problems(findings, "warn")
+    assert code == PREFLIGHT_FAILED
+    assert {s for c, s in failed if c == "mounted"} == {"n1", "n2"}
+    detail = failed[("mounted", "n1")]["detail"]
+    assert detail.startswith("tiny (boots mounted): layer 2's blob ") and "is missing" in detail
+    assert failed[("mounted", "n1")]["fix"] == ("provisiond image build tiny (as root): it "
+                                                 "packs what is missing")
+    assert warned[("mounted", "n3")]["detail"].startswith("tiny (boots unpacked): layer 2")
+    assert ("image", "n1") not in failed  # the cpio layers are all there
+
+
+def test_a_damaged_or_cut_mounted_blob_and_no_boot_kit(cli, healthy):
+    manifest = give_mounted_form(healthy)
+    blob_file(healthy, manifest["mounted"]["kit"]).write_bytes(b"boot kot")  # same size
+    blob_file(healthy, manifest["mounted"]["layers"][0]).write_bytes(b"cut")
+    code, findings = doctor(cli, "n1")
+    found = problems(findings)[("mounted", "n1")]
+    assert code == PREFLIGHT_FAILED
+    assert "layer 1's blob " in found["detail"] and "is 3 bytes, not 15" in found["detail"]
+    assert "the boot kit's blob " in found["detail"]
+    assert "does not match its digest (damaged)" in found["detail"]
+    assert found["fix"].startswith("remove the blob files named above, then provisiond image")
+    manifest["mounted"].pop("kit")
+    (healthy.images_dir / "tiny" / "manifest.json").write_text(json.dumps(manifest))
+    code, findings = doctor(cli, "n1")
+    assert "no boot kit" in problems(findings)[("mounted", "n1")]["detail"]
 
 
 def test_a_recipe_changed_since_the_build_is_a_warning(cli, healthy, tmp_path):
