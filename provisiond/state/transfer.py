@@ -17,6 +17,7 @@ import binascii
 import json
 
 from provisiond.errors import AlreadyExists, InvalidInput
+from provisiond.state.keys import check_key
 from provisiond.state.store import Store
 
 FORMAT = "provisiond-state"
@@ -88,6 +89,10 @@ def _decoded(document: dict, origin: str = "export") -> dict[str, bytes]:
         raise InvalidInput(f"{origin}: 'keys' is not a mapping")
     found = {}
     for key, value in keys.items():
+        try:
+            check_key(key)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{origin}: {exc}") from None
         try:
             if isinstance(value, dict) and isinstance(value.get("text"), str):
                 found[key] = value["text"].encode()

@@ -100,6 +100,21 @@ def test_import_of_a_bad_file_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "s" / "store.key").exists()
 
 
+def test_an_import_with_a_bad_key_writes_nothing(tmp_path, capsys):
+    """Every key is checked before the first is put: a bad one after good ones left those
+    imported (a half import) before."""
+    assert _provisiond(tmp_path / "s", capsys, "init", "--no-profiles")[0] == 0
+    before = _values(tmp_path / "s")
+    bad = tmp_path / "bad.json"
+    for key in ("../outside.json", "/etc/x.json", ".store/meta/a.rev", "a//b.json"):
+        bad.write_text(json.dumps({"format": "provisiond-state", "version": 1, "keys": {
+            "a.json": {"text": "1"}, key: {"text": "2"}, "z.json": {"text": "3"}}}))
+        code, _, err = _provisiond(tmp_path / "s", capsys, "state", "import", str(bad))
+        assert code == 2 and err.count("\n") == 1 and key in err, err
+        assert _values(tmp_path / "s") == before
+    assert not (tmp_path / "outside.json").exists()
+
+
 def test_what_one_server_keeps_is_not_exported(tmp_path, capsys):
     from provisiond.state.transfer import is_local
 
