@@ -49,19 +49,22 @@ class Journal:
         self.keep_bytes = keep_bytes
         self.mode = mode
 
-    def append(self, record: dict) -> int:
-        """Write `record` with the next id (returned). Raises OSError, or ValueError for a
-        record that is not JSON or longer than MAX_LINE."""
+    def append(self, record: dict, after: int = 0) -> int:
+        """Write `record` with the next id (returned), above `after` too. Raises OSError, or
+        ValueError for a record that is not JSON or longer than MAX_LINE."""
         with locked(self.lock_path):
-            last = self.latest_id()
+            last = max(self.latest_id(), after)
             line = json.dumps({"id": last + 1, **record}, separators=(",", ":"),
                               ensure_ascii=False, default=str) + "\n"
             data = line.encode()
             if len(data) > MAX_LINE:
                 raise ValueError(f"journal record of {len(data)} bytes (at most {MAX_LINE})")
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.mode)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, self.mode)
             try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # after a torn line (a crash mid-append), not in it
                 os.write(fd, data)
                 size = os.fstat(fd).st_size
             finally:
@@ -71,9 +74,14 @@ class Journal:
             return last + 1
 
     def latest_id(self) -> int:
-        """The newest id written, 0 for an empty or missing journal."""
-        lines = self._tail_lines()
-        return _line_id(lines[-1]) if lines else 0
+        """The newest id written, 0 for an empty or missing journal. A last line that is
+        no record (torn by a crash, zeros after a power cut) is passed over: read as 0 it
+        made the ids start again at 1."""
+        for whole in (False, True):
+            for line in reversed(self._tail_lines(whole)):
+                if found := _line_id(line):
+                    return found
+        return 0
 
     def oldest_id(self) -> int:
         """The oldest id still held, 0 for an empty journal."""
@@ -135,11 +143,12 @@ class Journal:
                 low = start
         return low
 
-    def _tail_lines(self) -> list[bytes]:
+    def _tail_lines(self, whole: bool = False) -> list[bytes]:
+        """The complete lines of the journal's last 2 * MAX_LINE bytes (`whole`: of all)."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
-                start = max(0, size - 2 * MAX_LINE)
+                start = 0 if whole else max(0, size - 2 * MAX_LINE)
                 handle.seek(start)
                 chunk = handle.read()
         except FileNotFoundError:

@@ -202,7 +202,10 @@ class FilesStore(Store):
             if not is_secret(key):
                 record.update(_inline(value))
         self._prepare()
-        revision = self.log.append(record)
+        # above the key's last revision even when the log lost its tail (a power cut: the
+        # log is not fsynced, the meta may have reached the disk): a revision given twice
+        # to one key lets a writer holding the older value's compare-and-swap succeed
+        revision = self.log.append(record, after=self._read_meta(key).get("rev", 0))
         if value is None:
             self._meta_path(key).unlink(missing_ok=True)
         else:

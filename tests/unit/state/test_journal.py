@@ -71,6 +71,21 @@ def test_a_half_written_last_line_is_not_read(tmp_path):
     assert journal.latest_id() == 1
 
 
+def test_a_torn_or_zeroed_last_line_does_not_restart_the_ids(tmp_path):
+    """A crash mid-append (or a power cut leaving zeros) leaves a last line that is no
+    record: the next append read it as id 0 and wrote id 1 (into the torn line, so the
+    one after it wrote 1 again)."""
+    journal = Journal(tmp_path / "j.jsonl", 1 << 20, 1 << 19)
+    journal.append({"a": 1})
+    journal.append({"a": 2})
+    for garbage in (b'{"id":3,"a"', b"\x00" * 300, b"\x00" * 300 + b"\n"):
+        with open(journal.path, "ab") as handle:
+            handle.write(garbage)
+        last = journal.latest_id()
+        assert journal.append({"b": 1}) == last + 1 and journal.append({"b": 2}) == last + 2
+    assert [r["id"] for r in journal.read_since(0)] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
 def test_an_oversize_record_is_refused_and_nothing_written(tmp_path):
     journal = Journal(tmp_path / "j.jsonl", 1 << 20, 1 << 19)
     with pytest.raises(ValueError, match="bytes"):
