@@ -25,7 +25,7 @@ from tests.etcd_cluster import ETCD, EtcdCluster
 from tests.integration.boot.servers import (loopback_services, start_serve, stop_serve,
                                             write_config)
 from tests.tools import command
-from tests.unit.stateuse.test_state_cli import _site, _values
+from tests.unit.cli.test_state_cli import _site, _values
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ETCD.is_file(), reason="needs Debian's etcd-server")]
