@@ -148,6 +148,19 @@ def test_a_torn_log_line_does_not_take_the_revision_back(store, root):
     assert [c.key for c in store.watch("", revision, 0)] == ["status/n2.json"]
 
 
+def test_a_long_key_with_a_value_near_the_line_bound_is_stored_and_logged(store, root):
+    """The value went into the change log's line when it fitted a bound that left 512
+    bytes for the rest of the line: with a long key the line was over the journal's limit,
+    and the put raised ValueError (a traceback) after the file was replaced."""
+    key = "/".join(['"' * 200] * 4) + ".json"  # each '"' is two bytes in the line
+    before = store.revision()
+    value = b"a" * 15_800
+    revision = store.put(key, value)
+    assert store.get(key) == store.list(key)[0] and store.get(key).value == value
+    assert [(c.key, c.revision, c.value) for c in store.watch("", before, 0)] == [
+        (key, revision, value)]
+
+
 def test_dot_files_beside_values_are_not_keys(store, root):
     store.put("status/n1.json", b"1")
     (root / "status" / ".n2.json.tmp").write_bytes(b"half")
