@@ -109,6 +109,11 @@ class FilesStore(Store):
             if since < self.log.oldest_id() - 1:
                 raise Compacted(f"{self.url}: changes after revision {since} are no longer "
                                 f"kept (oldest: {self.log.oldest_id()})")
+            if not records and since > self.log.latest_id():
+                # the log was removed (`git clean -X` of a state dir kept in git): its new
+                # revisions start low again, and a watch from the old one saw none of them
+                raise Compacted(f"{self.url}: revision {since} is newer than the change "
+                                f"log's ({self.log.latest_id()}): it was removed or reset")
             changes = [change for change in map(self._change, records) if change]
             if changes:
                 return changes

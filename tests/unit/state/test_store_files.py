@@ -161,6 +161,24 @@ def test_a_long_key_with_a_value_near_the_line_bound_is_stored_and_logged(store,
         (key, revision, value)]
 
 
+def test_a_watch_from_before_the_log_was_removed_is_compacted(store, root):
+    """`git clean -X` of a state dir kept in git removes .store/: revisions start again
+    low, and a watch from the old revision (serve's table) waited for ever for a change
+    above it."""
+    import shutil
+
+    from provisiond.state.store import Compacted
+
+    for number in range(5):
+        store.put("inventory.yaml", str(number).encode())
+    since = store.revision()
+    shutil.rmtree(root / ".store")
+    store.put("inventory.yaml", b"edited after the clean")
+    with pytest.raises(Compacted):
+        store.watch("inventory.yaml", since, 0.5)
+    assert store.watch("inventory.yaml", store.revision(), 0) == []
+
+
 def test_dot_files_beside_values_are_not_keys(store, root):
     store.put("status/n1.json", b"1")
     (root / "status" / ".n2.json.tmp").write_bytes(b"half")
