@@ -28,6 +28,7 @@ from provisiond.errors import Conflict
 
 MAX_LINE = 16 << 10  # a longer record is refused by `append` (ValueError)
 WAIT_POLL = 0.15  # seconds between two looks at a journal file in `wait`
+TAIL_SEARCH = 64 * MAX_LINE  # bytes latest_id reads back for a record when the tail is none
 
 
 def journal_on(store, prefix: str, path: Path, max_bytes: int, keep_bytes: int,
@@ -77,8 +78,8 @@ class Journal:
         """The newest id written, 0 for an empty or missing journal. A last line that is
         no record (torn by a crash, zeros after a power cut) is passed over: read as 0 it
         made the ids start again at 1."""
-        for whole in (False, True):
-            for line in reversed(self._tail_lines(whole)):
+        for span in (2 * MAX_LINE, TAIL_SEARCH):
+            for line in reversed(self._tail_lines(span)):
                 if found := _line_id(line):
                     return found
         return 0
@@ -143,12 +144,12 @@ class Journal:
                 low = start
         return low
 
-    def _tail_lines(self, whole: bool = False) -> list[bytes]:
-        """The complete lines of the journal's last 2 * MAX_LINE bytes (`whole`: of all)."""
+    def _tail_lines(self, span: int = 2 * MAX_LINE) -> list[bytes]:
+        """The complete lines of the journal's last `span` bytes."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
-                start = 0 if whole else max(0, size - 2 * MAX_LINE)
+                start = max(0, size - span)
                 handle.seek(start)
                 chunk = handle.read()
         except FileNotFoundError:
