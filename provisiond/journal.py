@@ -136,10 +136,9 @@ class Journal:
             handle.readline(MAX_LINE + 1)  # the rest of a line cut in the middle
             start = handle.tell()
             line = handle.readline(MAX_LINE + 1)
-            if not line.endswith(b"\n"):
-                high = middle
-            elif _line_id(line) > after_id:
-                high = middle
+            found = _line_id(line) if line.endswith(b"\n") else 0
+            if not found or found > after_id:  # 0: no record (half written, torn, zeros)
+                high = middle  # a line without an id moved low past the records before it
             else:
                 low = start
         return low

@@ -87,6 +87,19 @@ def test_a_torn_or_zeroed_last_line_does_not_restart_the_ids(tmp_path):
     assert [r["id"] for r in journal.read_since(0)] == list(range(1, 11))
 
 
+def test_a_line_that_is_no_record_does_not_hide_the_records_before_it(tmp_path):
+    """The bisect took a line without an id (zeros after a power cut, a torn line) for one
+    at id 0 and started reading after it: records before it were skipped."""
+    journal = Journal(tmp_path / "j.jsonl", 1 << 30, 1 << 29)
+    for number in range(600):  # a line of zeros after each record: every probe meets one
+        journal.append({"n": number, "pad": "x" * 100})
+        with open(journal.path, "ab") as handle:
+            handle.write(b"\x00" * 50 + b"\n")
+    for after in range(0, 600, 7):
+        assert [r["id"] for r in journal.read_since(after, 3)] == [
+            i for i in range(after + 1, after + 4) if i <= 600], after
+
+
 def test_an_oversize_record_is_refused_and_nothing_written(tmp_path):
     journal = Journal(tmp_path / "j.jsonl", 1 << 20, 1 << 19)
     with pytest.raises(ValueError, match="bytes"):
