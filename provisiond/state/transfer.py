@@ -8,10 +8,11 @@ base64. Secrets are in it in the clear. The journals (events, the audit record) 
 records, oldest first, without ids: a file of JSON lines on the files store is one key per
 record on etcd, and copied as keys neither store read the other's (the audit record was
 lost on the way, and its file could be too large for one etcd request); an import appends
-them to the target's journals, which give them ids of their own. What belongs to one server is left out (LOCAL): its settings, the key of the etcd
-store's secret values, and the files the files store finds under the state directory that
-are not shared documents (blobs, downloads, image trees but their manifests, overlay builds,
-run files): each server keeps or fetches those itself.
+them to the target's journals, which give them ids of their own. What belongs to one
+server is left out (LOCAL): its settings, the key of the etcd store's secret values, and
+the files the files store finds under the state directory that are not shared documents
+(blobs, downloads, image trees but their manifests, overlay builds, run files): each server
+keeps or fetches those itself.
 """
 
 from __future__ import annotations
