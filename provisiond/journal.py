@@ -28,6 +28,7 @@ from provisiond.errors import Conflict
 
 MAX_LINE = 16 << 10  # a longer record is refused by `append` (ValueError)
 WAIT_POLL = 0.15  # seconds between two looks at a journal file in `wait`
+TAIL_SEARCH = 64 * MAX_LINE  # bytes latest_id reads back for a record when the tail is none
 
 
 def journal_on(store, prefix: str, path: Path, max_bytes: int, keep_bytes: int,
@@ -49,19 +50,22 @@ class Journal:
         self.keep_bytes = keep_bytes
         self.mode = mode
 
-    def append(self, record: dict) -> int:
-        """Write `record` with the next id (returned). Raises OSError, or ValueError for a
-        record that is not JSON or longer than MAX_LINE."""
+    def append(self, record: dict, after: int = 0) -> int:
+        """Write `record` with the next id (returned), above `after` too. Raises OSError, or
+        ValueError for a record that is not JSON or longer than MAX_LINE."""
         with locked(self.lock_path):
-            last = self.latest_id()
+            last = max(self.latest_id(), after)
             line = json.dumps({"id": last + 1, **record}, separators=(",", ":"),
                               ensure_ascii=False, default=str) + "\n"
             data = line.encode()
             if len(data) > MAX_LINE:
                 raise ValueError(f"journal record of {len(data)} bytes (at most {MAX_LINE})")
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.mode)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, self.mode)
             try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # after a torn line (a crash mid-append), not in it
                 os.write(fd, data)
                 size = os.fstat(fd).st_size
             finally:
@@ -71,9 +75,14 @@ class Journal:
             return last + 1
 
     def latest_id(self) -> int:
-        """The newest id written, 0 for an empty or missing journal."""
-        lines = self._tail_lines()
-        return _line_id(lines[-1]) if lines else 0
+        """The newest id written, 0 for an empty or missing journal. A last line that is
+        no record (torn by a crash, zeros after a power cut) is passed over: read as 0 it
+        made the ids start again at 1."""
+        for span in (2 * MAX_LINE, TAIL_SEARCH):
+            for line in reversed(self._tail_lines(span)):
+                if found := _line_id(line):
+                    return found
+        return 0
 
     def oldest_id(self) -> int:
         """The oldest id still held, 0 for an empty journal."""
@@ -127,19 +136,19 @@ class Journal:
             handle.readline(MAX_LINE + 1)  # the rest of a line cut in the middle
             start = handle.tell()
             line = handle.readline(MAX_LINE + 1)
-            if not line.endswith(b"\n"):
-                high = middle
-            elif _line_id(line) > after_id:
-                high = middle
+            found = _line_id(line) if line.endswith(b"\n") else 0
+            if not found or found > after_id:  # 0: no record (half written, torn, zeros)
+                high = middle  # a line without an id moved low past the records before it
             else:
                 low = start
         return low
 
-    def _tail_lines(self) -> list[bytes]:
+    def _tail_lines(self, span: int = 2 * MAX_LINE) -> list[bytes]:
+        """The complete lines of the journal's last `span` bytes."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
-                start = max(0, size - 2 * MAX_LINE)
+                start = max(0, size - span)
                 handle.seek(start)
                 chunk = handle.read()
         except FileNotFoundError:

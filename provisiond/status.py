@@ -30,7 +30,7 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
     phases for a node the one stored later also carries the later time."""
     def change(status: dict) -> dict:
         now = time.time()
-        if phase is NodePhase.DHCP or "phases" not in status:
+        if phase is NodePhase.DHCP or not isinstance(status.get("phases"), dict):
             kept = {k: status[k] for k in (REFUSAL,) if k in status}
             status = {"node": node, "boot_started": now, "phases": {}, **kept}
         status["phases"][phase.value] = now

@@ -195,10 +195,14 @@ class TableWatcher:
         return revision != self._seen and self._reload(revision)
 
     def _reload(self, revision: int) -> bool:
-        self._seen = revision
         keeping = (f"keeping the last good table ({len(self.table.nodes)} nodes)"
                    if self.valid else "still serving no nodes")
-        entry = self.store.get(INVENTORY_KEY)
+        try:
+            entry = self.store.get(INVENTORY_KEY)
+        except (ProvisiondError, OSError) as exc:  # away: the change is read when it is back
+            log.error("inventory: cannot read %s: %s; %s", self.store.url, exc, keeping)
+            return False
+        self._seen = revision
         if entry is None or not entry.value:  # the CLI never leaves it missing or empty
             log.error("inventory %s is missing or empty, %s", self.config.inventory_path,
                       keeping)

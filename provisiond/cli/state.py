@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from provisiond import audit, events
 from provisiond.atomic import write_atomic
 from provisiond.errors import InvalidInput
 from provisiond.state.open import open_store
@@ -32,7 +33,9 @@ def register(subparsers) -> None:
         "import", help="put every key of an export FILE into the (empty) store",
         description="Into the configured store (provisiond.yaml's store:), which must hold no "
         "shared document yet (--force: overwrite the keys the file names). Values are "
-        "written byte for byte: files -> etcd -> files gives the same files. " + WARNING)
+        "written byte for byte: files -> etcd -> files gives the same files; the events "
+        "and the audit record are appended to the store's as records (with new ids). "
+        + WARNING)
     load.add_argument("file", metavar="FILE", help="made by `provisiond state export`; - for "
                       "stdin")
     load.add_argument("--force", action="store_true",
@@ -40,8 +43,12 @@ def register(subparsers) -> None:
     load.set_defaults(func=cmd_import)
 
 
+def _journals(config) -> dict:
+    return {"events/": events.journal(config), "audit/": audit.journal(config)}
+
+
 def cmd_export(args, ctx) -> None:
-    document = export_store(open_store(ctx.config))
+    document = export_store(open_store(ctx.config), _journals(ctx.config))
     text = json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     if args.file == "-":
         sys.stdout.write(text)
@@ -50,7 +57,9 @@ def cmd_export(args, ctx) -> None:
             write_atomic(Path(args.file), text, mode=0o600)
         except OSError as exc:
             raise InvalidInput(f"{args.file}: cannot write: {exc.strerror}") from None
-    print(f"exported {len(document['keys'])} keys of {document['source']} at revision "
+    records = sum(map(len, document["journals"].values()))
+    print(f"exported {len(document['keys'])} keys and {records} journal records of "
+          f"{document['source']} at revision "
           f"{document['revision']} (secrets in the clear)", file=sys.stderr)
 
 
@@ -60,5 +69,6 @@ def cmd_import(args, ctx) -> None:
     except OSError as exc:
         raise InvalidInput(f"{args.file}: cannot read: {exc.strerror}") from None
     store = open_store(ctx.config)
-    count = import_store(store, parse_document(raw, args.file), force=args.force)
-    print(f"imported {count} keys into {store.url}", file=sys.stderr)
+    count = import_store(store, parse_document(raw, args.file), _journals(ctx.config),
+                         force=args.force)
+    print(f"imported {count} keys and journal records into {store.url}", file=sys.stderr)

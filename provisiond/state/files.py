@@ -43,7 +43,7 @@ LOCK_WAIT = 30.0  # seconds; polled, so a gevent worker's other greenlets keep r
 LOCK_STRIPES = 64  # writers of keys in different stripes check and rename at once
 POLL = 0.1  # seconds between two reads of the change log in watch
 SCAN_EVERY = 1.0  # seconds between two looks for files changed behind the store's back
-INLINE_MAX = MAX_LINE - 512  # room for the line's other fields
+LINE_ROOM = 64  # bytes of a log line besides its record's fields: the id, the separators
 META_BYTES = 512  # a meta file's size: each write covers the whole of the one before
 NOT_DOCUMENTS = frozenset({CACHE_NAME, "blobs"})
 """Never listed: image layer trees (root file systems) and content-addressed blobs are no
@@ -109,6 +109,11 @@ class FilesStore(Store):
             if since < self.log.oldest_id() - 1:
                 raise Compacted(f"{self.url}: changes after revision {since} are no longer "
                                 f"kept (oldest: {self.log.oldest_id()})")
+            if not records and since > self.log.latest_id():
+                # the log was removed (`git clean -X` of a state dir kept in git): its new
+                # revisions start low again, and a watch from the old one saw none of them
+                raise Compacted(f"{self.url}: revision {since} is newer than the change "
+                                f"log's ({self.log.latest_id()}): it was removed or reset")
             changes = [change for change in map(self._change, records) if change]
             if changes:
                 return changes
@@ -200,9 +205,12 @@ class FilesStore(Store):
             if edited:
                 record["edited"] = True
             if not is_secret(key):
-                record.update(_inline(value))
+                record.update(_inline(value, MAX_LINE - LINE_ROOM - _size(record)))
         self._prepare()
-        revision = self.log.append(record)
+        # above the key's last revision even when the log lost its tail (a power cut: the
+        # log is not fsynced, the meta may have reached the disk): a revision given twice
+        # to one key lets a writer holding the older value's compare-and-swap succeed
+        revision = self.log.append(record, after=self._read_meta(key).get("rev", 0))
         if value is None:
             self._meta_path(key).unlink(missing_ok=True)
         else:
@@ -350,14 +358,20 @@ def _sha256(value: bytes) -> str:
     return hashlib.sha256(value).hexdigest()
 
 
-def _inline(value: bytes) -> dict:
-    """The value as a log line's field ({} when too long for a line)."""
-    if len(value) > INLINE_MAX:
+def _inline(value: bytes, room: int) -> dict:
+    """The value as a log line's field ({} when longer than `room` bytes, what the line's
+    other fields leave: a long key's line with a value under a fixed bound was refused
+    after the value's file was replaced)."""
+    if len(value) > room:
         return {}
     try:
         field = {"v": value.decode("utf-8")}
     except UnicodeDecodeError:
         field = {"b64": base64.b64encode(value).decode()}
-    if len(json.dumps(field, ensure_ascii=False).encode()) > INLINE_MAX:
+    if _size(field) > room:
         return {}
     return field
+
+
+def _size(fields: dict) -> int:
+    return len(json.dumps(fields, ensure_ascii=False).encode())

@@ -2,12 +2,17 @@
 store as one JSON document, and back into another store, byte for byte.
 
 The document: {"format": "provisiond-state", "version": 1, "source": URL, "revision": N,
-"keys": {KEY: {"text": STR} | {"base64": STR}}}; a value is text when it is UTF-8 (so the
-inventory and secrets stay readable and diffable), else base64. Secrets are in it in the
-clear. What belongs to one server is left out (LOCAL): its settings, the key of the etcd
-store's secret values, and the files the files store finds under the state directory that
-are not shared documents (blobs, downloads, image trees but their manifests, overlay builds,
-run files): each server keeps or fetches those itself.
+"keys": {KEY: {"text": STR} | {"base64": STR}}, "journals": {PREFIX: [RECORD...]}}; a value
+is text when it is UTF-8 (so the inventory and secrets stay readable and diffable), else
+base64. Secrets are in it in the clear. The journals (events, the audit record) are their
+records, oldest first, without ids: a file of JSON lines on the files store is one key per
+record on etcd, and copied as keys neither store read the other's (the audit record was
+lost on the way, and its file could be too large for one etcd request); an import appends
+them to the target's journals, which give them ids of their own. What belongs to one
+server is left out (LOCAL): its settings, the key of the etcd store's secret values, and
+the files the files store finds under the state directory that are not shared documents
+(blobs, downloads, image trees but their manifests, overlay builds, run files): each server
+keeps or fetches those itself.
 """
 
 from __future__ import annotations
@@ -17,12 +22,25 @@ import binascii
 import json
 
 from provisiond.errors import AlreadyExists, InvalidInput
+from provisiond.journal import Journal, StoreJournal
+from provisiond.state.keys import check_key
 from provisiond.state.store import Store
 
 FORMAT = "provisiond-state"
 VERSION = 1
 LOCAL = ("provisiond.yaml", "store.key", "blobs/", "cache/", "overlay-builds/", "run/",
          "metrics.json")
+
+
+JOURNAL_PREFIXES = ("events/", "audit/")
+Journals = dict[str, "Journal | StoreJournal"]
+"""A store's journals by key prefix (provisiond.events.journal, provisiond.audit.journal)."""
+
+
+def in_journal(key: str) -> bool:
+    """A key of a journal: its records (or file), its lock, its note of what was trimmed."""
+    return any(key.startswith(prefix) or key == prefix.rstrip("/") + ".trimmed"
+               for prefix in JOURNAL_PREFIXES)
 
 
 def is_local(key: str) -> bool:
@@ -37,18 +55,23 @@ def shared_keys(store: Store) -> list:
     return [entry for entry in store.list("") if not is_local(entry.key)]
 
 
-def export_store(store: Store) -> dict:
+def export_store(store: Store, journals: Journals) -> dict:
     revision = store.revision()
-    keys = {entry.key: _encode(entry.value) for entry in shared_keys(store)}
+    keys = {entry.key: _encode(entry.value) for entry in shared_keys(store)
+            if not in_journal(entry.key)}
+    records = {prefix: [_without_id(record) for record in journal.read_since(0, 1 << 62)]
+               for prefix, journal in journals.items()}
     return {"format": FORMAT, "version": VERSION, "source": store.url, "revision": revision,
-            "keys": keys}
+            "keys": keys, "journals": records}
 
 
-def import_store(store: Store, document: dict, force: bool = False) -> int:
-    """Put every key of an exported `document` into `store`; the number of keys. Refused
-    (AlreadyExists) when the store holds shared keys already, unless `force` (then the
-    document's keys replace theirs; others stay)."""
+def import_store(store: Store, document: dict, journals: Journals, force: bool = False) -> int:
+    """Put every key of an exported `document` into `store` and append its journals'
+    records to `journals`; the number of keys and records. Refused (AlreadyExists) when the
+    store holds shared keys already, unless `force` (then the document's keys replace
+    theirs; others stay, and its records follow the journals' own)."""
     keys = _decoded(document)
+    records = _journal_records(document, journals)
     if not force:
         present = shared_keys(store)
         if present:
@@ -57,7 +80,26 @@ def import_store(store: Store, document: dict, force: bool = False) -> int:
                                 "--force to overwrite its keys")
     for key, value in keys.items():
         store.put(key, value)
-    return len(keys)
+    for prefix, journal in journals.items():
+        for record in records.get(prefix, []):
+            journal.append(record)
+    return len(keys) + sum(map(len, records.values()))
+
+
+def _without_id(record: dict) -> dict:
+    return {name: value for name, value in record.items() if name != "id"}
+
+
+def _journal_records(document: dict, journals: Journals, origin: str = "export"
+                     ) -> dict[str, list[dict]]:
+    found = document.get("journals", {})
+    if not isinstance(found, dict) or any(
+            prefix not in journals or not isinstance(records, list)
+            or not all(isinstance(record, dict) for record in records)
+            for prefix, records in found.items()):
+        raise InvalidInput(f"{origin}: 'journals' is not a mapping of "
+                           f"{', '.join(journals)} to lists of records")
+    return found
 
 
 def parse_document(text: str | bytes, origin: str) -> dict:
@@ -72,6 +114,7 @@ def parse_document(text: str | bytes, origin: str) -> dict:
         raise InvalidInput(f"{origin}: export version {document.get('version')!r}, this "
                            f"provisiond reads {VERSION}")
     _decoded(document, origin)
+    _journal_records(document, dict.fromkeys(JOURNAL_PREFIXES), origin)
     return document
 
 
@@ -88,6 +131,10 @@ def _decoded(document: dict, origin: str = "export") -> dict[str, bytes]:
         raise InvalidInput(f"{origin}: 'keys' is not a mapping")
     found = {}
     for key, value in keys.items():
+        try:
+            check_key(key)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{origin}: {exc}") from None
         try:
             if isinstance(value, dict) and isinstance(value.get("text"), str):
                 found[key] = value["text"].encode()

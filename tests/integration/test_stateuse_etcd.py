@@ -25,7 +25,7 @@ from tests.etcd_cluster import ETCD, EtcdCluster
 from tests.integration.boot.servers import (loopback_services, start_serve, stop_serve,
                                             write_config)
 from tests.tools import command
-from tests.unit.stateuse.test_state_cli import _site, _values
+from tests.unit.cli.test_state_cli import _records, _site, _values
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ETCD.is_file(), reason="needs Debian's etcd-server")]
@@ -150,3 +150,7 @@ def test_files_to_etcd_to_files_is_exact(url, tmp_path, capsys):
     _cli(back, "state", "import", str(tmp_path / "two.json"))
     assert _values(back) == _values(source)
     assert len(_values(source)) >= 5
+    # the journals are moved as records: etcd's server reads the files store's audit record
+    # and events (their JSON-lines files were copied as keys no journal of etcd read)
+    assert _records(middle) == _records(back) == _records(source)
+    assert len(_records(source)["audit"]) >= 3

@@ -71,6 +71,35 @@ def test_a_half_written_last_line_is_not_read(tmp_path):
     assert journal.latest_id() == 1
 
 
+def test_a_torn_or_zeroed_last_line_does_not_restart_the_ids(tmp_path):
+    """A crash mid-append (or a power cut leaving zeros) leaves a last line that is no
+    record: the next append read it as id 0 and wrote id 1 (into the torn line, so the
+    one after it wrote 1 again)."""
+    journal = Journal(tmp_path / "j.jsonl", 1 << 20, 1 << 19)
+    journal.append({"a": 1})
+    journal.append({"a": 2})
+    for garbage in (b'{"id":3,"a"', b"\x00" * 300, b"\x00" * 300 + b"\n",
+                    b"\x00" * 40_000 + b"\n"):  # zeros past the tail read first
+        with open(journal.path, "ab") as handle:
+            handle.write(garbage)
+        last = journal.latest_id()
+        assert journal.append({"b": 1}) == last + 1 and journal.append({"b": 2}) == last + 2
+    assert [r["id"] for r in journal.read_since(0)] == list(range(1, 11))
+
+
+def test_a_line_that_is_no_record_does_not_hide_the_records_before_it(tmp_path):
+    """The bisect took a line without an id (zeros after a power cut, a torn line) for one
+    at id 0 and started reading after it: records before it were skipped."""
+    journal = Journal(tmp_path / "j.jsonl", 1 << 30, 1 << 29)
+    for number in range(600):  # a line of zeros after each record: every probe meets one
+        journal.append({"n": number, "pad": "x" * 100})
+        with open(journal.path, "ab") as handle:
+            handle.write(b"\x00" * 50 + b"\n")
+    for after in range(0, 600, 7):
+        assert [r["id"] for r in journal.read_since(after, 3)] == [
+            i for i in range(after + 1, after + 4) if i <= 600], after
+
+
 def test_an_oversize_record_is_refused_and_nothing_written(tmp_path):
     journal = Journal(tmp_path / "j.jsonl", 1 << 20, 1 << 19)
     with pytest.raises(ValueError, match="bytes"):

@@ -49,3 +49,28 @@ def test_a_compacted_watch_compares_revisions(config, store):
     add_nodes(config, 2)
     store.compact(store.revision())
     assert watcher.wait_changed(timeout=0.2) is True and set(watcher.table.nodes) == {"n1", "n2"}
+
+
+def test_a_store_away_when_the_change_is_read_keeps_the_table_and_the_change(config, store,
+                                                                            monkeypatch):
+    """The watch saw a change, then the get failed (etcd away for its 30 s of retries, an
+    unreadable file): wait_changed raised, which ended serve's supervisor loop, and the
+    revision was already taken as seen, so the change was not loaded once the store was
+    back."""
+    from provisiond.errors import Unavailable
+
+    add_nodes(config, 1)
+    watcher = TableWatcher(config)
+    table = watcher.table
+    add_nodes(config, 2)
+    real_get = store.get
+
+    def away(key):
+        raise Unavailable("etcd etcd://127.0.0.1:1: no member served the request")
+
+    monkeypatch.setattr(store, "get", away)
+    assert watcher.wait_changed(timeout=0.2) is False and watcher.table is table
+    assert watcher.changed() is False and watcher.table is table
+    monkeypatch.setattr(store, "get", real_get)
+    assert watcher.wait_changed(timeout=0.2) is True
+    assert set(watcher.table.nodes) == {"n1", "n2"}

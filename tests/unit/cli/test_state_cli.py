@@ -8,7 +8,8 @@ import stat
 from provisiond.cli import main
 from provisiond.config import load_config
 from provisiond.state.open import open_url
-from provisiond.state.transfer import shared_keys
+from provisiond import audit, events
+from provisiond.state.transfer import in_journal, shared_keys
 
 
 def _provisiond(state_dir, capsys, *args):
@@ -52,7 +53,17 @@ def _site(state_dir, capsys):
 
 
 def _values(state_dir) -> dict[str, bytes]:
-    return {e.key: e.value for e in shared_keys(open_url(f"files://{state_dir}"))}
+    """The shared keys but the journals' (their records are compared by _records)."""
+    return {e.key: e.value for e in shared_keys(open_url(f"files://{state_dir}"))
+            if not in_journal(e.key)}
+
+
+def _records(state_dir) -> dict[str, list[dict]]:
+    """The journals' records without their ids."""
+    config = load_config(state_dir)
+    return {name: [{k: v for k, v in r.items() if k != "id"} for r in read(config, 0)]
+            for name, read in (("events", lambda c, a: events.journal(c).read_since(a, 10**6)),
+                               ("audit", lambda c, a: audit.journal(c).read_since(a, 10**6)))}
 
 
 def test_export_then_import_into_an_empty_store_is_exact(tmp_path, capsys):
@@ -66,10 +77,12 @@ def test_export_then_import_into_an_empty_store_is_exact(tmp_path, capsys):
     assert document["keys"]["secrets/token.key"]["base64"]
     assert "hunter2" in document["keys"]["secrets.yaml"]["text"]
     assert "provisiond.yaml" not in document["keys"]
+    assert "events/journal.jsonl" not in document["keys"] and document["journals"]["audit/"]
     assert _provisiond(second, capsys, "init", "--no-profiles")[0] == 0
     code, _, err = _provisiond(second, capsys, "state", "import", str(dump))
     assert code == 0, err
     assert _values(second) == _values(first)
+    assert _records(second) == _records(first)  # init of the second wrote none
     for key in ("inventory.yaml", "secrets.yaml", "tokens.json", "secrets/token.key"):
         assert (second / key).read_bytes() == (first / key).read_bytes()
     assert stat.S_IMODE((second / "secrets.yaml").stat().st_mode) == 0o600
@@ -93,11 +106,30 @@ def test_import_of_a_bad_file_is_one_line(tmp_path, capsys):
     for text in ("{", '{"format": "other"}',
                  '{"format": "provisiond-state", "version": 1, "keys": {"a": {"x": 1}}}',
                  '{"format": "provisiond-state", "version": 1, "keys": {"store.key": '
-                 '{"text": "k"}}}'):
+                 '{"text": "k"}}}',
+                 '{"format": "provisiond-state", "version": 1, "keys": {}, "journals": '
+                 '{"other/": []}}',
+                 '{"format": "provisiond-state", "version": 1, "keys": {}, "journals": '
+                 '{"audit/": [1]}}'):
         bad.write_text(text)
         code, _, err = _provisiond(tmp_path / "s", capsys, "state", "import", str(bad))
         assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "s" / "store.key").exists()
+
+
+def test_an_import_with_a_bad_key_writes_nothing(tmp_path, capsys):
+    """Every key is checked before the first is put: a bad one after good ones left those
+    imported (a half import) before."""
+    assert _provisiond(tmp_path / "s", capsys, "init", "--no-profiles")[0] == 0
+    before = _values(tmp_path / "s")
+    bad = tmp_path / "bad.json"
+    for key in ("../outside.json", "/etc/x.json", ".store/meta/a.rev", "a//b.json"):
+        bad.write_text(json.dumps({"format": "provisiond-state", "version": 1, "keys": {
+            "a.json": {"text": "1"}, key: {"text": "2"}, "z.json": {"text": "3"}}}))
+        code, _, err = _provisiond(tmp_path / "s", capsys, "state", "import", str(bad))
+        assert code == 2 and err.count("\n") == 1 and key in err, err
+        assert _values(tmp_path / "s") == before
+    assert not (tmp_path / "outside.json").exists()
 
 
 def test_what_one_server_keeps_is_not_exported(tmp_path, capsys):

@@ -18,6 +18,17 @@ def test_phase_is_a_status_key(config, store):
     assert status.read_status(config, "n1") is None and store.list("status/") == []
 
 
+def test_a_damaged_status_starts_a_new_boot_record(config, store):
+    """A status whose phases are not a mapping (edited by hand, written by another tool)
+    made record_phase raise TypeError: the phase writer thread or process of serve died of
+    it and recorded no phase of any node after."""
+    for damaged in ({"phases": 5}, {"phases": ["dhcp"]}, {"phases": None}):
+        store.put("status/n1.json", json.dumps(damaged).encode())
+        written = status.record_phase(config, "n1", NodePhase.KERNEL, "k")
+        assert written["phase"] == "kernel" and written["phases"] == {"kernel": written["updated"]}
+        assert status.read_status(config, "n1") == written
+
+
 class HeldStore(MemoryStore):
     """Holds the first read of thread `held` until `release` is set."""
 
