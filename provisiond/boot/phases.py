@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from provisiond.config import Config, load_config
+from provisiond.errors import ProvisiondError
 from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
@@ -76,8 +77,10 @@ class PhaseRecorder(_Recorder):
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            write_phase(self.config, *item)
-            self._queue.task_done()
+            try:
+                write_phase(self.config, *item)
+            finally:
+                self._queue.task_done()
 
 
 class PhasePipe(_Recorder):
@@ -145,8 +148,10 @@ def write_phase(config: Config, node: str, phase: NodePhase, detail: str) -> Non
 
     try:
         record_phase(config, node, phase, detail)
-    except OSError as exc:
+    except (OSError, ProvisiondError) as exc:  # the store away, a file in the way...
         log.error("cannot record phase %s for %s: %s", phase.value, node, exc)
+    except Exception:  # a bug: logged whole; the writer goes on with the next phase
+        log.exception("cannot record phase %s for %s", phase.value, node)
 
 
 def main(state_dir: str) -> None:

@@ -166,3 +166,36 @@ def test_an_http_port_in_use_is_one_line_before_anything_starts(config):
             assert server.gunicorns == {} and server.udp == []
         finally:
             server.stop()
+
+
+def test_a_store_error_on_one_phase_leaves_the_writer_recording_the_next(config,
+                                                                         monkeypatch):
+    """The store away (Unavailable) or a bug for one record: that phase is logged and lost,
+    the writer thread goes on and flush() still returns (it waited forever before)."""
+    import threading
+
+    from provisiond import status
+    from provisiond.boot.phases import PhaseRecorder
+    from provisiond.errors import Unavailable
+    from provisiond.states import NodePhase
+
+    real = status.record_phase
+    failures = {"n1": Unavailable("etcd: no member answers"), "n2": KeyError("a bug")}
+
+    def record_phase(config, node, phase, detail=""):
+        if node in failures:
+            raise failures.pop(node)
+        return real(config, node, phase, detail)
+
+    monkeypatch.setattr(status, "record_phase", record_phase)
+    recorder = PhaseRecorder(config)
+    try:
+        for node in ("n1", "n2", "n3"):
+            assert recorder.record(node, NodePhase.IPXE)
+        flushed = threading.Thread(target=recorder.flush, daemon=True)
+        flushed.start()
+        flushed.join(30)
+        assert not flushed.is_alive(), "flush() never returned: the writer thread died"
+        assert status.read_status(config, "n3")["phase"] == "ipxe"
+    finally:
+        recorder.close()
