@@ -18,6 +18,7 @@ from pathlib import Path
 from provisiond.config import Config
 from provisiond.journal import Journal, StoreJournal, journal_on
 from provisiond.state import open as opening
+from provisiond.state.layout import Layout
 
 MAX_BYTES = 64 << 20  # then the oldest half goes: about 150,000 changes stay
 KEEP_BYTES = 32 << 20
@@ -25,7 +26,7 @@ KEEP_RECORDS = 20_000  # on a shared store, where each read lists them (~5 MiB)
 
 
 def audit_path(config: Config) -> Path:
-    return config.state_dir / "audit" / "audit.jsonl"
+    return Layout.of(config).audit
 
 
 def journal(config: Config) -> Journal | StoreJournal:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from provisiond.config import LABEL_RE, Config
 from provisiond.errors import AlreadyExists, InvalidInput, NotFound, Unauthenticated
 from provisiond.state import open as opening
+from provisiond.state.layout import KEYS, Layout
 
 TOKEN_BYTES = 32  # 256 bits from secrets.token_urlsafe: 43 characters
 MAX_TOKEN_LENGTH = 200  # what a header may hold before it is taken for a token at all
@@ -91,7 +92,7 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-KEY = "tokens.json"
+KEY = str(KEYS.tokens)
 
 
 class TokenStore:
@@ -100,7 +101,7 @@ class TokenStore:
 
     def __init__(self, config: Config):
         self.store = opening.open_store(config)
-        self.path = config.state_dir / KEY  # what messages name
+        self.path = Layout.of(config).tokens  # what messages name
         self._revision: int | None = None
         self._data = TokenFile()
 

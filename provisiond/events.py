@@ -27,6 +27,7 @@ from provisiond.config import Config
 from provisiond.journal import Journal, StoreJournal, journal_on
 from provisiond.metrics import timed_build
 from provisiond.state import open as opening
+from provisiond.state.layout import Layout
 
 log = logging.getLogger("provisiond.events")
 MAX_BYTES = 8 << 20  # about 30,000 phase events; then the oldest half goes
@@ -43,7 +44,7 @@ class Event(BaseModel):
 
 
 def events_path(config: Config) -> Path:
-    return config.state_dir / "events" / "journal.jsonl"
+    return Layout.of(config).events
 
 
 def journal(config: Config) -> Journal | StoreJournal:

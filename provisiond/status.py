@@ -17,10 +17,11 @@ from provisiond.config import Config
 from provisiond.events import emit
 from provisiond.metrics import observe_phase
 from provisiond.state import open as opening
+from provisiond.state.layout import KEYS
 from provisiond.states import NodePhase
 
 REFUSAL = "token_refused"
-PREFIX = "status/"
+PREFIX = f"{KEYS.status_dir}/"
 
 
 def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
@@ -77,7 +78,7 @@ def clear_status(config: Config, node: str) -> None:
 
 
 def status_key(node: str) -> str:
-    return f"{PREFIX}{node}.json"
+    return str(KEYS.status(node))
 
 
 def _update(config: Config, node: str, change) -> dict:

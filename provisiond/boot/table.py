@@ -20,8 +20,9 @@ from provisiond.config import Config
 from provisiond.errors import ProvisiondError
 from provisiond.state import open as opening
 from provisiond.state.store import ABSENT, Compacted
+from provisiond.state.layout import KEYS, Layout
 
-INVENTORY_KEY = "inventory.yaml"
+INVENTORY_KEY = str(KEYS.inventory)
 
 log = logging.getLogger("provisiond.boot")
 T = TypeVar("T")
@@ -204,7 +205,7 @@ class TableWatcher:
             return False
         self._seen = revision
         if entry is None or not entry.value:  # the CLI never leaves it missing or empty
-            log.error("inventory %s is missing or empty, %s", self.config.inventory_path,
+            log.error("inventory %s is missing or empty, %s", Layout.of(self.config).inventory,
                       keeping)
             return False
         return self._load(keeping)
@@ -214,11 +215,11 @@ class TableWatcher:
             table = build_table(self.config, self.table if self.valid else None)
         except Exception as exc:  # a bad file (or a bug) must not end the service
             reason = exc if isinstance(exc, ProvisiondError) else f"{type(exc).__name__}: {exc}"
-            log.error("inventory %s not loaded, %s: %s", self.config.inventory_path, keeping,
+            log.error("inventory %s not loaded, %s: %s", Layout.of(self.config).inventory, keeping,
                       reason, exc_info=traceback_if_bug(exc))
             return False
         if not self.valid and self._checked:
-            log.info("inventory %s loaded again: %d nodes", self.config.inventory_path,
+            log.info("inventory %s loaded again: %d nodes", Layout.of(self.config).inventory,
                      len(table.nodes))
         self.table, self.valid = table, True
         return True

@@ -9,13 +9,14 @@ import yaml
 from provisiond.audit import cli_actor
 from provisiond.cli import unit
 from provisiond.cli.ownership import hand_back
-from provisiond.config import (CONFIG_NAME, SHIPPED_DIR, load_config, parse_store_url,
+from provisiond.config import (SHIPPED_DIR, load_config, parse_store_url,
                                write_default_config)
 from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
 from provisiond.service import records
 from provisiond.service.inventory import PROFILES
+from provisiond.state.layout import Layout
 
 SHIPPED_PROFILES = SHIPPED_DIR / "profiles"
 
@@ -43,7 +44,8 @@ def register(subparsers) -> None:
 def run(args, ctx) -> None:
     # Before anything is written: root, a user to give the directory to, a unit to write.
     unit_text = unit.unit_text(ctx.state_dir, args.user) if args.systemd else None
-    existed = (ctx.state_dir / CONFIG_NAME).exists()
+    layout = Layout(ctx.state_dir)
+    existed = layout.settings.exists()
     check_store_flag(args.store, ctx.state_dir if existed else None)
     path = write_default_config(ctx.state_dir)
     if not existed:
@@ -54,8 +56,8 @@ def run(args, ctx) -> None:
             text = text.replace("\nstore: null\n", f"\nstore: {args.store}\n", 1)
         path.write_text(text)
     config = load_config(ctx.state_dir)
-    for sub in ("blobs/sha256", "images", "overlays", "status"):
-        (ctx.state_dir / sub).mkdir(parents=True, exist_ok=True)
+    for folder in (layout.blobs, layout.images, layout.overlays, layout.status_dir):
+        Path(folder).mkdir(parents=True, exist_ok=True)
     imported = [] if args.no_profiles else import_profiles(config, SHIPPED_PROFILES)
     print(f"{'kept' if existed else 'wrote'} {path}")
     if imported:
@@ -82,7 +84,7 @@ def check_store_flag(url: str | None, existing: Path | None) -> None:
     if existing is not None:
         stored = load_config(existing).store
         if stored != url:
-            raise InvalidInput(f"--store: {existing / CONFIG_NAME} has store: {stored or 'null'}"
+            raise InvalidInput(f"--store: {Layout(existing).settings} has store: {stored or 'null'}"
                                "; edit it there (and move the documents with `provisiond "
                                "state export` then `state import`)")
 

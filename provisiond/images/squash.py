@@ -31,6 +31,7 @@ from provisiond.images.blobs import blob_path, file_sha256, open_blob
 from provisiond.images.cpio import EPOCH_ENV, source_date_epoch
 from provisiond.images.debs import extract_deb, fetch_deb
 from provisiond.images.kernel import module_bytes, scan_modules, select_modules
+from provisiond.state.layout import Layout
 
 LAYERS_DIR = ".provisiond/layers"
 MODULES_DIR = ".provisiond/modules"
@@ -111,7 +112,7 @@ def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
     """Pack one layer tree and store it wrapped in a one-file cpio; its blob record, or
     why it has none (an image a newc entry cannot hold: the image's nodes boot unpacked)."""
     record = {"format": fs, "file": layer_file(depth, fs), "packing": PACKING}
-    with tempfile.TemporaryDirectory(prefix=".mounted.", dir=config.blob_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".mounted.", dir=Layout.of(config).blobs) as tmp:
         image = Path(tmp) / f"layer.{fs}"
         pack_image(fs, tree, image)
         size = image.stat().st_size
@@ -133,7 +134,7 @@ def add_mounted(config: Config, layers: Path, records: list[dict], fs: str = DEF
                 ) -> None:
     """Give each layer record its mounted form (packed now if it has none in `fs` by this
     PACKING or its blob is gone), saved beside the layer's own record."""
-    config.blob_dir.mkdir(parents=True, exist_ok=True)
+    Layout.of(config).blobs.mkdir(parents=True, exist_ok=True)
     for depth, record in enumerate(records):
         if _is_current(config, record.get("mounted") or {}, depth, fs):
             continue

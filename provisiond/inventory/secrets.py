@@ -20,8 +20,9 @@ from provisiond.inventory.merge import Node
 from provisiond.inventory.store import dump_yaml
 from provisiond.state import open as opening
 from provisiond.state.files import StoreFileError
+from provisiond.state.layout import KEYS, Layout
 
-KEY = "secrets.yaml"
+KEY = str(KEYS.secrets)
 
 BMC_PASSWORD = "bmc_password"
 SERVER_ONLY = frozenset({BMC_PASSWORD})
@@ -35,7 +36,7 @@ class SecretStore:
 
     def __init__(self, config: Config):
         self.store = opening.open_store(config)
-        self.path = config.secrets_path  # what messages name
+        self.path = Layout.of(config).secrets  # what messages name
 
     def read(self) -> dict:
         """The secrets; an unreadable, invalid or non-mapping file is an error (never taken

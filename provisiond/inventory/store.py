@@ -25,10 +25,11 @@ from provisiond.inventory.values import CONTROL_RE, check_text
 from provisiond.inventory.validate import Claims, check_changes, check_inventory
 from provisiond.state import open as opening
 from provisiond.state.store import ABSENT
+from provisiond.state.layout import KEYS, Layout
 
 __all__ = ["InventoryStore", "Version", "dump_yaml", "parse_inventory"]
 
-KEY = "inventory.yaml"
+KEY = str(KEYS.inventory)
 HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
 # The file's format (`schema:`): no older one to migrate yet (Schema's migrations go here).
 INVENTORY_SCHEMA = Schema("inventory", 1)
@@ -114,8 +115,8 @@ class InventoryStore:
     def __init__(self, config: Config, lock_wait: float = LOCK_WAIT):
         self.config = config
         self.store = opening.open_store(config)
-        self.path = config.inventory_path  # what messages name, and this process's cache key
-        self.cache_path = config.state_dir / ".inventory.cache.json"
+        self.path = Layout.of(config).inventory  # what messages name, and this process's cache key
+        self.cache_path = Layout.of(config).inventory_cache
         self.lock_wait = lock_wait
 
     @property

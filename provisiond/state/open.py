@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from provisiond.config import Config
 from provisiond.errors import InvalidConfig
 from provisiond.state.store import Store
+from provisiond.state.layout import Layout
 
-KEY_FILE = "store.key"
 """`<state>/store.key`: the key encrypting secret values in etcd (never stored in etcd)."""
 
 _opened: dict[str, Store] = {}
@@ -27,7 +27,7 @@ _lock = threading.Lock()
 def open_store(config: Config) -> Store:
     """This process's store for `config` (the same object on every call)."""
     url = config.store or f"files://{config.state_dir}"
-    return opened(url, key_path=config.state_dir / KEY_FILE)
+    return opened(url, key_path=Layout.of(config).store_key)
 
 
 def opened(url: str, key_path: Path | None = None) -> Store:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from provisiond.config import Config
 from provisiond.errors import Forbidden, Unauthenticated
 from provisiond.state import open as opening
+from provisiond.state.layout import KEYS, Layout
 from provisiond.trust import tokens
 
 CREDENTIAL_BYTES = 32  # 43 characters
@@ -183,7 +184,7 @@ def forget(config: Config, names: list[str]) -> None:
 
 
 def trust_key(name: str) -> str:
-    return f"secrets/nodes/{name}.json"
+    return str(KEYS.trust(name))
 
 
 def _read(config: Config, name: str) -> NodeTrust:
@@ -210,7 +211,8 @@ def _edit(config: Config, name: str, change: Callable[[NodeTrust], None]) -> Non
 
     store = opening.open_store(config)
     if store.url.startswith("files://"):  # as before the store: the node names hidden too
-        config.trust_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        layout = Layout.of(config)
+        layout.trust_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     store.update(trust_key(name), apply)
 
 

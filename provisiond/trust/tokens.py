@@ -25,6 +25,7 @@ from provisiond.config import Config
 from provisiond.errors import ProvisiondError, StaleRevision
 from provisiond.state import open as opening
 from provisiond.state.store import ABSENT
+from provisiond.state.layout import KEYS, Layout
 
 VERSION = "1"
 KEY_BYTES = 32
@@ -98,12 +99,12 @@ def _sign(key: bytes, binding: Binding, head: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-KEY = "secrets/token.key"
+KEY = str(KEYS.token_key)
 
 
 def key_path(config: Config) -> Path:
     """Where the files store keeps the key (what messages name)."""
-    return config.state_dir / KEY
+    return Layout.of(config).token_key
 
 
 def load_key(config: Config) -> bytes:
