@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ETCD = Path("/usr/bin/etcd")
 ETCDCTL = Path("/usr/bin/etcdctl")
 MAX_REQUEST_BYTES = 16 << 20
@@ -176,6 +178,18 @@ class EtcdCluster:
                 return json.loads(reply.read())
         except (OSError, ValueError):
             return None
+
+
+def cluster_fixture(scope: str = "module"):
+    """A pytest fixture: one 3-member cluster for `scope` (a module whose tests stop or
+    kill members keeps those to itself), stopped after it."""
+
+    @pytest.fixture(scope=scope)
+    def cluster(tmp_path_factory):
+        with EtcdCluster(tmp_path_factory.mktemp("etcd")) as running:
+            yield running
+
+    return cluster
 
 
 def free_ports(count: int) -> list[int]:

@@ -21,7 +21,7 @@ from provisiond.state import open as opening
 from provisiond.state.crypt import create_key
 from provisiond.state.etcd import EtcdStore
 from provisiond.states import NodePhase
-from tests.etcd_cluster import ETCD, EtcdCluster
+from tests.etcd_cluster import ETCD, cluster_fixture
 from tests.integration.boot.servers import (loopback_services, start_serve, stop_serve,
                                             write_config)
 from tests.tools import command
@@ -31,10 +31,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ETCD.is_file(), reason="needs Debian's etcd-server")]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
-        yield cluster
+cluster = cluster_fixture()
 
 
 @pytest.fixture

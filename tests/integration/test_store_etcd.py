@@ -14,7 +14,7 @@ import pytest
 from provisiond.errors import TooLarge
 from provisiond.state.crypt import StoreKeyError, create_key
 from provisiond.state.etcd import EtcdStore
-from tests.etcd_cluster import ETCD, EtcdCluster
+from tests.etcd_cluster import ETCD, EtcdCluster, cluster_fixture
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ETCD.is_file(), reason="needs Debian's etcd-server")]
@@ -23,10 +23,7 @@ WORKERS = 20
 WRITES = 5  # per worker: 100 compare-and-swap writes on 4 keys
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
-        yield cluster
+cluster = cluster_fixture()
 
 
 @pytest.fixture

@@ -9,13 +9,10 @@ import pytest
 
 from provisiond.state.files import FilesStore
 from provisiond.state.open import open_url
-from tests.etcd_cluster import EtcdCluster
+from tests.etcd_cluster import cluster_fixture
 
 
-@pytest.fixture(scope="session")
-def etcd_cluster(tmp_path_factory):
-    with EtcdCluster(tmp_path_factory.mktemp("etcd")) as cluster:
-        yield cluster
+etcd_cluster = cluster_fixture("session")
 
 
 @pytest.fixture
