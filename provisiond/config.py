@@ -416,10 +416,19 @@ def peer_url(value: str) -> str:
     """A peer's HTTP base URL (http[s]://host[:port][/path]), without a trailing '/'."""
     parts = urlsplit(value)
     if (parts.scheme not in ("http", "https") or not parts.hostname or parts.query
-            or parts.fragment or CONTROL_RE.search(value) or " " in value):
+            or parts.fragment or parts.username is not None or CONTROL_RE.search(value)
+            or " " in value or not _port_ok(parts)):
         raise ValueError(f"{value!r}: an http:// or https:// base URL, e.g. "
                          "http://10.0.0.2:9873")
     return value.rstrip("/")
+
+
+def _port_ok(parts) -> bool:
+    """urlsplit checks a port only when asked; http.client takes 99999 modulo 65536."""
+    try:
+        return parts.port is None or parts.port > 0
+    except ValueError:  # not a number, or beyond 65535
+        return False
 
 
 class PeerSettings(_Section):

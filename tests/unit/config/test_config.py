@@ -108,6 +108,10 @@ def test_server_url_brackets_ipv6(tmp_path):
     ("peers: {urls: ['10.0.0.2:9873']}\n", "peers.urls.0: .*an http://"),
     ("peers: {urls: ['http://a b:9873']}\n", "peers.urls.0"),
     ("peers: {urls: ['http://10.0.0.2:9873/?x=1']}\n", "peers.urls.0"),
+    ("peers: {urls: ['http://10.0.0.2:99999']}\n", "peers.urls.0: .*an http://"),
+    ("peers: {urls: ['http://10.0.0.2:98x3']}\n", "peers.urls.0: .*an http://"),
+    ("peers: {urls: ['http://10.0.0.2:0']}\n", "peers.urls.0: .*an http://"),
+    ("peers: {urls: ['http://admin:pw@10.0.0.2:9873']}\n", "peers.urls.0: .*an http://"),
     ("peers: {timeout: 0}\n", "peers.timeout: 0.0 is outside 0.5-300"),
     ("peers: {fetch_seconds: .inf}\n", "peers.fetch_seconds"),
 ])
