@@ -107,7 +107,9 @@ def _fetch_from(config: Config, base: str, hexdigest: str, deadline: float) -> N
 
 
 def _copy(response, target, deadline: float, url: str) -> None:
-    while chunk := response.read(CHUNK):
+    # read1: what one socket read gives. read(CHUNK) waits for the whole chunk, so a peer
+    # sending a byte now and then (each within peers.timeout) held it past the deadline.
+    while chunk := response.read1(CHUNK):
         target.write(chunk)
         if time.monotonic() > deadline:
             raise _PeerFailed(f"{url}: not done within peers.fetch_seconds")

@@ -22,7 +22,8 @@ DATA = b"layer bytes " * 50_000  # 600 KB: several reads of a chunk
 class Peer:
     """A loopback HTTP server answering GET /blobs/sha256/<hex> with `blobs[hex]` (bytes),
     or as `mode` says: "cut" sends half of it under the full Content-Length, "silent"
-    never answers (until closed), anything missing is a 404. Counts the requests."""
+    never answers (until closed), "drip" sends a byte every 50 ms (for at most 30 s, each
+    within any socket timeout), anything missing is a 404. Counts the requests."""
 
     def __init__(self, blobs: dict[str, bytes], mode: str = "ok"):
         self.blobs, self.mode, self.requests, self.headers = blobs, mode, 0, []
@@ -43,7 +44,20 @@ class Peer:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if peer.mode == "drip":
+                    self.drip(data)
+                    return
                 self.wfile.write(data[:len(data) // 2] if peer.mode == "cut" else data)
+
+            def drip(self, data: bytes) -> None:
+                for byte in data[:600]:  # 30 s at most
+                    if peer.release.wait(0.05):
+                        return
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:  # the fetch gave up
+                        return
 
             def log_message(self, *args):
                 pass
@@ -134,6 +148,27 @@ def test_a_silent_peer_is_given_up_after_the_timeout_and_the_next_is_asked(confi
     config = with_peers(config, silent, good, timeout=0.5)
     assert local_or_fetched(config, hex_of(DATA)).read_bytes() == DATA
     assert silent.requests == 1 and good.requests == 1
+
+
+def test_a_peer_sending_slowly_is_given_up_after_fetch_seconds(config, peers):
+    """Each byte comes within peers.timeout: only the whole fetch's bound ends it. One read
+    of a chunk waited for the whole chunk (1 MiB at 20 bytes a second: 14 hours)."""
+    dripping = peers({hex_of(DATA): DATA}, "drip")
+    config = with_peers(config, dripping, timeout=0.5, fetch_seconds=1)
+    done = threading.Event()
+    failed: list[Exception] = []
+
+    def fetch():
+        try:
+            local_or_fetched(config, hex_of(DATA))
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            failed.append(exc)
+        done.set()
+
+    threading.Thread(target=fetch, daemon=True).start()
+    assert done.wait(15), "the fetch went on past peers.fetch_seconds"
+    assert isinstance(failed[0], BlobUnavailable) and "fetch_seconds" in str(failed[0])
+    assert stored(config) == []
 
 
 def test_concurrent_requests_for_one_digest_fetch_it_once(config, peers):
