@@ -17,6 +17,7 @@ import errno
 import fcntl
 import http.client
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -59,11 +60,9 @@ def local_or_fetched(config: Config, hexdigest: str) -> Path:
     if path.is_file() or not config.peers.urls:
         return path
     deadline = time.monotonic() + config.peers.fetch_seconds
-    with _fetch_lock(config, hexdigest, deadline) as lock:
+    with _fetch_lock(config, hexdigest, deadline):
         if not path.is_file():  # else fetched by another request while this one waited
             _fetch(config, hexdigest, deadline)
-        # Once the blob is in, a request that opens a new lock file finds it first.
-        lock.unlink(missing_ok=True)
     return path
 
 
@@ -116,22 +115,42 @@ def _copy(response, target, deadline: float, url: str) -> None:
 
 
 @contextlib.contextmanager
-def _fetch_lock(config: Config, hexdigest: str, deadline: float) -> Iterator[Path]:
+def _fetch_lock(config: Config, hexdigest: str, deadline: float) -> Iterator[None]:
     """Hold the digest's fetch lock (an flock: every request and worker of this server
     opens the file anew, so each excludes the others); polled so that a gevent worker's
-    other connections go on meanwhile."""
+    other connections go on meanwhile. The holder removes the file, fetch done or failed
+    (a client asking for made-up digests left one file each); a request that waited on a
+    removed file locks the one there now, or two would fetch at once."""
     lock = Layout.of(config).blob_fetch_lock(hexdigest)  # beside sha256/: gc never sees it
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            if time.monotonic() > deadline:
-                raise Unavailable(f"blob sha256:{hexdigest}: still being fetched by another "
-                                  "request; try again")
-            time.sleep(LOCK_POLL)
-        yield lock
+    while True:
+        with open(lock, "a") as handle:
+            _wait_for_lock(handle, hexdigest, deadline)
+            if _is_current(handle, lock):
+                try:
+                    yield
+                finally:
+                    lock.unlink(missing_ok=True)  # before the close releases the lock
+                return
+
+
+def _wait_for_lock(handle, hexdigest: str, deadline: float) -> None:
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if time.monotonic() > deadline:
+            raise Unavailable(f"blob sha256:{hexdigest}: still being fetched by another "
+                              "request; try again")
+        time.sleep(LOCK_POLL)
+
+
+def _is_current(handle, lock: Path) -> bool:
+    """Whether the locked file is still the one at `lock` (not removed by its holder)."""
+    try:
+        return os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False

@@ -140,7 +140,7 @@ class Layout:
         return self.blobs / hexdigest
 
     @entry("blobs/.fetching/<hexdigest>.lock", "held while the blob is fetched from a peer "
-           "(provisiond.boot.peers); removed once it is in")
+           "(provisiond.boot.peers); removed when the fetch ends")
     def blob_fetch_lock(self, hexdigest: str):
         return self.root / "blobs" / ".fetching" / f"{hexdigest}.lock"
 

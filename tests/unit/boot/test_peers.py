@@ -3,14 +3,17 @@ answer as a peer would: good copies, other bytes, a body cut short, 404, silence
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.server
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from provisiond.boot import peers as peers_module
 from provisiond.boot.peers import PEER_HEADER, BlobUnavailable, local_or_fetched
 from provisiond.config import Config
 from provisiond.images.blobs import BlobNotFound
@@ -193,3 +196,70 @@ def test_fetch_lock_files_stay_outside_the_blob_store(config, peers):
     config = with_peers(config, peer)
     local_or_fetched(config, hex_of(DATA))
     assert not list(Layout.of(config).blob_fetch_lock(hex_of(DATA)).parent.iterdir())
+
+
+@pytest.mark.parametrize("blobs", [{}, {hex_of(DATA): DATA[:-1] + b"X"}])
+def test_a_failed_fetch_leaves_no_lock_file(config, peers, blobs):
+    """A client asking for made-up digests left one lock file each, for ever."""
+    config = with_peers(config, peers(blobs))
+    with pytest.raises((BlobNotFound, BlobUnavailable)):
+        local_or_fetched(config, hex_of(DATA))
+    assert not list(Layout.of(config).blob_fetch_lock(hex_of(DATA)).parent.iterdir())
+
+
+def test_a_request_waiting_on_a_removed_lock_file_does_not_fetch_beside_a_newer_one(
+        config, monkeypatch):
+    """A fails and removes the lock file while B waits on it; B then holds a lock on a
+    removed file, which C (opening the file there now) would not see."""
+    digest = hex_of(DATA)
+    config = config.model_copy(update={"peers": config.peers.model_copy(
+        update={"urls": ["http://127.0.0.1:9"]})})  # never asked: _fetch is replaced
+    inside = {name: threading.Event() for name in "ABC"}
+    leave = {name: threading.Event() for name in "ABC"}
+    waiting = {name: threading.Event() for name in "ABC"}
+    real_flock = fcntl.flock
+
+    def flock(handle, op):
+        try:
+            return real_flock(handle, op)
+        except BlockingIOError:
+            waiting[threading.current_thread().name].set()
+            raise
+
+    def fetch(config, hexdigest, deadline):
+        name = threading.current_thread().name
+        inside[name].set()
+        assert leave[name].wait(20)
+        if name == "A":
+            raise BlobUnavailable("A's peers failed")
+        config.blob_dir.mkdir(parents=True, exist_ok=True)
+        (config.blob_dir / hexdigest).write_bytes(DATA)
+
+    monkeypatch.setattr(peers_module.fcntl, "flock", flock)
+    monkeypatch.setattr(peers_module, "_fetch", fetch)
+    errors: list[Exception] = []
+
+    def request():
+        try:
+            local_or_fetched(config, digest)
+        except BlobUnavailable as exc:
+            errors.append(exc)
+
+    threads = {name: threading.Thread(target=request, name=name, daemon=True)
+               for name in "ABC"}
+    threads["A"].start()
+    assert inside["A"].wait(10)
+    threads["B"].start()
+    assert waiting["B"].wait(10)
+    leave["A"].set()
+    assert inside["B"].wait(10)
+    threads["C"].start()
+    deadline = time.monotonic() + 10
+    while not (waiting["C"].is_set() or inside["C"].is_set()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert waiting["C"].is_set() and not inside["C"].is_set(), "C fetched beside B"
+    leave["B"].set()
+    leave["C"].set()
+    for thread in threads.values():
+        thread.join(10)
+    assert not inside["C"].is_set() and len(errors) == 1
