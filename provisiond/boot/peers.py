@@ -28,6 +28,7 @@ from provisiond.boot.artifacts import blob_file
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError, Unavailable
 from provisiond.images.blobs import BlobNotFound, open_blob
+from provisiond.images.manifests import listed_size
 from provisiond.state.layout import Layout
 
 log = logging.getLogger("provisiond.boot")
@@ -68,9 +69,10 @@ def local_or_fetched(config: Config, hexdigest: str) -> Path:
 
 def _fetch(config: Config, hexdigest: str, deadline: float) -> None:
     failures: list[_PeerFailed] = []
+    limit = listed_size(config, f"sha256:{hexdigest}")
     for url in config.peers.urls:
         try:
-            _fetch_from(config, url, hexdigest, deadline)
+            _fetch_from(config, url, hexdigest, deadline, limit)
             return
         except _PeerFailed as exc:
             log.warning("blob sha256:%s from %s: %s", hexdigest[:12], url, exc)
@@ -84,15 +86,17 @@ def _fetch(config: Config, hexdigest: str, deadline: float) -> None:
                           f"copy: {reasons}")
 
 
-def _fetch_from(config: Config, base: str, hexdigest: str, deadline: float) -> None:
-    """Stream the peer's copy into a temp file, hashing it; keep it only if it matches."""
+def _fetch_from(config: Config, base: str, hexdigest: str, deadline: float,
+                limit: int | None) -> None:
+    """Stream the peer's copy into a temp file, hashing it; keep it only if it matches.
+    `limit`: the size the manifests list (a longer copy is cut off and refused)."""
     url = f"{base}/blobs/sha256/{hexdigest}"
     request = urllib.request.Request(url, headers={PEER_HEADER: "1"})
     timeout = min(config.peers.timeout, max(deadline - time.monotonic(), 0.1))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response, \
                 open_blob(config) as blob:
-            _copy(response, blob.hashing, deadline, url)
+            _copy(response, blob.hashing, deadline, url, limit)
             got = blob.hashing.sha.hexdigest()
             if got != hexdigest:
                 raise _PeerFailed(f"{url}: its copy has sha256 {got} ({blob.size} bytes): "
@@ -105,11 +109,14 @@ def _fetch_from(config: Config, base: str, hexdigest: str, deadline: float) -> N
         raise _PeerFailed(f"{url}: {getattr(exc, 'reason', None) or exc}") from None
 
 
-def _copy(response, target, deadline: float, url: str) -> None:
+def _copy(response, target, deadline: float, url: str, limit: int | None) -> None:
     # read1: what one socket read gives. read(CHUNK) waits for the whole chunk, so a peer
     # sending a byte now and then (each within peers.timeout) held it past the deadline.
     while chunk := response.read1(CHUNK):
         target.write(chunk)
+        if limit is not None and target.size > limit:
+            raise _PeerFailed(f"{url}: sends more than the {limit} bytes its manifest lists: "
+                              "refused")
         if time.monotonic() > deadline:
             raise _PeerFailed(f"{url}: not done within peers.fetch_seconds")
 

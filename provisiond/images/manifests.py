@@ -138,6 +138,27 @@ def referenced_digests(config: Config) -> set[str]:
     return digests
 
 
+def listed_size(config: Config, digest: str) -> int | None:
+    """The largest size the manifests give the blob `digest`, or None when none lists it
+    with one (a peer's copy of it must be no longer: provisiond.boot.peers)."""
+    sizes = [blob.get("size") for manifest in list_images(config)
+             for blob in _listed_blobs(manifest) if blob.get("digest") == digest]
+    return max((s for s in sizes if isinstance(s, int) and s > 0), default=None)
+
+
+def _listed_blobs(manifest: dict) -> list[dict]:
+    """The blob descriptors ({digest, size...}) a manifest names, whatever its shape."""
+    mounted = manifest.get("mounted")
+    mounted = mounted if isinstance(mounted, dict) else {}
+    found = [manifest.get("kernel"), *_items(manifest.get("layers")),
+             *_items(mounted.get("layers")), mounted.get("kit")]
+    return [blob for blob in found if isinstance(blob, dict)]
+
+
+def _items(value) -> list:
+    return value if isinstance(value, list) else []
+
+
 def collect_garbage(config: Config) -> dict:
     """Delete blobs and cached layer trees no manifest references; returns what went."""
     with locked(gc_lock(config)):

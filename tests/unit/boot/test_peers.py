@@ -17,6 +17,7 @@ from provisiond.boot import peers as peers_module
 from provisiond.boot.peers import PEER_HEADER, BlobUnavailable, local_or_fetched
 from provisiond.config import Config
 from provisiond.images.blobs import BlobNotFound
+from provisiond.images.manifests import save_manifest
 from provisiond.state.layout import Layout
 
 DATA = b"layer bytes " * 50_000  # 600 KB: several reads of a chunk
@@ -25,11 +26,13 @@ DATA = b"layer bytes " * 50_000  # 600 KB: several reads of a chunk
 class Peer:
     """A loopback HTTP server answering GET /blobs/sha256/<hex> with `blobs[hex]` (bytes),
     or as `mode` says: "cut" sends half of it under the full Content-Length, "silent"
-    never answers (until closed), "drip" sends a byte every 50 ms (for at most 30 s, each
+    never answers (until closed), "flood" sends it again and again without a length,
+    "drip" sends a byte every 50 ms (for at most 30 s, each
     within any socket timeout), anything missing is a 404. Counts the requests."""
 
     def __init__(self, blobs: dict[str, bytes], mode: str = "ok"):
         self.blobs, self.mode, self.requests, self.headers = blobs, mode, 0, []
+        self.sent = 0
         self.release = threading.Event()
         peer = self
 
@@ -45,12 +48,25 @@ class Peer:
                     self.send_error(404)
                     return
                 self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
+                if peer.mode != "flood":
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if peer.mode == "drip":
                     self.drip(data)
                     return
+                if peer.mode == "flood":
+                    self.flood(data)
+                    return
                 self.wfile.write(data[:len(data) // 2] if peer.mode == "cut" else data)
+
+            def flood(self, data: bytes) -> None:
+                """`data` again and again, 64 MiB at most; counts what the client took."""
+                while peer.sent < 64 << 20:
+                    try:
+                        self.wfile.write(data)
+                    except OSError:  # the fetch gave up
+                        return
+                    peer.sent += len(data)
 
             def drip(self, data: bytes) -> None:
                 for byte in data[:600]:  # 30 s at most
@@ -263,3 +279,15 @@ def test_a_request_waiting_on_a_removed_lock_file_does_not_fetch_beside_a_newer_
     for thread in threads.values():
         thread.join(10)
     assert not inside["C"].is_set() and len(errors) == 1
+
+
+def test_a_copy_longer_than_its_manifest_says_is_cut_off(config, peers):
+    """A peer sending without end (or a huge body) filled the blob store's disk for
+    peers.fetch_seconds; now a byte beyond the size the manifests list ends the fetch."""
+    save_manifest(config, {"name": "img", "layers": [],
+                           "kernel": {"digest": f"sha256:{hex_of(DATA)}", "size": len(DATA)}})
+    flooding = peers({hex_of(DATA): DATA}, "flood")
+    config = with_peers(config, flooding)
+    with pytest.raises(BlobUnavailable, match="more than the 600000 bytes"):
+        local_or_fetched(config, hex_of(DATA))
+    assert flooding.sent < 16 << 20 and stored(config) == []
