@@ -19,7 +19,6 @@ from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import blob_path
 from provisiond.images.layers import read_layer_record
 from provisiond.images.recipe import check_image_name
-from provisiond.images.squash import mounted_digests
 from provisiond.state import open as opening
 from provisiond.state.layout import Layout
 from provisiond.state.models import DamagedDocument, ImageManifest, parse
@@ -130,12 +129,10 @@ def delete_image(config: Config, name: str) -> None:
 
 
 def referenced_digests(config: Config) -> set[str]:
-    digests: set[str] = set()
-    for manifest in list_images(config):
-        digests.add(manifest["kernel"]["digest"])
-        digests.update(layer["digest"] for layer in manifest["layers"])
-        digests.update(mounted_digests(manifest))
-    return digests
+    """Every blob a manifest names (one edited by hand, or trimmed, too: gc stopped with a
+    KeyError on a manifest without a kernel)."""
+    return {blob["digest"] for manifest in list_images(config)
+            for blob in _listed_blobs(manifest) if isinstance(blob.get("digest"), str)}
 
 
 def listed_size(config: Config, digest: str) -> int | None:

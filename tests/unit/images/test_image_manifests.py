@@ -97,3 +97,19 @@ def test_gc_drops_a_damaged_layer_record_and_the_cache_rebuilds_it(config):
     assert cached_layer(config, "k1") is None
     assert collect_garbage(config)["trees_removed"] == 1
     assert not layout.layer_tree("k1").exists() and not layout.layer_record("k1").exists()
+
+
+def test_gc_keeps_the_blobs_of_a_manifest_of_another_shape(config):
+    """A manifest without a kernel (trimmed, edited by hand) stopped `image gc` with a
+    KeyError traceback; its layers' blobs are kept, the others go."""
+    blobs = Layout.of(config).blobs
+    blobs.mkdir(parents=True)
+    kept, dropped = "a" * 64, "b" * 64
+    for name in (kept, dropped):
+        (blobs / name).write_bytes(b"x")
+    path = Layout.of(config).image_manifest("old")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"name": "old", "layers": [{"digest": f"sha256:{kept}"}],
+                                "mounted": {"kit": None}}))
+    assert collect_garbage(config)["blobs_removed"] == 1
+    assert sorted(p.name for p in blobs.iterdir()) == [kept]
