@@ -19,6 +19,10 @@ from provisiond.errors import InvalidInput, NotFound
 from provisiond.state.layout import Layout
 
 
+INCOMING = ".incoming."
+"""The prefix of a blob's temp file while it is written (a build, a fetch from a peer)."""
+
+
 class BlobNotFound(NotFound):
     """No blob has the given digest."""
 
@@ -72,7 +76,7 @@ def open_blob(config: Config) -> Iterator[BlobWriter]:
     """Yield a BlobWriter whose `hashing` file takes the raw bytes; commit inside the block."""
     folder = Layout.of(config).blobs
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=INCOMING, dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             writer = BlobWriter(config, _HashingFile(handle), tmp)

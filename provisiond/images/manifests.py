@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, ImageNotFound
-from provisiond.images.blobs import blob_path
+from provisiond.images.blobs import INCOMING, blob_path
 from provisiond.images.layers import read_layer_record
 from provisiond.images.recipe import check_image_name
 from provisiond.state import open as opening
@@ -164,12 +165,19 @@ def collect_garbage(config: Config) -> dict:
         blobs = Layout.of(config).blobs
         if blobs.is_dir():
             for path in sorted(blobs.iterdir()):
-                if path.is_file() and f"sha256:{path.name}" not in keep:
+                if path.is_file() and f"sha256:{path.name}" not in keep \
+                        and not _being_written(path):
                     freed += path.stat().st_size
                     path.unlink()
                     removed += 1
         trees = _collect_trees(config, keep)
     return {"blobs_removed": removed, "bytes_freed": freed, "trees_removed": trees}
+
+
+def _being_written(path: Path) -> bool:
+    """A temp file written within the last hour: a fetch from a peer (which does not hold
+    the gc lock, as builds do) may still be writing it; older ones are a crash's."""
+    return path.name.startswith(INCOMING) and time.time() - path.stat().st_mtime < 3600
 
 
 def _collect_trees(config: Config, keep: set[str]) -> int:

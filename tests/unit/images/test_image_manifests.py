@@ -113,3 +113,19 @@ def test_gc_keeps_the_blobs_of_a_manifest_of_another_shape(config):
                                 "mounted": {"kit": None}}))
     assert collect_garbage(config)["blobs_removed"] == 1
     assert sorted(p.name for p in blobs.iterdir()) == [kept]
+
+
+def test_gc_leaves_a_blob_being_fetched_from_a_peer(config):
+    """A peer fetch (no gc lock, unlike a build) writes a temp file in the blob store: gc
+    deleted it under the fetch, which then failed; a crash's old temp file still goes."""
+    import os
+    import time
+
+    blobs = Layout.of(config).blobs
+    blobs.mkdir(parents=True)
+    (blobs / ".incoming.new").write_bytes(b"x")
+    (blobs / ".incoming.old").write_bytes(b"x")
+    two_hours_ago = time.time() - 7200
+    os.utime(blobs / ".incoming.old", (two_hours_ago, two_hours_ago))
+    assert collect_garbage(config)["blobs_removed"] == 1
+    assert [p.name for p in blobs.iterdir()] == [".incoming.new"]
