@@ -36,6 +36,9 @@ PEER_HEADER = "X-Provisiond-Peer"
 """Sent with a fetch from a peer: the answer comes from the peer's own store only, never
 fetched onward (two servers lacking a blob would otherwise ask each other in turn)."""
 CHUNK = 1 << 20
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Peers are asked directly: urlopen went through $http_proxy (set on a builder for apt and
+debootstrap), which a proxy outside the boot network answers with an error or not at all."""
 LOCK_POLL = 0.02  # seconds between tries of a digest's fetch lock (cooperative under gevent)
 
 
@@ -94,7 +97,7 @@ def _fetch_from(config: Config, base: str, hexdigest: str, deadline: float,
     request = urllib.request.Request(url, headers={PEER_HEADER: "1"})
     timeout = min(config.peers.timeout, max(deadline - time.monotonic(), 0.1))
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response, \
+        with DIRECT.open(request, timeout=timeout) as response, \
                 open_blob(config) as blob:
             _copy(response, blob.hashing, deadline, url, limit)
             got = blob.hashing.sha.hexdigest()

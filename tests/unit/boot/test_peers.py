@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -291,3 +292,16 @@ def test_a_copy_longer_than_its_manifest_says_is_cut_off(config, peers):
     with pytest.raises(BlobUnavailable, match="more than the 600000 bytes"):
         local_or_fetched(config, hex_of(DATA))
     assert flooding.sent < 16 << 20 and stored(config) == []
+
+
+def test_peers_are_asked_directly_not_through_the_http_proxy(config, peers, monkeypatch):
+    """$http_proxy is set for apt and debootstrap on many sites; the fetch went to it."""
+    proxy = peers({})  # answers every request 404, as a proxy outside the network might
+    good = peers({hex_of(DATA): DATA})
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, proxy.url)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's, built from the env
+    assert local_or_fetched(with_peers(config, good), hex_of(DATA)).read_bytes() == DATA
+    assert (proxy.requests, good.requests) == (0, 1)
