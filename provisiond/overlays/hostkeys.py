@@ -131,10 +131,21 @@ def _private_dirs(config: Config, store: Store, node: str) -> None:
 def read_host_keys(config: Config, node: str) -> dict[str, dict[str, str]]:
     """{type: {"private": ..., "public": ...}} for every whole key the node has."""
     stored = _stored(opening.open_store(config), node)
-    return {t: {"private": stored[private].value.decode(),
-                "public": stored[public].value.decode()}
+    return {t: {"private": _text(stored[private], node), "public": _text(stored[public], node)}
             for t in KEY_TYPES if _has_key(stored, t)
             for private, public in [_key_names(t)]}
+
+
+def _text(entry: Entry, node: str) -> str:
+    try:
+        return entry.value.decode()
+    except UnicodeDecodeError:  # a damaged key failed the build with a traceback
+        raise _damaged(node, f"{entry.key} is not text") from None
+
+
+def _damaged(node: str, why: str) -> BuildFailed:
+    return BuildFailed(f"ssh host keys for {node}: {why}; "
+                       f"`provisiond secret rotate {node} ssh-host-keys`")
 
 
 def host_key_types(config: Config, node: str) -> list[str]:
@@ -177,8 +188,7 @@ def _public_of(private: bytes, node: str) -> bytes:
     try:
         key = serialization.load_ssh_private_key(private, password=None)
     except (ValueError, TypeError) as exc:
-        raise BuildFailed(f"ssh host keys for {node}: a stored private key cannot be read "
-                          f"({exc}); `provisiond secret rotate {node} ssh-host-keys`") from None
+        raise _damaged(node, f"a stored private key cannot be read ({exc})") from None
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH)
     return public + f" root@{node}\n".encode()

@@ -10,7 +10,7 @@ import pytest
 
 from provisiond import archive
 from provisiond.config import load_config, write_default_config
-from provisiond.errors import InvalidConfig
+from provisiond.errors import BuildFailed, InvalidConfig
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import (ensure_host_keys, forget_host_keys, has_host_keys,
                                           host_key_dir, host_key_signature)
@@ -232,3 +232,14 @@ def test_a_key_type_listed_twice_is_made_once(state_dir):
     assert sorted(f for f in files if f.startswith("etc/ssh/ssh_host_") and
                   not f.endswith(".pub")) == ["etc/ssh/ssh_host_ecdsa_key",
                                               "etc/ssh/ssh_host_ed25519_key"]
+
+
+def test_a_damaged_stored_key_fails_the_nodes_build_with_the_way_out(config, state_dir):
+    """A stored key that is not text (a damaged disk, a bad restore) stopped the runtime
+    build with a UnicodeDecodeError traceback (an API client got a 500)."""
+    write_inventory(state_dir, count=1)
+    ensure_host_keys(config, "n1")
+    (host_key_dir(config, "n1") / "ssh_host_ed25519_key").write_bytes(b"\xff\xfe damaged")
+    with pytest.raises(BuildFailed, match="secret rotate n1 ssh-host-keys") as raised:
+        ensure_overlay(config, "n1", "runtime")
+    assert "\n" not in str(raised.value)
