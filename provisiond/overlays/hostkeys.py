@@ -108,13 +108,20 @@ def _add_key(store: Store, node: str, key_type: str, stored: dict[str, Entry]) -
 
 def _taken_over(store: Store, node: str, name: str, data: bytes) -> bytes:
     """The private key another writer stored first; an empty one left by a cut write is
-    replaced by `data`."""
+    replaced by `data`, unless another writer replaces it first (then theirs: two servers
+    replacing it at once failed the second's build with StaleRevision)."""
     key = _prefix(node) + name
-    entry = store.get(key)
-    if entry is not None and entry.value:
-        return entry.value
-    store.put(key, data, expect=entry.revision if entry else ABSENT)
-    return data
+    for _ in range(3):
+        entry = store.get(key)
+        if entry is not None and entry.value:
+            return entry.value
+        try:
+            store.put(key, data, expect=entry.revision if entry else ABSENT)
+            return data
+        except StaleRevision:
+            continue
+    raise BuildFailed(f"ssh host keys for {node}: {key} changed under three writes; "
+                      "build again")
 
 
 def _private_dirs(config: Config, store: Store, node: str) -> None:

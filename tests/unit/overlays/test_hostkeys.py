@@ -243,3 +243,26 @@ def test_a_damaged_stored_key_fails_the_nodes_build_with_the_way_out(config, sta
     with pytest.raises(BuildFailed, match="secret rotate n1 ssh-host-keys") as raised:
         ensure_overlay(config, "n1", "runtime")
     assert "\n" not in str(raised.value)
+
+
+def test_two_builders_replacing_a_key_cut_short_keep_one(config, monkeypatch):
+    """A private key left empty by a cut write, replaced by two servers at once: the one
+    that writes second takes the first one's key (it failed with StaleRevision)."""
+    from provisiond.state.store import ABSENT
+
+    store = open_store(config)
+    key = "secrets/ssh-host-keys/n1/ssh_host_ed25519_key"
+    store.put(key, b"")  # what a power cut before the data reached the disk leaves
+    winner = ensure_host_keys(config, "n2")["ed25519"]["private"].encode()
+    real_put = type(store).put
+
+    def other_server_first(self, put_key, value, expect=None):
+        if put_key == key and expect not in (None, ABSENT) and not self.get(key).value:
+            real_put(self, key, winner)  # the other server's replacement lands first
+        return real_put(self, put_key, value, expect)
+
+    monkeypatch.setattr(type(store), "put", other_server_first)
+    keys = ensure_host_keys(config, "n1")
+    assert keys["ed25519"]["private"] == winner.decode()
+    assert public_of(host_key_dir(config, "n1") / "ssh_host_ed25519_key") == \
+        keys["ed25519"]["public"].split()[1]
