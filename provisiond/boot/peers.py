@@ -72,7 +72,7 @@ def local_or_fetched(config: Config, hexdigest: str) -> Path:
 
 def _fetch(config: Config, hexdigest: str, deadline: float) -> None:
     failures: list[_PeerFailed] = []
-    limit = listed_size(config, f"sha256:{hexdigest}")
+    limit = _size_limit(config, hexdigest)
     for url in config.peers.urls:
         try:
             _fetch_from(config, url, hexdigest, deadline, limit)
@@ -87,6 +87,16 @@ def _fetch(config: Config, hexdigest: str, deadline: float) -> None:
     reasons = "; ".join(str(f) for f in failures) or "no peer tried"
     raise BlobUnavailable(f"blob sha256:{hexdigest} is not here and no peer gave a good "
                           f"copy: {reasons}")
+
+
+def _size_limit(config: Config, hexdigest: str) -> int | None:
+    """The size the manifests list for the blob; None (bounded in time only) when none
+    does, or when the store cannot be read (the peers may still have the blob)."""
+    try:
+        return listed_size(config, f"sha256:{hexdigest}")
+    except ProvisiondError as exc:
+        log.warning("blob sha256:%s: no size from the manifests (%s)", hexdigest[:12], exc)
+        return None
 
 
 def _fetch_from(config: Config, base: str, hexdigest: str, deadline: float,

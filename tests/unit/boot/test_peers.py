@@ -305,3 +305,16 @@ def test_peers_are_asked_directly_not_through_the_http_proxy(config, peers, monk
     monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's, built from the env
     assert local_or_fetched(with_peers(config, good), hex_of(DATA)).read_bytes() == DATA
     assert (proxy.requests, good.requests) == (0, 1)
+
+
+def test_a_blob_is_fetched_while_the_store_cannot_be_read(config, peers, monkeypatch):
+    """The manifests' size limit is read from the store: with etcd's quorum lost, a node's
+    layer a peer has was refused 503 for want of a size."""
+    from provisiond.errors import Unavailable
+
+    def store_down(config, digest):
+        raise Unavailable("etcd: no member answered")
+
+    monkeypatch.setattr(peers_module, "listed_size", store_down)
+    config = with_peers(config, peers({hex_of(DATA): DATA}))
+    assert local_or_fetched(config, hex_of(DATA)).read_bytes() == DATA
