@@ -142,9 +142,8 @@ def _fetch_lock(config: Config, hexdigest: str, deadline: float) -> Iterator[Non
     (a client asking for made-up digests left one file each); a request that waited on a
     removed file locks the one there now, or two would fetch at once."""
     lock = Layout.of(config).blob_fetch_lock(hexdigest)  # beside sha256/: gc never sees it
-    lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        with open(lock, "a") as handle:
+        with _opened(lock, hexdigest) as handle:
             _wait_for_lock(handle, hexdigest, deadline)
             if _is_current(handle, lock):
                 try:
@@ -152,6 +151,17 @@ def _fetch_lock(config: Config, hexdigest: str, deadline: float) -> Iterator[Non
                 finally:
                     lock.unlink(missing_ok=True)  # before the close releases the lock
                 return
+
+
+def _opened(lock: Path, hexdigest: str):
+    """The lock file, opened; a state dir that cannot hold it (full, read-only) is
+    Unavailable, not an internal error."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return open(lock, "a")
+    except OSError as exc:
+        raise Unavailable(f"blob sha256:{hexdigest}: cannot take its fetch lock "
+                          f"({exc.strerror or exc})") from None
 
 
 def _wait_for_lock(handle, hexdigest: str, deadline: float) -> None:

@@ -318,3 +318,14 @@ def test_a_blob_is_fetched_while_the_store_cannot_be_read(config, peers, monkeyp
     monkeypatch.setattr(peers_module, "listed_size", store_down)
     config = with_peers(config, peers({hex_of(DATA): DATA}))
     assert local_or_fetched(config, hex_of(DATA)).read_bytes() == DATA
+
+
+def test_a_state_dir_that_cannot_hold_the_fetch_lock_is_unavailable(config, peers):
+    """A full or read-only state dir: the fetch lock's OSError was an internal error."""
+    from provisiond.errors import Unavailable
+
+    Layout.of(config).blob_fetch_lock(hex_of(DATA)).parent.parent.mkdir(parents=True)
+    Layout.of(config).blob_fetch_lock(hex_of(DATA)).parent.write_text("not a directory")
+    config = with_peers(config, peers({hex_of(DATA): DATA}))
+    with pytest.raises(Unavailable, match="cannot take its fetch lock"):
+        local_or_fetched(config, hex_of(DATA))
