@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from provisiond.config import Config
 from provisiond.errors import InvalidConfig
@@ -47,7 +46,7 @@ def opened(url: str, key_path: Path | None = None) -> Store:
 def open_url(url: str, key_path: Path | None = None) -> Store:
     """A new store for `url`: `files:///state/dir` or `etcd://host:port[,host:port...][/root/]`
     (`key_path`: the key file of secret values in etcd; required there)."""
-    scheme = urlsplit(url).scheme
+    scheme = url.partition("://")[0]  # not urlsplit: Debian's refuses two hosts with [::1]
     if scheme == "files":
         from provisiond.state.files import FilesStore
 
