@@ -25,12 +25,26 @@ PREFIX = f"{KEYS.status_dir}/"
 
 
 def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
-                 memory: dict[str, int] | None = None) -> dict:
-    """Note that `node` reached `phase` now (with the memory the agent reported, if any);
-    returns the node's new status. The time is taken inside the update, so of two servers'
-    phases for a node the one stored later also carries the later time."""
+                 memory: dict[str, int] | None = None, at: float | None = None) -> dict:
+    """Note that `node` reached `phase` now, or at `at` (a phase writer that lagged behind
+    passes when the request came); with the memory the agent reported, if any. Returns the
+    node's new status. The time is taken inside the update, so of two servers' phases for a
+    node the one stored later also carries the later time; a phase from before the one
+    stored (a lagging writer's, after the agent's own report) is kept in its boot's phases
+    but does not replace the current phase, and is not announced."""
+    late = False
+
     def change(status: dict) -> dict:
-        now = time.time()
+        nonlocal late
+        now = time.time() if at is None else min(at, time.time())
+        updated = status.get("updated")
+        late = isinstance(updated, (int, float)) and now < updated \
+            and isinstance(status.get("phases"), dict)
+        if late:
+            started = status.get("boot_started")
+            if isinstance(started, (int, float)) and started <= now:
+                status["phases"].setdefault(phase.value, now)
+            return status
         if phase is NodePhase.DHCP or not isinstance(status.get("phases"), dict):
             kept = {k: status[k] for k in (REFUSAL,) if k in status}
             status = {"node": node, "boot_started": now, "phases": {}, **kept}
@@ -43,6 +57,8 @@ def record_phase(config: Config, node: str, phase: NodePhase, detail: str = "",
         return status
 
     status = _update(config, node, change)
+    if late:
+        return status
     emit(config, "node.phase", node, {"phase": phase.value, "detail": status["detail"]})
     dhcp = status["phases"].get(NodePhase.DHCP.value)
     observe_phase(phase.value, dhcp if isinstance(dhcp, (int, float)) else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import queue
 import signal
@@ -44,9 +45,9 @@ class _Recorder:
         if len(self._last) > 200_000:
             self._last.clear()
         self._last[key] = now
-        return self._send(node, phase, detail)
+        return self._send(node, phase, detail, time.time())
 
-    def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
+    def _send(self, node: str, phase: NodePhase, detail: str, at: float) -> bool:
         raise NotImplementedError
 
 
@@ -59,9 +60,9 @@ class PhaseRecorder(_Recorder):
         self._thread = threading.Thread(target=self._run, name="phase-writer", daemon=True)
         self._thread.start()
 
-    def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
+    def _send(self, node: str, phase: NodePhase, detail: str, at: float) -> bool:
         try:
-            self._queue.put_nowait((node, phase, detail))
+            self._queue.put_nowait((node, phase, detail, at))
             return True
         except queue.Full:
             log.warning("phase queue full, dropped %s %s", node, phase.value)
@@ -92,8 +93,8 @@ class PhasePipe(_Recorder):
         self.fd = fd
         self.dropped = 0
 
-    def _send(self, node: str, phase: NodePhase, detail: str) -> bool:
-        line = f"{node}\t{phase.value}\t{detail[:200]}".replace("\n", " ") + "\n"
+    def _send(self, node: str, phase: NodePhase, detail: str, at: float) -> bool:
+        line = f"{node}\t{phase.value}\t{at:.6f}\t{detail[:200]}".replace("\n", " ") + "\n"
         try:
             os.write(self.fd, line.encode())  # < PIPE_BUF: written whole or not at all
             return True
@@ -143,11 +144,12 @@ def recorder_from_env(config: Config) -> _Recorder:
     return PhaseRecorder(config)
 
 
-def write_phase(config: Config, node: str, phase: NodePhase, detail: str) -> None:
+def write_phase(config: Config, node: str, phase: NodePhase, detail: str,
+                at: float | None = None) -> None:
     from provisiond.status import record_phase
 
     try:
-        record_phase(config, node, phase, detail)
+        record_phase(config, node, phase, detail, at=at)
     except (OSError, ProvisiondError) as exc:  # the store away, a file in the way...
         log.error("cannot record phase %s for %s: %s", phase.value, node, exc)
     except Exception:  # a bug: logged whole; the writer goes on with the next phase
@@ -155,14 +157,23 @@ def write_phase(config: Config, node: str, phase: NodePhase, detail: str) -> Non
 
 
 def main(state_dir: str) -> None:
-    """The writer process: one `node<TAB>phase<TAB>detail` line per phase on stdin."""
+    """The writer process: one `node<TAB>phase<TAB>time<TAB>detail` line per phase on
+    stdin (time: when the request came, seconds since the epoch)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the parent
     os.nice(10)  # answering packets comes first; the records catch up after a burst
     config = load_config(Path(state_dir))
     for raw in sys.stdin.buffer:
-        parts = raw.decode(errors="replace").rstrip("\n").split("\t", 2)
-        if len(parts) == 3 and parts[1] in NodePhase._value2member_map_:
-            write_phase(config, parts[0], NodePhase(parts[1]), parts[2])
+        parts = raw.decode(errors="replace").rstrip("\n").split("\t", 3)
+        if len(parts) == 4 and parts[1] in NodePhase._value2member_map_:
+            write_phase(config, parts[0], NodePhase(parts[1]), parts[3], _time(parts[2]))
+
+
+def _time(text: str) -> float | None:
+    try:
+        at = float(text)
+    except ValueError:
+        return None
+    return at if math.isfinite(at) else None
 
 
 if __name__ == "__main__":

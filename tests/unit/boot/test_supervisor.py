@@ -182,10 +182,10 @@ def test_a_store_error_on_one_phase_leaves_the_writer_recording_the_next(config,
     real = status.record_phase
     failures = {"n1": Unavailable("etcd: no member answers"), "n2": KeyError("a bug")}
 
-    def record_phase(config, node, phase, detail=""):
+    def record_phase(config, node, phase, detail="", **kwargs):
         if node in failures:
             raise failures.pop(node)
-        return real(config, node, phase, detail)
+        return real(config, node, phase, detail, **kwargs)
 
     monkeypatch.setattr(status, "record_phase", record_phase)
     recorder = PhaseRecorder(config)
