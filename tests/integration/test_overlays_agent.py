@@ -13,6 +13,7 @@ file that cannot be installed, how the token and the credential travel."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -95,9 +96,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
-        form = urllib.parse.parse_qs(self.rfile.read(length).decode())
+        body = self.rfile.read(length)
+        form = urllib.parse.parse_qs(body.decode())
         if self.path.startswith("/api/v1/credentials/"):
             self.exchange(form)
+            return
+        if self.path.startswith("/api/v1/facts/"):  # JSON, in the phases' order as "facts"
+            if self.authorized():
+                self.server.phases.append(("facts", str(sorted(json.loads(body)))))
+                self.answer(b"{}")
             return
         if self.authorized():
             self.server.phases.append((form["phase"][0], form.get("detail", [""])[0]))
@@ -213,6 +220,31 @@ def test_agent_reports_failure_when_the_overlay_is_missing(tmp_path, server):
     assert result.returncode == 1
     assert "HTTP 404" in result.stderr
     assert server.phases[-1][0] == "failed"
+
+
+def with_facts(tmp_path: Path) -> dict:
+    """The agent's environment with the shipped facts collector on its PATH (it reads this
+    machine's /sys and /proc), as on a node."""
+    bin_dir = tmp_path / "facts-bin"
+    bin_dir.mkdir()
+    (bin_dir / "provisiond-facts").symlink_to(AGENT.parent / "provisiond-facts")
+    return {"PATH": f"{bin_dir}:{SYSTEM_PATH}"}
+
+
+def test_boot_sends_the_facts_after_ready_or_failed_so_no_boot_waits_for_them(tmp_path,
+                                                                               server):
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    facts = with_facts(tmp_path)
+    result = run_agent(tmp_path, url, facts, "boot")
+    assert result.returncode == 0, result.stderr
+    assert [p for p, _ in server.phases] == ["booted", "runtime", "ready", "facts"]
+    assert server.phases[-1][1] == str(sorted(["cpu", "memory_mib", "disks", "nics", "dmi",
+                                               "bmc"]))
+    server.phases.clear()
+    failed = run_agent(tmp_path / "again", url, {**facts, "PROVISIOND_NODE": "n404",
+                                                 "PROVISIOND_AGENT_TRIES": "1"}, "boot")
+    assert failed.returncode == 1  # the facts' report does not hide the failure
+    assert [p for p, _ in server.phases] == ["booted", "failed", "facts"]
 
 
 @pytest.mark.parametrize("client", ["curl", "busybox-nc"])

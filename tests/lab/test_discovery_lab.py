@@ -104,8 +104,10 @@ def test_an_unknown_vm_enlists_is_approved_from_a_sequence_and_becomes_ready(dis
     assert f"approved {node.mac} as d01" in out
     status = ready(lab, "d01", node)
     assert status["phases"]["dhcp"] > approved_at
-    reported = facts_of(lab.config, "d01")  # the agent's report at the node's boot
-    assert reported.time > status["phases"]["dhcp"]
+    booted_at = status["phases"]["dhcp"]
+    reported = wait_for(  # the agent's report at the node's boot, sent after `ready`
+        lambda: (found := facts_of(lab.config, "d01")) and found.time > booted_at and found,
+        120, "d01's facts", lab, node)
     assert (reported.facts.cpu.threads, reported.facts.memory_mib) == (vcpus, memory)
     assert "# facts reported" in cli(lab, "node", "show", "d01").stdout
 
