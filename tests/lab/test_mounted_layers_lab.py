@@ -28,6 +28,7 @@ SMALL_MIB = 512  # the domain memory of the too-little-RAM boots
 STEPS = [
     ("firmware+dhcp", r"provisiond: booting "),
     ("download", r"/overlays/\S+/system\.\.\. ok"),
+    ("to kernel", r"\] Linux version "),  # iPXE places the initrds, the kernel unpacks itself
     ("kernel start", r"Trying to unpack rootfs"),
     ("initramfs unpack", r"Freeing initrd memory"),
     ("to /init", r"Run /\S+ as init process"),
