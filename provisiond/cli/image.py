@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import getpass
+import os
 import sys
+from pathlib import Path
 
 from provisiond import images
+from provisiond.errors import InvalidInput
 from provisiond.images.build import interrupt_on_term
+from provisiond.images.registry_access import (Access, Credentials, auth_file_paths,
+                                               cert_dir_cas, parse_creds)
 from provisiond.images.shell import image_shell
 from provisiond.images.squash import describe_boot
 from provisiond.cli.context import printable
@@ -37,15 +44,38 @@ def register(subparsers) -> None:
     imp = verbs.add_parser(
         "import", help="make an image from a registry, an OCI layout or an archive",
         description="SOURCE is docker://REGISTRY/REPO[:TAG|@DIGEST] (an OCI distribution "
-                    "registry, HTTPS; plain HTTP for loopback or with --insecure), "
-                    "oci:DIR[:TAG] (an OCI layout folder), or the path of an OCI layout or "
-                    "docker-archive tarball. The linux/amd64 image is taken; every blob is "
-                    "checked against its digest; each image layer becomes one layer.")
+                    "registry, HTTPS; on loopback plain HTTP if it does not speak TLS; plain "
+                    "HTTP elsewhere with --insecure), oci:DIR[:TAG] (an OCI layout folder), "
+                    "or the path of an OCI layout or docker-archive tarball. The linux/amd64 "
+                    "image is taken; every blob is checked against its digest; each image "
+                    "layer becomes one layer. A registry that asks for a login gets --creds, "
+                    "else the first entry for it in the auth files skopeo, podman and docker "
+                    "read: --authfile (else $REGISTRY_AUTH_FILE, else "
+                    "$XDG_RUNTIME_DIR/containers/auth.json), "
+                    "$XDG_CONFIG_HOME/containers/auth.json, ~/.docker/config.json "
+                    "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported.")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
     imp.add_argument("--insecure", action="store_true",
                      help="allow plain HTTP to a registry (and its token service) that is "
                           "not on loopback")
+    imp.add_argument("--creds", metavar="USER[:PASSWORD]",
+                     help="log in to the registry as USER; without :PASSWORD the password "
+                          "comes from --password-stdin or is asked on the terminal "
+                          "(a password given here shows in `ps`)")
+    imp.add_argument("--password-stdin", action="store_true",
+                     help="read the password of --creds USER from standard input")
+    imp.add_argument("--authfile", type=Path, metavar="PATH",
+                     help="an auth file (containers-auth.json or docker config.json format) "
+                          "searched first")
+    imp.add_argument("--tls-verify", type=_boolean, nargs="?", const=True, default=True,
+                     metavar="BOOL", help="verify the registry's TLS certificate "
+                                          "(default true; --tls-verify=false accepts any)")
+    imp.add_argument("--cert-dir", type=Path, metavar="DIR",
+                     help="trust the CA certificates (*.crt) in DIR, as in "
+                          "/etc/containers/certs.d/HOST:PORT/ (not read by default)")
+    imp.add_argument("--ca-file", type=Path, action="append", default=[], metavar="PATH",
+                     help="trust the CA certificates (PEM) in PATH (repeatable)")
     imp.add_argument("--init", default="/sbin/init", help="the image's init (default %(default)s)")
     imp.add_argument("--kernel-arg", action="append", dest="kernel_args", default=[],
                      metavar="ARG", help="a default kernel argument (repeatable)")
@@ -77,12 +107,55 @@ def cmd_build(args, ctx) -> int:
 
 
 def cmd_import(args, ctx) -> int:
+    access = _registry_access(args)
     with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_image(ctx.config, args.source, args.name, progress,
                                        kernel_args=args.kernel_args, init=args.init,
-                                       insecure=args.insecure)
+                                       access=access)
     _summary(ctx, manifest, False)
     return 0
+
+
+def _boolean(text: str) -> bool:
+    """--tls-verify=false as skopeo spells it."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() not in value:
+        raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+    return value[text.lower()]
+
+
+def _registry_access(args) -> Access:
+    """The registry options as one value; the password asked for here if it must be."""
+    registry_only = args.creds or args.password_stdin or args.authfile or args.cert_dir \
+        or args.ca_file or not args.tls_verify
+    if registry_only and not args.source.startswith("docker://"):
+        raise InvalidInput("--creds, --password-stdin, --authfile, --tls-verify, --cert-dir "
+                           "and --ca-file are for docker:// sources only")
+    if args.authfile and not args.authfile.is_file():
+        raise InvalidInput(f"--authfile {args.authfile}: no such file")
+    cas = tuple(args.ca_file) + (cert_dir_cas(args.cert_dir) if args.cert_dir else ())
+    return Access(credentials=_credentials(args), insecure=args.insecure,
+                  auth_files=auth_file_paths(args.authfile, os.environ, Path.home()),
+                  tls_verify=args.tls_verify, ca_files=cas)
+
+
+def _credentials(args) -> Credentials | None:
+    """--creds USER:PASSWORD, or USER with the password from stdin or the terminal."""
+    if args.password_stdin and not args.creds:
+        raise InvalidInput("--password-stdin needs --creds USER")
+    if not args.creds:
+        return None
+    username, password = parse_creds(args.creds)
+    if password is not None and args.password_stdin:
+        raise InvalidInput("--creds USER:PASSWORD and --password-stdin: give the password once")
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")  # as skopeo and docker read it
+    elif password is None and sys.stdin.isatty():
+        password = getpass.getpass(f"Password for {username}: ")
+    elif password is None:
+        raise InvalidInput(f"no password for {username}: give --creds {username}:PASSWORD, "
+                           "--password-stdin, or run on a terminal")
+    return Credentials(username, password)
 
 
 def cmd_shell(args, ctx) -> int:

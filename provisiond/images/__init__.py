@@ -27,29 +27,30 @@ from provisiond.state.layout import Layout
 
 def import_image(config: Config, source: str, name: str, progress=None,
                  kernel_args: list[str] | None = None, init: str = "/sbin/init",
-                 insecure: bool = False) -> dict:
+                 access: registry.Access | None = None) -> dict:
     """Make image `name` from `docker://REGISTRY/REPO:TAG`, `oci:DIR[:TAG]`, or an OCI
     layout or docker-archive tarball or folder given by its path, and build it.
 
     The image is copied into `<state>/recipes/<name>/` beside a generated image.yaml, so it
     can be rebuilt like any other; a failed import leaves nothing of itself and puts the
-    previous folder back, so the image it built can still be rebuilt.
+    previous folder back, so the image it built can still be rebuilt. `access`: a
+    registry's login and TLS options (registry_access.Access).
     """
     check_name(name)  # before anything is written under recipes/<name>
     require_build_privileges("an image import")
     # one import of a name at a time: each would take the other's staging folder as stale
     with locked(Layout.of(config).image_import_lock(name)):
-        return _import(config, source, name, progress, kernel_args or [], init, insecure)
+        return _import(config, source, name, progress, kernel_args or [], init, access)
 
 
 def _import(config: Config, source: str, name: str, progress, kernel_args: list[str],
-            init: str, insecure: bool) -> dict:
+            init: str, access: registry.Access | None) -> dict:
     folder = Layout.of(config).recipe_dir(name)
     staged, previous = folder.with_name(f".{name}.import"), folder.with_name(f".{name}.previous")
     for stale in (staged, previous):
         shutil.rmtree(stale, ignore_errors=True)
     try:
-        _stage(config, source, staged, kernel_args, init, insecure, progress)
+        _stage(config, source, staged, kernel_args, init, access, progress)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -70,14 +71,14 @@ def _import(config: Config, source: str, name: str, progress, kernel_args: list[
 
 
 def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], init: str,
-           insecure: bool, progress) -> None:
+           access: registry.Access | None, progress) -> None:
     """The image and its generated recipe in a folder of their own."""
     folder.mkdir(parents=True)
     if source.startswith(("docker://", "oci:")):
         target = folder / "oci"
         writer = LayoutWriter(target, lambda digest: _kept_blob(config, digest))
         if source.startswith("docker://"):
-            registry.pull(registry.parse_reference(source), writer, insecure,
+            registry.pull(registry.parse_reference(source), writer, access,
                           progress or (lambda event: None))
         else:
             copy_layout(source[len("oci:"):], writer)

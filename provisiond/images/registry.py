@@ -1,9 +1,11 @@
 """Pulling one image from an OCI distribution registry (`docker://REGISTRY/REPO:TAG`).
 
 The distribution API (GET /v2/<repo>/manifests/<ref>, /v2/<repo>/blobs/<digest>) over
-HTTPS, or plain HTTP for a registry on loopback or with `insecure`. A registry that answers
-401 with a `Bearer realm=...,service=...,scope=...` challenge gets an anonymous token from
-its realm, as docker and skopeo fetch one; Basic logins are not sent."""
+HTTPS, or plain HTTP for a registry on loopback (that does not speak TLS) or with
+`insecure`. A registry that answers 401 with `Basic realm=...` gets the credentials; with a
+`Bearer realm=...,service=...,scope=...` challenge, a token from its realm, fetched with the
+credentials if there are any, else anonymously, as docker and skopeo do
+(provisiond.images.registry_access finds the credentials and builds the TLS context)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import http.client
 import ipaddress
 import json
 import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +27,8 @@ from provisiond.images.layout import (INDEXES, MANIFESTS, MAX_MANIFEST, ImageRef
                                       ImportFailed, LayoutWriter, check_digest,
                                       check_manifest, media_type,
                                       pick_platform, verify_document)
+from provisiond.images.registry_access import (Access, Challenge, find_credentials,
+                                               parse_challenge, tls_context)
 
 # The distribution spec's grammar for repository names, tags and digests.
 REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)"
@@ -78,37 +83,69 @@ def parse_reference(text: str) -> Reference:
 
 
 class Client:
-    """GETs against one registry, with a bearer token fetched when the registry asks."""
+    """GETs against one registry, logging in when it asks: Basic with the credentials, or a
+    bearer token from its realm (anonymous, or fetched with the credentials as docker does).
+    A registry on loopback is tried over HTTPS first and over plain HTTP if it does not
+    speak TLS."""
 
-    def __init__(self, reference: Reference, insecure: bool = False):
-        self.reference, self.insecure = reference, insecure
-        self.scheme = "http" if insecure or reference.loopback else "https"
-        self.token: str | None = None
-        self.opener = urllib.request.build_opener(_NoDowngrade(insecure))
+    def __init__(self, reference: Reference, access: Access | None = None):
+        self.reference, self.access = reference, access or Access()
+        self.insecure = self.access.insecure
+        self.scheme = "http" if self.insecure else "https"
+        self.may_fall_back = reference.loopback and not self.insecure
+        self.credentials = self.access.credentials or find_credentials(
+            self.access.auth_files, reference.registry, reference.repository)
+        self.authorization: str | None = None
+        self.opener = urllib.request.build_opener(
+            _NoDowngrade(self.insecure), urllib.request.HTTPSHandler(
+                context=tls_context(self.access)))
 
     def url(self, kind: str, ref: str) -> str:
         return (f"{self.scheme}://{self.reference.registry}/v2/"
                 f"{self.reference.repository}/{kind}/{ref}")
 
-    def get(self, url: str, accept: str | None = None):
-        """The open response of a GET; 401 once -> token -> again. Errors are one line."""
-        for attempt in (1, 2):
+    def get(self, kind: str, ref: str, accept: str | None = None):
+        """The open response of a GET of /v2/REPO/KIND/REF; a 401 logs in once. Errors are
+        one line."""
+        while True:
+            url = self.url(kind, ref)
             request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-            if self.token:  # not carried over a redirect to blob storage elsewhere
-                request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+            if self.authorization:  # not carried over a redirect to blob storage elsewhere
+                request.add_unredirected_header("Authorization", self.authorization)
             try:
                 return self.opener.open(request, timeout=TIMEOUT)
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 exc.close()
-                if exc.code == 401 and attempt == 1 and not self.token:
-                    self.token = self._fetch_token(challenge)
+                if exc.code == 401 and self.authorization is None:
+                    self.authorization = self._login(parse_challenge(challenge))
                     continue
                 raise self._error(exc.code, url) from None
             except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-                raise ImportFailed(f"{self.reference}: cannot reach {self.reference.registry}"
-                                   f": {_reason(exc)}") from None
-        raise self._error(401, url)
+                if self._fall_back_to_http(exc):
+                    continue
+                raise self._unreachable(exc) from None
+
+    def _fall_back_to_http(self, exc: BaseException) -> bool:
+        """A loopback registry that answered the TLS handshake with something else (plain
+        HTTP's 400) is asked again over plain HTTP, once; a certificate it presented that
+        does not verify is no reason to."""
+        reason = getattr(exc, "reason", exc)
+        if not (self.may_fall_back and isinstance(reason, ssl.SSLError)) or isinstance(
+                reason, ssl.SSLCertVerificationError):
+            return False
+        self.scheme, self.may_fall_back = "http", False
+        return True
+
+    def _unreachable(self, exc: BaseException) -> ImportFailed:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return ImportFailed(f"{self.reference}: the TLS certificate of "
+                                f"{self.reference.registry} is not trusted "
+                                f"({reason.verify_message}); give its CA with --ca-file or "
+                                "--cert-dir, or --tls-verify=false")
+        return ImportFailed(f"{self.reference}: cannot reach {self.reference.registry}: "
+                            f"{_reason(exc)}")
 
     @contextlib.contextmanager
     def reading(self, what: str):
@@ -126,29 +163,56 @@ class Client:
             return ImageRefNotFound(f"{self.reference}: the registry has no such {what} "
                                     f"(HTTP 404 for {url})")
         if code in (401, 403):
-            return ImportFailed(f"{self.reference}: the registry refused access (HTTP {code})")
+            return self._refused(code)
         return ImportFailed(f"{self.reference}: the registry answered HTTP {code} for {url}")
 
-    def _fetch_token(self, challenge: str) -> str:
-        scheme = challenge.split(" ", 1)[0].lower()
-        if scheme != "bearer":
-            raise ImportFailed(f"{self.reference}: the registry asks for a login "
-                               f"({scheme or 'no challenge'}); only anonymous bearer tokens "
-                               "are fetched")
-        params = dict(CHALLENGE_RE.findall(challenge))
-        realm = urllib.parse.urlsplit(params.pop("realm", ""))
+    def _refused(self, code: int, by: str = "") -> ImportFailed:
+        """A 401 or 403 after logging in (or after an anonymous token): who was refused."""
+        host, user = self.reference.registry, self.credentials and self.credentials.username
+        by = f" (its token service {by})" if by else ""
+        if user and code == 401:
+            what = f"refused the login for user {user}"
+        elif user:
+            what = f"refused user {user} access to {self.reference.repository}"
+        else:
+            what = (f"refused anonymous access to {self.reference.repository}; log in with "
+                    "--creds USER or an auth file (--authfile)")
+        return ImportFailed(f"{self.reference}: {host}{by} {what} (HTTP {code})")
+
+    def _login(self, challenge: Challenge) -> str:
+        """The Authorization header for what the registry's 401 challenge asks."""
+        if challenge.scheme == "bearer":
+            return f"Bearer {self._fetch_token(challenge.params)}"
+        if challenge.scheme != "basic":
+            raise ImportFailed(f"{self.reference}: {self.reference.registry} asks for a "
+                               f"login this client cannot give "
+                               f"({challenge.scheme or 'no challenge'})")
+        if self.credentials is None:
+            raise ImportFailed(f"{self.reference}: {self.reference.registry} asks for a login;"
+                               " give --creds USER or an auth file with an entry for it "
+                               "(--authfile)")
+        return self.credentials.basic()
+
+    def _fetch_token(self, params: dict[str, str]) -> str:
+        """A token from the challenge's realm, with the credentials if there are any (the
+        realm may be another host: docker's token flow sends them there)."""
+        realm = urllib.parse.urlsplit(params.get("realm", ""))
         if realm.scheme not in ("http", "https") or not realm.netloc:
             raise ImportFailed(f"{self.reference}: the registry's token realm is not a URL")
-        if realm.scheme == "http" and not (self.insecure or _loopback_host(realm.hostname)):
-            raise ImportFailed(f"{self.reference}: the token realm {realm.geturl()} is plain "
-                               "HTTP (use --insecure to allow it)")
+        self._check_realm_scheme(realm)
         query = urllib.parse.urlencode({k: v for k, v in params.items()
                                         if k in ("service", "scope")})
         url = realm._replace(query="&".join(p for p in (realm.query, query) if p)).geturl()
+        request = urllib.request.Request(url)
+        if self.credentials:
+            request.add_unredirected_header("Authorization", self.credentials.basic())
         try:
-            with self.opener.open(url, timeout=TIMEOUT) as response:
+            with self.opener.open(request, timeout=TIMEOUT) as response:
                 answer = json.loads(response.read(MAX_MANIFEST))
         except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code in (401, 403):
+                raise self._refused(exc.code, realm.netloc) from None
             raise ImportFailed(f"{self.reference}: the token service answered HTTP "
                                f"{exc.code}") from None
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
@@ -160,9 +224,22 @@ class Client:
             raise ImportFailed(f"{self.reference}: the token service sent no token")
         return token
 
+    def _check_realm_scheme(self, realm: urllib.parse.SplitResult) -> None:
+        """A plain HTTP realm: anonymous on loopback or with --insecure; credentials only
+        when the registry itself is plain HTTP (loopback or --insecure) too."""
+        if realm.scheme != "http":
+            return
+        if not (self.insecure or _loopback_host(realm.hostname)):
+            raise ImportFailed(f"{self.reference}: the token realm {realm.geturl()} is plain "
+                               "HTTP (use --insecure to allow it)")
+        if self.credentials and self.scheme != "http":
+            raise ImportFailed(f"{self.reference}: the token realm {realm.geturl()} is plain "
+                               f"HTTP while {self.reference.registry} is HTTPS; the login is "
+                               "not sent there")
+
     def manifest(self, ref: str) -> tuple[bytes, str]:
         """(bytes, Content-Type) of a manifest or index, refused past MAX_MANIFEST."""
-        with self.get(self.url("manifests", ref), ACCEPT) as response, \
+        with self.get("manifests", ref, ACCEPT) as response, \
                 self.reading(f"the manifest {ref}"):
             length = response.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > MAX_MANIFEST:
@@ -175,7 +252,7 @@ class Client:
         return data, response.headers.get("Content-Type", "")
 
     def blob(self, digest: str) -> BinaryIO:
-        return self.get(self.url("blobs", digest))
+        return self.get("blobs", digest)
 
 
 class _NoDowngrade(urllib.request.HTTPRedirectHandler):
@@ -209,10 +286,10 @@ def _loopback_host(host: str | None) -> bool:
         return False
 
 
-def pull(reference: Reference, target: LayoutWriter, insecure: bool = False,
+def pull(reference: Reference, target: LayoutWriter, access: Access | None = None,
          progress=lambda event: None) -> str:
     """Copy the linux/amd64 image of `reference` into `target`; returns its manifest digest."""
-    client = Client(reference, insecure)
+    client = Client(reference, access)
     what = str(reference)
     data, kind, digest = _resolve(client, reference.ref, what)
     blobs = check_manifest(verify_document(data, digest, what), kind, what)

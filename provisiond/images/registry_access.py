@@ -1,0 +1,216 @@
+"""How provisiond reaches and logs in to a registry: credentials (given, or found in the auth
+files skopeo, podman and docker read), the registry's WWW-Authenticate challenge, and the
+TLS trust (a private CA, or no verification).
+
+Auth files, read in this order until one has an entry for the registry (the order of
+containers-auth.json(5)): `--authfile PATH` or else $REGISTRY_AUTH_FILE or else
+$XDG_RUNTIME_DIR/containers/auth.json; then $XDG_CONFIG_HOME/containers/auth.json
+(~/.config/...), $DOCKER_CONFIG/config.json (~/.docker/config.json), ~/.dockercfg. Within a
+file the most specific key wins: host/ns/repo, then host/ns, then host."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from provisiond.errors import InvalidInput
+
+# Docker Hub's names: what `docker login` writes (a legacy URL), what podman writes, and the
+# host the distribution API is served from.
+DOCKER_HUB_KEYS = ("docker.io", "index.docker.io", "registry-1.docker.io")
+PARAM_RE = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))')
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A user name and password for one registry; the password never printed."""
+
+    username: str
+    password: str = field(repr=False)
+
+    def basic(self) -> str:
+        """The Authorization header's value for HTTP Basic."""
+        pair = f"{self.username}:{self.password}".encode()
+        return "Basic " + base64.b64encode(pair).decode()
+
+
+@dataclass(frozen=True)
+class Access:
+    """The `image import` options for a registry: who logs in and which TLS is trusted.
+
+    `credentials` (from --creds) go first; else `auth_files` are searched. `insecure`
+    allows plain HTTP off loopback; `tls_verify` False accepts any certificate; `ca_files`
+    are trusted besides the system's CAs."""
+
+    credentials: Credentials | None = None
+    auth_files: tuple[Path, ...] = ()
+    insecure: bool = False
+    tls_verify: bool = True
+    ca_files: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """A WWW-Authenticate challenge: its scheme (lower case) and parameters."""
+
+    scheme: str
+    params: dict[str, str]
+
+
+def parse_challenge(header: str) -> Challenge:
+    """`Bearer realm="...",service="...",scope="repository:a/b:pull"` or `Basic realm="x"`;
+    quoted values may hold commas and backslash escapes; an empty header gives scheme ''."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {key.lower(): re.sub(r"\\(.)", r"\1", quoted) if quoted or not bare else bare
+              for key, quoted, bare in PARAM_RE.findall(rest)}
+    return Challenge(scheme.lower(), params)
+
+
+def parse_creds(text: str) -> tuple[str, str | None]:
+    """`USER[:PASSWORD]` as --creds takes it; the password may hold colons."""
+    username, colon, password = text.partition(":")
+    if not username:
+        raise InvalidInput("--creds needs a user name: --creds USER[:PASSWORD]")
+    return username, password if colon else None
+
+
+def auth_file_paths(authfile: Path | None, environ: Mapping[str, str],
+                    home: Path) -> tuple[Path, ...]:
+    """The auth files to search, in order (see the module's docstring)."""
+    primary = authfile or _env_path(environ, "REGISTRY_AUTH_FILE")
+    if primary is None and environ.get("XDG_RUNTIME_DIR"):
+        primary = Path(environ["XDG_RUNTIME_DIR"]) / "containers/auth.json"
+    config_home = _env_path(environ, "XDG_CONFIG_HOME") or home / ".config"
+    docker = _env_path(environ, "DOCKER_CONFIG") or home / ".docker"
+    found = [primary] if primary else []
+    return (*found, config_home / "containers/auth.json", docker / "config.json",
+            home / ".dockercfg")
+
+
+def _env_path(environ: Mapping[str, str], name: str) -> Path | None:
+    return Path(environ[name]) if environ.get(name) else None
+
+
+def find_credentials(files: tuple[Path, ...], registry: str,
+                     repository: str) -> Credentials | None:
+    """The first credentials for `registry/repository` in `files` (a missing file is
+    skipped); None if none has any."""
+    keys = _lookup_keys(registry, repository)
+    for path in files:
+        document = _read_auth_file(path)
+        if document is not None:
+            found = _credentials_in(document, keys, path)
+            if found is not None:
+                return found
+    return None
+
+
+def _lookup_keys(registry: str, repository: str) -> list[str]:
+    """host/ns/repo, host/ns, host: most specific first (Docker Hub as `docker.io`)."""
+    host = "docker.io" if registry in DOCKER_HUB_KEYS else registry
+    parts = repository.split("/")
+    return [f"{host}/{'/'.join(parts[:n])}" for n in range(len(parts), 0, -1)] + [host]
+
+
+def _read_auth_file(path: Path) -> dict | None:
+    """The file's entries as {normalized key: entry} plus the helper settings; None when
+    the file does not exist."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"auth file {path}: cannot read it as JSON: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput(f"auth file {path}: not a JSON object")
+    # ~/.dockercfg (docker before 1.7) holds the entries without the "auths" wrapper
+    legacy = path.name == ".dockercfg" and "auths" not in document
+    auths = document if legacy else document.get("auths", {})
+    if not isinstance(auths, dict):
+        raise InvalidInput(f"auth file {path}: \"auths\" is not an object")
+    entries = {_normalize_key(key): entry for key, entry in auths.items()}
+    return {"entries": entries, "credsStore": document.get("credsStore"),
+            "credHelpers": document.get("credHelpers") or {}}
+
+
+def _normalize_key(key: str) -> str:
+    """`https://index.docker.io/v1/` (docker login's legacy URL form) -> `docker.io`; a
+    plain `host[/namespace]` key is kept."""
+    if key.startswith(("http://", "https://")):
+        key = key.split("://", 1)[1].split("/", 1)[0]
+    host, slash, rest = key.partition("/")
+    return ("docker.io" if host in DOCKER_HUB_KEYS else host) + slash + rest
+
+
+def _credentials_in(document: dict, keys: list[str], path: Path) -> Credentials | None:
+    helpers = document["credHelpers"]
+    helper = next((helpers[k] for k in keys if isinstance(helpers, dict) and k in helpers), None)
+    entry = next((document["entries"][k] for k in keys if k in document["entries"]), None)
+    if helper:
+        raise _helper_unsupported(path, f"credHelpers names {helper!r} for {keys[-1]}")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise InvalidInput(f"auth file {path}: the entry for {keys[-1]} is not an object")
+    if entry.get("identitytoken"):
+        raise _helper_unsupported(path, f"the entry for {keys[-1]} holds an identity token")
+    if not entry.get("auth"):
+        if document["credsStore"]:
+            raise _helper_unsupported(path, f"credsStore {document['credsStore']!r} "
+                                            f"holds the login for {keys[-1]}")
+        return None
+    return _decode_auth(entry["auth"], path, keys[-1])
+
+
+def _helper_unsupported(path: Path, what: str) -> InvalidInput:
+    return InvalidInput(f"auth file {path}: {what}; credential helpers are not supported "
+                        "(use --creds USER, or an auth file with an \"auth\" entry)")
+
+
+def _decode_auth(value, path: Path, host: str) -> Credentials:
+    """base64(user:password), as `podman login` and `docker login` write it."""
+    try:
+        username, colon, password = base64.b64decode(value, validate=True).decode().partition(":")
+    except (TypeError, ValueError, binascii.Error, UnicodeDecodeError):
+        colon = ""
+    if not colon or not username:
+        raise InvalidInput(f"auth file {path}: the \"auth\" of {host} is not "
+                           "base64 of USER:PASSWORD")
+    return Credentials(username, password)
+
+
+def tls_context(access: Access) -> ssl.SSLContext:
+    """The system's CAs plus `access.ca_files`, or no verification at all."""
+    context = ssl.create_default_context()
+    if not access.tls_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    for path in access.ca_files:
+        try:
+            context.load_verify_locations(cafile=str(path))
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInput(f"CA file {path}: cannot load it as PEM certificates: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
+    return context
+
+
+def cert_dir_cas(folder: Path) -> tuple[Path, ...]:
+    """The `*.crt` CA certificates of a containers-certs.d(5) folder. Client certificates
+    (`*.cert` and `*.key`) are refused: provisiond does not present one."""
+    if not folder.is_dir():
+        raise InvalidInput(f"--cert-dir {folder}: no such directory")
+    if any(folder.glob("*.cert")) or any(folder.glob("*.key")):
+        raise InvalidInput(f"--cert-dir {folder}: holds a client certificate (*.cert, "
+                           "*.key); client certificates are not supported")
+    cas = tuple(sorted(folder.glob("*.crt")))
+    if not cas:
+        raise InvalidInput(f"--cert-dir {folder}: no CA certificate (*.crt) in it")
+    return cas
