@@ -1,6 +1,6 @@
 """The registry client's own rules: references, when plain HTTP is allowed, and what it
 refuses from a registry that misbehaves (a stub on loopback plays one: the real registry
-never serves a manifest past its own 4 MiB limit or asks for Basic logins this way)."""
+never serves a manifest past its own 4 MiB limit)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from provisiond.errors import InvalidInput, NotFound
 from provisiond.images.layout import ImportFailed, LayoutWriter, pick_platform
 from provisiond.images.registry import Client, parse_reference, pull
+from provisiond.images.registry_access import Access
 
 
 @pytest.mark.parametrize("text, registry, repository, ref", [
@@ -39,16 +40,18 @@ def test_bad_references_are_invalid_input(text):
         parse_reference(text)
 
 
-@pytest.mark.parametrize("text, insecure, scheme", [
-    ("docker://registry.example.org/x:1", False, "https"),
-    ("docker://registry.example.org/x:1", True, "http"),
-    ("docker://10.0.0.5:5000/x:1", False, "https"),
-    ("docker://127.0.0.1:5000/x:1", False, "http"),
-    ("docker://[::1]:5000/x:1", False, "http"),
-    ("docker://localhost:5000/x:1", False, "http"),
+@pytest.mark.parametrize("text, insecure, scheme, fallback", [
+    ("docker://registry.example.org/x:1", False, "https", False),
+    ("docker://registry.example.org/x:1", True, "http", False),
+    ("docker://10.0.0.5:5000/x:1", False, "https", False),
+    ("docker://127.0.0.1:5000/x:1", False, "https", True),
+    ("docker://[::1]:5000/x:1", False, "https", True),
+    ("docker://localhost:5000/x:1", False, "https", True),
 ])
-def test_plain_http_only_for_loopback_or_insecure(text, insecure, scheme):
-    assert Client(parse_reference(text), insecure).scheme == scheme
+def test_plain_http_only_for_loopback_or_insecure(text, insecure, scheme, fallback):
+    """HTTPS first on loopback, plain HTTP if the registry there does not speak TLS."""
+    client = Client(parse_reference(text), Access(insecure=insecure))
+    assert (client.scheme, client.may_fall_back) == (scheme, fallback)
 
 
 def test_an_index_without_linux_amd64_names_what_it_has():
@@ -109,11 +112,11 @@ def test_an_oversize_manifest_is_refused(stub, tmp_path, length):
         _pull(stub, tmp_path)
 
 
-def test_a_basic_login_is_not_attempted(stub, tmp_path):
+def test_a_basic_challenge_without_credentials_asks_for_them(stub, tmp_path):
     stub.answer = (401, {"WWW-Authenticate": 'Basic realm="registry"', "Content-Length": "0"},
                    b"")
-    with pytest.raises(ImportFailed, match=r"asks for a login \(basic\); only anonymous "
-                                           "bearer tokens"):
+    with pytest.raises(ImportFailed, match=r"127\.0\.0\.1:\d+ asks for a login; give --creds "
+                                           r"USER or an auth file"):
         _pull(stub, tmp_path)
 
 
@@ -156,7 +159,8 @@ def raw():
             except OSError:
                 continue
             with conn:
-                line = conn.recv(65536).split(b"\r\n", 1)[0].decode()
+                # a TLS ClientHello first (the client tries HTTPS on loopback first)
+                line = conn.recv(65536).split(b"\r\n", 1)[0].decode(errors="replace")
                 conn.sendall(server.answer(line))
 
     thread = threading.Thread(target=serve, daemon=True)

@@ -1,0 +1,325 @@
+"""Registry logins, our own logic: the WWW-Authenticate challenge, --creds, which auth
+files are read in which order and which entry wins, where credentials may be sent (stub
+registries on loopback play the peers; tests/integration/test_registry_auth.py uses the
+real docker-registry)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import threading
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from provisiond.errors import InvalidInput
+from provisiond.images.layout import ImportFailed, LayoutWriter
+from provisiond.images.registry import Client, parse_reference, pull
+from provisiond.images.registry_access import (Access, Credentials, auth_file_paths,
+                                               cert_dir_cas, find_credentials,
+                                               parse_challenge, parse_creds, tls_context)
+
+
+@pytest.mark.parametrize("header, scheme, params", [
+    ('Bearer realm="https://auth.example.org/token",service="registry.example.org",'
+     'scope="repository:site/a:pull,push"', "bearer",
+     {"realm": "https://auth.example.org/token", "service": "registry.example.org",
+      "scope": "repository:site/a:pull,push"}),
+    ('Basic realm="Registry Realm"', "basic", {"realm": "Registry Realm"}),
+    ('basic realm=plain, charset="UTF-8"', "basic", {"realm": "plain", "charset": "UTF-8"}),
+    (r'Bearer realm="a\"b", Service="s"', "bearer", {"realm": 'a"b', "service": "s"}),
+    ("", "", {}),
+])
+def test_challenges(header, scheme, params):
+    challenge = parse_challenge(header)
+    assert (challenge.scheme, challenge.params) == (scheme, params)
+
+
+@pytest.mark.parametrize("text, user, password", [
+    ("bob", "bob", None), ("bob:", "bob", ""), ("bob:a:b:c", "bob", "a:b:c")])
+def test_creds(text, user, password):
+    assert parse_creds(text) == (user, password)
+
+
+def test_creds_without_a_user_are_refused():
+    with pytest.raises(InvalidInput, match="--creds needs a user name"):
+        parse_creds(":secret")
+
+
+def test_a_password_is_not_in_the_repr():
+    access = Access(credentials=Credentials("bob", "hunter2"))
+    assert "hunter2" not in repr(access) and "bob" in repr(access)
+
+
+HOME = Path("/home/u")
+
+
+@pytest.mark.parametrize("authfile, environ, first", [
+    (None, {}, []),
+    (None, {"XDG_RUNTIME_DIR": "/run/user/1"}, ["/run/user/1/containers/auth.json"]),
+    (None, {"XDG_RUNTIME_DIR": "/run/user/1", "REGISTRY_AUTH_FILE": "/etc/a.json"},
+     ["/etc/a.json"]),
+    (Path("/x.json"), {"XDG_RUNTIME_DIR": "/run/user/1", "REGISTRY_AUTH_FILE": "/etc/a.json"},
+     ["/x.json"]),
+])
+def test_the_primary_auth_file(authfile, environ, first):
+    paths = [str(p) for p in auth_file_paths(authfile, environ, HOME)]
+    assert paths == first + ["/home/u/.config/containers/auth.json",
+                             "/home/u/.docker/config.json", "/home/u/.dockercfg"]
+
+
+def test_xdg_config_home_and_docker_config_move_their_files():
+    paths = auth_file_paths(None, {"XDG_CONFIG_HOME": "/c", "DOCKER_CONFIG": "/d"}, HOME)
+    assert [str(p) for p in paths] == ["/c/containers/auth.json", "/d/config.json",
+                                       "/home/u/.dockercfg"]
+
+
+def _auth(user: str, password: str) -> dict:
+    return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def _file(folder: Path, name: str, document) -> Path:
+    path = folder / name
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_the_most_specific_key_wins(tmp_path):
+    path = _file(tmp_path, "auth.json", {"auths": {
+        "reg.example:5000": _auth("host", "p1"), "reg.example:5000/site": _auth("ns", "p2"),
+        "reg.example:5000/site/a": _auth("repo", "p3"), "other.example": _auth("x", "y")}})
+    assert find_credentials((path,), "reg.example:5000", "site/a") == Credentials("repo", "p3")
+    assert find_credentials((path,), "reg.example:5000", "site/b") == Credentials("ns", "p2")
+    assert find_credentials((path,), "reg.example:5000", "lab/a") == Credentials("host", "p1")
+    assert find_credentials((path,), "reg.example", "site/a") is None
+
+
+def test_the_first_file_with_an_entry_wins_and_missing_files_are_skipped(tmp_path):
+    first = _file(tmp_path, "first.json", {"auths": {"other.example": _auth("a", "b")}})
+    second = _file(tmp_path, "second.json", {"auths": {"reg.example": _auth("bob", "p:w")}})
+    third = _file(tmp_path, "third.json", {"auths": {"reg.example": _auth("eve", "x")}})
+    files = (tmp_path / "missing.json", first, second, third)
+    assert find_credentials(files, "reg.example", "a") == Credentials("bob", "p:w")
+
+
+@pytest.mark.parametrize("key", ["https://index.docker.io/v1/", "docker.io",
+                                 "index.docker.io"])
+def test_docker_hub_keys(tmp_path, key):
+    path = _file(tmp_path, "config.json", {"auths": {key: _auth("hub", "pw")}})
+    assert find_credentials((path,), "registry-1.docker.io", "library/debian") == Credentials(
+        "hub", "pw")
+
+
+def test_a_legacy_dockercfg_has_no_auths_wrapper(tmp_path):
+    path = _file(tmp_path, ".dockercfg", {"https://reg.example": _auth("old", "pw")})
+    assert find_credentials((path,), "reg.example", "a") == Credentials("old", "pw")
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"auths": {}, "credHelpers": {"reg.example": "ecr-login"}},
+     "credHelpers names 'ecr-login' for reg.example; credential helpers are not supported"),
+    ({"auths": {"reg.example": {}}, "credsStore": "desktop"},
+     "credsStore 'desktop' holds the login for reg.example; credential helpers"),
+    ({"auths": {"reg.example": {"identitytoken": "t"}}}, "holds an identity token"),
+    ({"auths": {"reg.example": {"auth": "not base64!"}}},
+     'the "auth" of reg.example is not base64 of USER:PASSWORD'),
+    ({"auths": {"reg.example": {"auth": base64.b64encode(b"nocolon").decode()}}},
+     "not base64 of USER:PASSWORD"),
+    ({"auths": {"reg.example": "x"}}, "the entry for reg.example is not an object"),
+    ({"auths": []}, '"auths" is not an object'),
+    ([], "not a JSON object"),
+])
+def test_auth_files_that_cannot_serve_are_one_line(tmp_path, document, message):
+    path = _file(tmp_path, "auth.json", document)
+    with pytest.raises(InvalidInput, match=str(path)) as refused:
+        find_credentials((path,), "reg.example", "a")
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_credential_store_with_no_entry_for_the_registry_is_passed_over(tmp_path):
+    path = _file(tmp_path, "config.json", {"auths": {"other.example": {}},
+                                           "credsStore": "desktop"})
+    assert find_credentials((path,), "reg.example", "a") is None
+
+
+def test_an_auth_file_that_is_not_json_is_one_line(tmp_path):
+    path = tmp_path / "auth.json"
+    path.write_text("{")
+    with pytest.raises(InvalidInput, match=f"auth file {path}: cannot read it as JSON"):
+        find_credentials((path,), "reg.example", "a")
+
+
+def test_a_cert_dir(tmp_path):
+    (tmp_path / "ca.crt").write_text("x")
+    (tmp_path / "README").write_text("x")
+    assert cert_dir_cas(tmp_path) == (tmp_path / "ca.crt",)
+    (tmp_path / "client.cert").write_text("x")
+    with pytest.raises(InvalidInput, match="client certificates are not supported"):
+        cert_dir_cas(tmp_path)
+    with pytest.raises(InvalidInput, match="no such directory"):
+        cert_dir_cas(tmp_path / "none")
+
+
+def test_a_ca_file_that_is_not_pem_is_one_line(tmp_path):
+    (tmp_path / "ca.pem").write_text("not a certificate")
+    with pytest.raises(InvalidInput, match=f"CA file {tmp_path / 'ca.pem'}: cannot load"):
+        tls_context(Access(ca_files=(tmp_path / "ca.pem",)))
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers each path from `server.routes` {path prefix: (status, headers, body)} and
+    records (path, Authorization) of every request."""
+
+    def do_GET(self):
+        self.server.seen.append((self.path, self.headers.get("Authorization")))
+        path = urllib.parse.urlsplit(self.path).path
+        status, headers, body = next(answer for prefix, answer in self.server.routes.items()
+                                     if path.startswith(prefix))
+        if callable(body):
+            status, headers, body = body(self.headers.get("Authorization"))
+        self.send_response(status)
+        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def servers():
+    """Two loopback HTTP servers (a registry and another host), each with routes."""
+    started = []
+    for _ in range(2):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+        server.routes, server.seen = {}, []
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+    yield started
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def _host(server) -> str:
+    return f"127.0.0.1:{server.server_address[1]}"
+
+
+EMPTY = {"size": 2, "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c0"
+                              "60f61caaff8a"}  # b"{}": every blob the stubs serve
+MANIFEST = json.dumps({"schemaVersion": 2,
+                       "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                  **EMPTY},
+                       "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                   **EMPTY}]}).encode()
+BOB = Credentials("bob", "hunter2")
+
+
+def _pull(server, tmp_path, credentials=None):
+    reference = parse_reference(f"docker://{_host(server)}/site/a:1")
+    return pull(reference, LayoutWriter(tmp_path / "layout"), Access(credentials=credentials))
+
+
+def _needs(expected: str, ok):
+    """A route body that answers `ok` to the expected Authorization, else 401 Basic."""
+    def answer(authorization):
+        if authorization == expected:
+            return ok
+        return 401, {"WWW-Authenticate": 'Basic realm="r"'}, b""
+    return answer
+
+
+def test_basic_credentials_answer_a_basic_challenge(servers, tmp_path):
+    registry, _ = servers
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    registry.routes = {"/v2/site/a/manifests/": (0, {}, _needs(BOB.basic(), ok)),
+                       "/v2/site/a/blobs/": (200, {}, b"{}")}
+    with pytest.raises(ImportFailed, match="asks for a login"):
+        _pull(registry, tmp_path / "anonymous")
+    _pull(registry, tmp_path / "bob", BOB)
+    assert registry.seen[-1] == ("/v2/site/a/blobs/" + json.loads(MANIFEST)["config"]["digest"],
+                                 BOB.basic())
+
+
+def test_a_refused_login_names_the_registry_and_the_user(servers, tmp_path):
+    registry, _ = servers
+    registry.routes = {"/v2/": (401, {"WWW-Authenticate": 'Basic realm="r"'}, b"")}
+    with pytest.raises(ImportFailed) as refused:
+        _pull(registry, tmp_path, BOB)
+    assert str(refused.value).endswith(f"{_host(registry)} refused the login for user bob "
+                                       "(HTTP 401)")
+    assert "hunter2" not in str(refused.value)
+
+
+def test_a_bearer_challenge_fetches_the_token_with_the_credentials(servers, tmp_path):
+    """The realm is another host:port (docker's token flow); it gets Basic, the registry
+    gets only the token."""
+    registry, tokens = servers
+    realm = f"http://{_host(tokens)}/token"
+    challenge = f'Bearer realm="{realm}",service="reg",scope="repository:site/a:pull"'
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    registry.routes = {"/v2/site/a/manifests/": (0, {}, lambda auth: ok if auth == "Bearer T"
+                                                 else (401, {"WWW-Authenticate": challenge},
+                                                       b"")),
+                       "/v2/site/a/blobs/": (200, {}, b"{}")}
+    tokens.routes = {"/token": (0, {}, _needs(BOB.basic(), (200, {}, b'{"token": "T"}')))}
+    _pull(registry, tmp_path, BOB)
+    assert tokens.seen == [("/token?service=reg&scope=repository%3Asite%2Fa%3Apull",
+                            BOB.basic())]
+    assert {auth for _, auth in registry.seen} == {None, "Bearer T"}
+
+
+def test_a_token_service_that_refuses_the_login_is_one_line(servers, tmp_path):
+    registry, tokens = servers
+    challenge = f'Bearer realm="http://{_host(tokens)}/token",service="reg"'
+    registry.routes = {"/v2/": (401, {"WWW-Authenticate": challenge}, b"")}
+    tokens.routes = {"/token": (401, {}, b'{"errors": []}')}
+    with pytest.raises(ImportFailed, match=rf"{_host(registry)} \(its token service "
+                                           rf"{_host(tokens)}\) refused the login for user "
+                                           r"bob \(HTTP 401\)$"):
+        _pull(registry, tmp_path, BOB)
+
+
+def test_a_redirect_to_another_host_carries_no_credentials(servers, tmp_path):
+    """Blob storage elsewhere (a redirect to another host:port) gets no Authorization."""
+    registry, storage = servers
+    config = json.loads(MANIFEST)["config"]["digest"]
+    registry.routes = {
+        "/v2/site/a/manifests/": (0, {}, _needs(BOB.basic(), (
+            200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST))),
+        "/v2/site/a/blobs/": (307, {"Location": f"http://{_host(storage)}/blob"}, b"")}
+    storage.routes = {"/blob": (200, {}, b"{}")}
+    _pull(registry, tmp_path, BOB)
+    assert ("/v2/site/a/blobs/" + config, BOB.basic()) in registry.seen
+    assert storage.seen == [("/blob", None)]
+
+
+@pytest.mark.parametrize("credentials, refused", [(None, False), (BOB, True)])
+def test_credentials_go_to_a_plain_http_realm_only_from_a_plain_http_registry(
+        credentials, refused):
+    """An HTTPS registry's realm on plain HTTP (loopback) may hand out anonymous tokens,
+    but the login is not sent there in the clear."""
+    client = Client(parse_reference("docker://registry.example.org/a:1"),
+                    Access(credentials=credentials))
+    realm = urllib.parse.urlsplit("http://127.0.0.1:1/token")
+    if refused:
+        with pytest.raises(ImportFailed, match="is plain HTTP while registry.example.org is "
+                                               "HTTPS; the login is not sent there"):
+            client._check_realm_scheme(realm)
+    else:
+        client._check_realm_scheme(realm)
+
+
+def test_credentials_from_an_auth_file_are_used(servers, tmp_path):
+    registry, _ = servers
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    registry.routes = {"/v2/site/a/manifests/": (0, {}, _needs(BOB.basic(), ok)),
+                       "/v2/site/a/blobs/": (200, {}, b"{}")}
+    path = _file(tmp_path, "auth.json", {"auths": {_host(registry): _auth("bob", "hunter2")}})
+    reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+    pull(reference, LayoutWriter(tmp_path / "layout"), Access(auth_files=(path,)))
+    assert registry.seen[-1][1] == BOB.basic()
