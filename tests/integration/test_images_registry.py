@@ -88,13 +88,15 @@ class Layout:
 
 
 @contextlib.contextmanager
-def running_registry(folder: Path, auth: dict | None = None):
-    """docker-registry serving plain HTTP on 127.0.0.1; yields (host:port, storage dir)."""
+def running_registry(folder: Path, auth: dict | None = None, tls: dict | None = None):
+    """docker-registry on 127.0.0.1, plain HTTP unless `tls` ({"certificate": PEM path,
+    "key": PEM path}); yields (host:port, storage dir)."""
     port = free_port()
     config = {"version": 0.1, "log": {"level": "error"},
               "storage": {"filesystem": {"rootdirectory": str(folder / "data")},
                           "delete": {"enabled": True}},
-              "http": {"addr": f"127.0.0.1:{port}", "secret": "test-only"}}
+              "http": {"addr": f"127.0.0.1:{port}", "secret": "test-only",
+                       **({"tls": tls} if tls else {})}}
     if auth:
         config["auth"] = auth
     (folder / "config.yml").write_text(yaml.safe_dump(config))
@@ -119,7 +121,8 @@ def registry(tmp_path_factory):
 
 
 def _answers(url: str) -> bool:
-    """Whether anything answers HTTP there (401 too: a registry asking for a token)."""
+    """Whether anything answers HTTP there (401 too: a registry asking for a token; 400
+    too: a TLS registry asked in plain HTTP)."""
     try:
         with urllib.request.urlopen(url, timeout=2):
             return True
@@ -294,10 +297,11 @@ def test_a_failed_reimport_keeps_the_image_as_it_was(cli, config, registry, layo
 
 
 class TokenService:
-    """The registry's token realm: hands anyone a JWT granting the scope asked for, signed
-    with a key whose self-signed certificate the registry trusts (its rootcertbundle)."""
+    """The registry's token realm: hands anyone (or, given `login`, only the Basic
+    Authorization it names) a JWT granting the scope asked for, signed with a key whose
+    self-signed certificate the registry trusts (its rootcertbundle)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, login: str | None = None):
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provisiond test tokens")])
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -310,10 +314,17 @@ class TokenService:
         self.bundle = folder / "tokens.pem"
         self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
         self.scopes: list[str] = []
+        self.logins: list[str | None] = []
         service = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                service.logins.append(self.headers.get("Authorization"))
+                if login and self.headers.get("Authorization") != login:
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                 service.scopes.extend(query.get("scope", []))
                 body = json.dumps({"token": service.token(query.get("scope", []))}).encode()

@@ -1,0 +1,227 @@
+"""`image import docker://...` from a private registry: Debian's docker-registry on
+127.0.0.1 with htpasswd (bcrypt) logins over TLS from a CA the test makes, and one asking
+for bearer tokens from a token service that wants the login; skopeo pushes with
+--dest-creds. (docker-registry 2.8 does not require TLS for htpasswd: the TLS here is the
+private-CA case, not a need of the registry.)"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import io
+import ipaddress
+import json
+from pathlib import Path
+
+import bcrypt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from provisiond.errors import BuildFailed, InvalidInput
+from provisiond.images import load_manifest
+from tests.integration.test_images_oci import unpack_image
+from tests.integration.test_images_registry import (Layout, TokenService, nothing_stored, push,
+                                                    running_registry, three_layers)
+from tests.tools import tool
+
+pytestmark = pytest.mark.skipif(not (tool("docker-registry") and tool("skopeo")),
+                                reason="docker-registry or skopeo is not installed")
+USER, PASSWORD = "bob", "s3cret-Pw:with colon"
+BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+
+
+def _name(text: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+
+def make_ca(folder: Path) -> tuple[Path, dict]:
+    """A CA (ca.crt) and a certificate it signs for 127.0.0.1; returns (CA path, the
+    registry's tls section)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = {"not_valid_before": now - datetime.timedelta(days=1),
+             "not_valid_after": now + datetime.timedelta(days=1)}
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder(**valid).subject_name(_name("provisiond test CA"))
+          .issuer_name(_name("provisiond test CA")).public_key(ca_key.public_key())
+          .serial_number(1).add_extension(x509.BasicConstraints(ca=True, path_length=0), True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder(**valid).subject_name(_name("127.0.0.1"))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(2)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(ca_key, hashes.SHA256()))
+    (folder / "certs").mkdir()
+    ca_path = folder / "certs/ca.crt"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return ca_path, {"certificate": str(folder / "server.pem"), "key": str(folder / "server.key")}
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory):
+    """The htpasswd registry over TLS, holding site/private:v1; yields (host, CA path)."""
+    folder = tmp_path_factory.mktemp("private-registry")
+    ca, tls = make_ca(folder)
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()
+    (folder / "htpasswd").write_text(f"{USER}:{hashed}\n")
+    auth = {"htpasswd": {"realm": "provisiond-test", "path": str(folder / "htpasswd")}}
+    with running_registry(folder, auth, tls) as (host, _):
+        layout = Layout(folder / "layout")
+        layout.tag("v1", layout.image(three_layers("private")))
+        push(layout, "v1", f"{host}/site/private:v1", "--preserve-digests",
+             "--dest-creds", f"{USER}:{PASSWORD}")
+        yield host, ca
+
+
+@pytest.fixture(autouse=True)
+def no_auth_files_of_the_machine(monkeypatch, tmp_path):
+    """Only the auth files a test writes: HOME and the XDG folders are the test's."""
+    for name in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def imported(config, name: str, tmp_path: Path) -> bytes:
+    """The /etc/mark of the imported image (its layers unpacked)."""
+    unpack_image(config, load_manifest(config, name), tmp_path / name)
+    return (tmp_path / name / "etc/mark").read_bytes()
+
+
+def no_secret_stored(config, result) -> bool:
+    """The password is in no file of the state dir (manifest, recipe, layers, logs) and
+    in nothing printed."""
+    secret = PASSWORD.encode()
+    files = [p for p in config.state_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    return not any(secret in p.read_bytes() for p in files) and \
+        PASSWORD not in result.out + result.err
+
+
+def one_line(result, code: int, *parts: str) -> bool:
+    return (result.code == code and result.err.count("\n") == 1 and "Traceback" not in
+            result.err and all(part in result.err for part in parts))
+
+
+def test_creds_and_a_ca_file(cli, config, private, tmp_path):
+    host, ca = private
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "priv",
+                 "--creds", f"{USER}:{PASSWORD}", "--ca-file", str(ca))
+    assert result.code == 0, result.err
+    assert imported(config, "priv", tmp_path) == b"private"
+    assert no_secret_stored(config, result)
+
+
+def test_an_auth_file_and_a_cert_dir(cli, config, private, tmp_path):
+    host, ca = private
+    authfile = tmp_path / "auth.json"
+    authfile.write_text(json.dumps({"auths": {host: {"auth": BASIC.split()[1]}}}))
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "fromfile",
+                 "--authfile", str(authfile), "--cert-dir", str(ca.parent))
+    assert result.code == 0, result.err
+    assert imported(config, "fromfile", tmp_path) == b"private"
+
+
+def test_the_docker_config_of_home_is_read_by_default(cli, config, private, tmp_path):
+    host, ca = private
+    (tmp_path / "home/.docker").mkdir(parents=True)
+    (tmp_path / "home/.docker/config.json").write_text(json.dumps(
+        {"auths": {host: {"auth": BASIC.split()[1]}}}))
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "fromhome",
+                 "--ca-file", str(ca))
+    assert result.code == 0, result.err
+
+
+def test_password_stdin(cli, config, private, monkeypatch, tmp_path):
+    host, ca = private
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "stdin",
+                 "--creds", USER, "--password-stdin", "--ca-file", str(ca))
+    assert result.code == 0, result.err
+    assert no_secret_stored(config, result)
+
+
+def test_a_wrong_password_is_one_line_and_stores_nothing(cli, config, private):
+    host, ca = private
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "wrong",
+                 "--creds", f"{USER}:not-{PASSWORD}", "--ca-file", str(ca))
+    assert one_line(result, BuildFailed.exit_code,
+                    f"{host} refused the login for user {USER} (HTTP 401)"), result.err
+    assert nothing_stored(config, "wrong") and no_secret_stored(config, result)
+
+
+def test_no_credentials_is_one_line(cli, config, private):
+    host, ca = private
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "anon",
+                 "--ca-file", str(ca))
+    assert one_line(result, BuildFailed.exit_code, f"{host} asks for a login; give --creds"), \
+        result.err
+    assert nothing_stored(config, "anon")
+
+
+def test_a_password_neither_given_nor_asked_for_is_one_line(cli, config, private,
+                                                            monkeypatch):
+    host, ca = private
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "nopw",
+                 "--creds", USER, "--ca-file", str(ca))
+    assert one_line(result, InvalidInput.exit_code, f"no password for {USER}"), result.err
+
+
+def test_an_untrusted_ca_is_one_line_and_tls_verify_false_accepts_it(cli, config, private,
+                                                                     tmp_path):
+    host, _ = private
+    args = ["image", "import", f"docker://{host}/site/private:v1", "untrusted",
+            "--creds", f"{USER}:{PASSWORD}"]
+    result = cli(*args)
+    assert one_line(result, BuildFailed.exit_code, f"the TLS certificate of {host} is not "
+                    "trusted", "--ca-file"), result.err
+    assert nothing_stored(config, "untrusted")
+    result = cli(*args, "--tls-verify=false")
+    assert result.code == 0, result.err
+    assert imported(config, "untrusted", tmp_path) == b"private"
+
+
+def test_registry_options_with_another_source_are_refused(cli, tmp_path):
+    result = cli("image", "import", f"oci:{tmp_path}:v1", "x", "--creds", "bob:pw")
+    assert one_line(result, InvalidInput.exit_code, "for docker:// sources only"), result.err
+
+
+@pytest.fixture(scope="module")
+def login_tokens(tmp_path_factory):
+    """docker-registry (plain HTTP, loopback) asking for bearer tokens from a token service
+    that gives them only to bob's Basic login."""
+    folder = tmp_path_factory.mktemp("login-token-registry")
+    tokens = TokenService(folder, login=BASIC)
+    auth = {"token": {"realm": tokens.realm, "service": "registry-test",
+                      "issuer": "provisiond-test", "rootcertbundle": str(tokens.bundle)}}
+    try:
+        with running_registry(folder, auth) as (host, _):
+            yield host, tokens
+    finally:
+        tokens.close()
+
+
+def test_a_token_is_fetched_with_the_login(cli, config, login_tokens, tmp_path):
+    host, tokens = login_tokens
+    layout = Layout(tmp_path / "layout")
+    layout.tag("v1", layout.image(three_layers("login-token")))
+    push(layout, "v1", f"{host}/site/tok:v1", "--preserve-digests",
+         "--dest-creds", f"{USER}:{PASSWORD}")
+    tokens.logins.clear()
+    result = cli("image", "import", f"docker://{host}/site/tok:v1", "tok",
+                 "--creds", f"{USER}:{PASSWORD}")
+    assert result.code == 0, result.err
+    assert tokens.logins == [BASIC]
+    assert imported(config, "tok", tmp_path) == b"login-token"
+    result = cli("image", "import", f"docker://{host}/site/tok:v1", "tokwrong",
+                 "--creds", f"{USER}:wrong")
+    assert one_line(result, BuildFailed.exit_code, f"{host} (its token service "
+                    f"{tokens.realm.split('/')[2]}) refused the login for user {USER}"), \
+        result.err
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["tok"]
+    assert not (config.images_dir / "tokwrong").exists()
