@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import getpass
 import os
 import sys
 from pathlib import Path
@@ -107,7 +106,7 @@ def cmd_build(args, ctx) -> int:
 
 
 def cmd_import(args, ctx) -> int:
-    access = _registry_access(args)
+    access = _registry_access(args, ctx)
     with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_image(ctx.config, args.source, args.name, progress,
                                        kernel_args=args.kernel_args, init=args.init,
@@ -124,7 +123,7 @@ def _boolean(text: str) -> bool:
     return value[text.lower()]
 
 
-def _registry_access(args) -> Access:
+def _registry_access(args, ctx) -> Access:
     """The registry options as one value; the password asked for here if it must be."""
     registry_only = args.creds or args.password_stdin or args.authfile or args.cert_dir \
         or args.ca_file or not args.tls_verify
@@ -134,12 +133,12 @@ def _registry_access(args) -> Access:
     if args.authfile and not args.authfile.is_file():
         raise InvalidInput(f"--authfile {args.authfile}: no such file")
     cas = tuple(args.ca_file) + (cert_dir_cas(args.cert_dir) if args.cert_dir else ())
-    return Access(credentials=_credentials(args), insecure=args.insecure,
+    return Access(credentials=_credentials(args, ctx), insecure=args.insecure,
                   auth_files=auth_file_paths(args.authfile, os.environ, Path.home()),
                   tls_verify=args.tls_verify, ca_files=cas)
 
 
-def _credentials(args) -> Credentials | None:
+def _credentials(args, ctx) -> Credentials | None:
     """--creds USER:PASSWORD, or USER with the password from stdin or the terminal."""
     if args.password_stdin and not args.creds:
         raise InvalidInput("--password-stdin needs --creds USER")
@@ -148,13 +147,11 @@ def _credentials(args) -> Credentials | None:
     username, password = parse_creds(args.creds)
     if password is not None and args.password_stdin:
         raise InvalidInput("--creds USER:PASSWORD and --password-stdin: give the password once")
-    if args.password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")  # as skopeo and docker read it
-    elif password is None and sys.stdin.isatty():
-        password = getpass.getpass(f"Password for {username}: ")
-    elif password is None:
+    if password is None and not (args.password_stdin or sys.stdin.isatty()):
         raise InvalidInput(f"no password for {username}: give --creds {username}:PASSWORD, "
                            "--password-stdin, or run on a terminal")
+    if password is None:
+        password = ctx.read_secret(f"password of {username}")
     return Credentials(username, password)
 
 

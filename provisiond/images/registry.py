@@ -10,6 +10,7 @@ credentials if there are any, else anonymously, as docker and skopeo do
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import http.client
 import ipaddress
@@ -27,8 +28,9 @@ from provisiond.images.layout import (INDEXES, MANIFESTS, MAX_MANIFEST, ImageRef
                                       ImportFailed, LayoutWriter, check_digest,
                                       check_manifest, media_type,
                                       pick_platform, verify_document)
-from provisiond.images.registry_access import (Access, Challenge, find_credentials,
-                                               parse_challenge, tls_context)
+from provisiond.images.registry_access import (Access, Challenge, Credentials,
+                                               find_credentials, parse_challenge,
+                                               tls_context)
 
 # The distribution spec's grammar for repository names, tags and digests.
 REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)"
@@ -93,12 +95,18 @@ class Client:
         self.insecure = self.access.insecure
         self.scheme = "http" if self.insecure else "https"
         self.may_fall_back = reference.loopback and not self.insecure
-        self.credentials = self.access.credentials or find_credentials(
-            self.access.auth_files, reference.registry, reference.repository)
         self.authorization: str | None = None
+        self.proven = False  # the registry took self.authorization at least once
         self.opener = urllib.request.build_opener(
             _NoDowngrade(self.insecure), urllib.request.HTTPSHandler(
                 context=tls_context(self.access)))
+
+    @functools.cached_property
+    def credentials(self) -> Credentials | None:
+        """--creds, else the auth files' entry, read only when the registry asks for a
+        login (a pull that needs none never reads them)."""
+        return self.access.credentials or find_credentials(
+            self.access.auth_files, self.reference.registry, self.reference.repository)
 
     def url(self, kind: str, ref: str) -> str:
         return (f"{self.scheme}://{self.reference.registry}/v2/"
@@ -113,12 +121,17 @@ class Client:
             if self.authorization:  # not carried over a redirect to blob storage elsewhere
                 request.add_unredirected_header("Authorization", self.authorization)
             try:
-                return self.opener.open(request, timeout=TIMEOUT)
+                response = self.opener.open(request, timeout=TIMEOUT)
+                self.proven = self.authorization is not None
+                return response
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 exc.close()
-                if exc.code == 401 and self.authorization is None:
+                # log in when asked; again only if the last login had served (a bearer
+                # token that expired during a long pull), so a refused one is not retried
+                if exc.code == 401 and (self.authorization is None or self.proven):
                     self.authorization = self._login(parse_challenge(challenge))
+                    self.proven = False
                     continue
                 raise self._error(exc.code, url) from None
             except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:

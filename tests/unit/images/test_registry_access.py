@@ -323,3 +323,37 @@ def test_credentials_from_an_auth_file_are_used(servers, tmp_path):
     reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
     pull(reference, LayoutWriter(tmp_path / "layout"), Access(auth_files=(path,)))
     assert registry.seen[-1][1] == BOB.basic()
+
+
+def test_an_expired_token_is_fetched_again_once(servers, tmp_path):
+    """A bearer token that served the manifest and then expires (a long pull) is renewed;
+    a token refused at once is not asked for again."""
+    registry, tokens = servers
+    challenge = f'Bearer realm="http://{_host(tokens)}/token",service="reg"'
+    issued = iter(["T1", "T2"])
+    tokens.routes = {"/token": (0, {}, lambda auth: (200, {}, json.dumps(
+        {"token": next(issued, "T-more")}).encode()))}
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    refused = (401, {"WWW-Authenticate": challenge}, b"")
+    registry.routes = {
+        "/v2/site/a/manifests/": (0, {}, lambda auth: ok if auth == "Bearer T1" else refused),
+        "/v2/site/a/blobs/": (0, {}, lambda auth: (200, {}, b"{}") if auth == "Bearer T2"
+                              else refused)}
+    _pull(registry, tmp_path / "renewed")
+    assert len(tokens.seen) == 2 and registry.seen[-1][1] == "Bearer T2"
+    issued = iter(["T0"])  # never taken: one new token, then one line
+    tokens.seen.clear()
+    with pytest.raises(ImportFailed, match="refused anonymous access to site/a"):
+        _pull(registry, tmp_path / "refused")
+    assert len(tokens.seen) == 1
+
+
+def test_auth_files_are_not_read_when_the_registry_asks_for_no_login(servers, tmp_path):
+    registry, _ = servers
+    registry.routes = {"/v2/site/a/manifests/": (200, {
+        "Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST),
+        "/v2/site/a/blobs/": (200, {}, b"{}")}
+    broken = tmp_path / "auth.json"
+    broken.write_text("{")
+    reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+    pull(reference, LayoutWriter(tmp_path / "layout"), Access(auth_files=(broken,)))
