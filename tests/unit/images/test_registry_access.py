@@ -357,3 +357,12 @@ def test_auth_files_are_not_read_when_the_registry_asks_for_no_login(servers, tm
     broken.write_text("{")
     reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
     pull(reference, LayoutWriter(tmp_path / "layout"), Access(auth_files=(broken,)))
+
+
+def test_a_login_taken_but_denied_the_repository_is_one_line(servers, tmp_path):
+    registry, _ = servers
+    registry.routes = {"/v2/": (0, {}, _needs(BOB.basic(), (403, {}, b"")))}
+    with pytest.raises(ImportFailed) as refused:
+        _pull(registry, tmp_path, BOB)
+    assert str(refused.value).endswith(f"{_host(registry)} refused user bob access to site/a "
+                                       "(HTTP 403)")
