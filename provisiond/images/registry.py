@@ -41,7 +41,6 @@ HOST_RE = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])(?::\d{1,5})?")
 DOCKER_HUB = "registry-1.docker.io"
 ACCEPT = ", ".join([*INDEXES, *MANIFESTS])
 TIMEOUT = 60
-CHALLENGE_RE = re.compile(r'(\w+)="([^"]*)"')
 
 
 @dataclass(frozen=True)
