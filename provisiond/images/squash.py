@@ -38,7 +38,7 @@ MODULES_DIR = ".provisiond/modules"
 KIT_BIN = ".provisiond/bin"
 RDINIT = "/.provisiond/bin/init"  # the kernel's rdinit= for a mounted boot
 APPLETS = ("sh", "mount", "umount", "mkdir", "cp", "rm", "cat", "insmod", "switch_root",
-           "losetup", "ls", "sleep")
+           "losetup", "ls", "sleep", "find", "dmesg")
 WRAPPER = """#!/.provisiond/bin/sh
 # provisiond mounted boot: the image is not unpacked, so the init overlay's /init runs with
 # the boot kit's busybox

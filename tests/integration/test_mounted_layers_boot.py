@@ -1,6 +1,7 @@
 """Mounted layers boot for real, without network: an image on top of tiny that deletes a
-file (a whiteout), replaces a directory (an opaque dir) and has a symlink an overlay
-replaces, its kernel blob and initrds as
+file (a whiteout), replaces a directory (an opaque dir), has a symlink an overlay
+replaces and a directory symlink (/var/run -> /run) where a site overlay has a directory,
+a file deleted by one layer and made again by the next, its kernel blob and initrds as
 the iPXE script orders them, handed to QEMU (TCG). The mounted boot must show the same
 root as the unpacked one, on an overlayfs root stacked from read-only squashfs layers."""
 
@@ -31,10 +32,13 @@ CHECK = """#!/bin/sh
 [ -e /usr/share/udhcpc/new ] && echo "CHECK: new dir content shows"
 echo "CHECK: link to $(readlink /etc/systemd/system/multi-user.target.wants/systemd-networkd.service)"
 echo "CHECK: old mtime $(stat -c %Y /etc/old)"
+[ -d /var/run ] && [ ! -L /var/run ] && echo "CHECK: var/run is the overlay's dir: $(ls /var/run)"
+echo "CHECK: remade: $(cat /etc/remade)"
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
 """
+ENDS = (b"CHECK: done", b"starting a shell on the console")  # booted, or /init gave up
 # the network overlay ships this link too: an overlay file must replace the image's
 WANTS = "/etc/systemd/system/multi-user.target.wants"
 RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args":
@@ -45,7 +49,11 @@ RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args"
                   "touch -t 202005050000 /etc/old",  # older than the clamp: kept
                   "rm -rf /usr/share/udhcpc && mkdir /usr/share/udhcpc && : > "
                   "/usr/share/udhcpc/new",
-                  f"mkdir -p {WANTS} && ln -s /old/target {WANTS}/systemd-networkd.service"]},
+                  f"mkdir -p {WANTS} && ln -s /old/target {WANTS}/systemd-networkd.service",
+                  "rm -rf /var/run && ln -s /run /var/run",
+                  "echo old > /etc/remade"]},
+              {"kind": "run", "commands": ["rm /etc/remade"]},
+              {"kind": "run", "commands": ["echo new > /etc/remade"]},
               {"kind": "copy", "files": [{"src": "check", "dest": "/etc/init.d/S10check",
                                           "mode": "0755"}]}]}
 
@@ -59,7 +67,10 @@ def built(tmp_path_factory):
     folder.mkdir(parents=True)
     (folder / "image.yaml").write_text(yaml.safe_dump(RECIPE))
     (folder / "check").write_text(CHECK)
-    node = {"image": "tinywh", "system_overlays": ["init", "network"],
+    site = state / "overlays" / "varrun" / "var" / "run"
+    site.mkdir(parents=True)
+    (site / "marker").write_text("from the overlay\n")
+    node = {"image": "tinywh", "system_overlays": ["init", "network", "varrun"],
             "netdevs": {"eth0": {"mac": "52:54:00:00:00:01"}}}
     (state / "inventory.yaml").write_text(yaml.safe_dump({"nodes": {"n001": node}}))
     config = load_config(state)
@@ -83,7 +94,7 @@ def boot(config, manifest: dict, mode: str, log: Path) -> str:
                                 stdin=subprocess.DEVNULL)
         try:
             deadline = 240
-            while deadline > 0 and b"CHECK: done" not in log.read_bytes():
+            while deadline > 0 and not any(mark in log.read_bytes() for mark in ENDS):
                 try:
                     proc.wait(timeout=2)
                     break
@@ -118,6 +129,11 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     assert "CHECK: new dir content shows" in log
     assert "CHECK: link to /lib/systemd/system/systemd-networkd.service" in log
     assert "CHECK: old mtime 1588636800" in log  # not the clamp (as -all-time made it)
+    # the unpacked boot's kernel replaces the image's symlink by the overlay's directory;
+    # the mounted boot's cp stopped there ("target '/.provisiond-root/var/run' is not a
+    # directory") and the node got a shell instead of its init
+    assert "CHECK: var/run is the overlay's dir: marker" in log, log[-3000:]
+    assert "CHECK: remade: new" in log
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]
