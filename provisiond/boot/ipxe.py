@@ -16,7 +16,7 @@ from provisiond.boot.artifacts import LruCache, ManifestCache
 from provisiond.boot.table import BootEntry
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
-from provisiond.images.squash import RDINIT, boot_mode, layer_blobs
+from provisiond.images.squash import boot_mode, layer_blobs, mounted_args
 from provisiond.trust import tokens
 
 _ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined,
@@ -106,9 +106,9 @@ def kernel_args(config: Config, manifest: dict, name: str, node, initrds,
                 mode: str = "unpacked") -> list[str]:
     """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts);
     the token is TOKEN_MARK, replaced by a new one each time the script is served. A
-    mounted boot starts in the boot kit (rdinit=)."""
+    mounted boot starts in the boot kit (rdinit=) and says how many layers /init mounts."""
     args = [f"initrd={n}" for n, _ in initrds]
-    args += [f"rdinit={RDINIT}"] if mode == "mounted" else []
+    args += mounted_args(manifest) if mode == "mounted" else []
     args += manifest.get("kernel_args") or []
     args += (node.record.kernel_args or []) if node is not None else []
     if manifest.get("init") and manifest["init"] != "/sbin/init":

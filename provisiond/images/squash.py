@@ -45,7 +45,13 @@ WRAPPER = """#!/.provisiond/bin/sh
 PATH=/.provisiond/bin
 export PATH
 if [ ! -f /init ]; then  # pid 1 ending would be a kernel panic saying nothing of why
-    echo "provisiond: no /init: the node needs the init system overlay (system_overlays)"
+    case "$(dmesg)" in  # the overlays come last: a short unpacking loses them first
+        *"Initramfs unpacking failed"*)
+            mkdir -p /proc && mount -t proc proc /proc && read -r _ kib _ </proc/meminfo
+            echo "provisiond: no /init: the kernel could not unpack all the boot files"
+            echo "provisiond: ('Initramfs unpacking failed' above): ${kib:+$((kib / 1024)) MiB of }RAM may be too little for the image's layers, or a boot file is damaged" ;;
+        *) echo "provisiond: no /init: the node needs the init system overlay (system_overlays)" ;;
+    esac
     echo "provisiond: cannot boot; starting a shell on the console"
     exec sh
 fi
@@ -246,6 +252,13 @@ def layer_blobs(manifest: dict, mode: str) -> list[str]:
         return [layer["digest"] for layer in manifest["layers"]]
     mounted = manifest["mounted"]
     return [mounted["kit"]["digest"]] + [layer["digest"] for layer in mounted["layers"]]
+
+
+def mounted_args(manifest: dict) -> list[str]:
+    """The kernel args of a mounted boot: start in the boot kit, and how many layers /init
+    must find (a short initramfs unpacking, too little RAM, would otherwise boot a root
+    missing its top layers)."""
+    return [f"rdinit={RDINIT}", f"provisiond.layers={len(manifest['mounted']['layers'])}"]
 
 
 def mounted_layers(config: Config, records: list[dict], version: str,

@@ -77,14 +77,15 @@ def built(tmp_path_factory):
     return config, build_image(config, "tinywh")
 
 
-def boot(config, manifest: dict, mode: str, log: Path) -> str:
-    """Kernel + initrds as node_script lists them for `mode`, the kernel args it sets."""
+def boot(config, manifest: dict, mode: str, log: Path, edit=lambda parts: parts) -> str:
+    """Kernel + initrds as node_script lists them for `mode` (`edit` may change the list
+    of their contents), the kernel args it sets."""
     parts = [blob_path(config, d) for d in layer_blobs(manifest, mode)]
     parts += [ensure_overlay(config, "n001", kind) for kind in ("shared", "system")]
     initrd = log.with_suffix(".initrd")
-    initrd.write_bytes(b"".join(p.read_bytes() for p in parts))
+    initrd.write_bytes(b"".join(edit([p.read_bytes() for p in parts])))
     args = [a for a in kernel_args(config, manifest, "n001", None, [], mode)
-            if a.startswith(("console=", "rdinit="))]
+            if a.startswith(("console=", "rdinit=", "provisiond.layers="))]
     argv = command(["qemu-system-x86_64", "-accel", "tcg", "-m", "256", "-nographic",
                     "-no-reboot", "-nic", "none", "-kernel",
                     str(blob_path(config, manifest["kernel"]["digest"])), "-initrd",
@@ -141,3 +142,30 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     else:
         assert "provisiond-init: building the root file system in tmpfs" in log
         assert "CHECK: root is tmpfs" in log
+
+
+def test_a_layer_missing_stops_the_boot(built, tmp_path):
+    """A layer file the kernel did not get: /init mounted the others and switched root
+    into an image without that layer's files, saying nothing."""
+    config, manifest = built
+    log = boot(config, manifest, "mounted", tmp_path / "short.log",
+               lambda parts: parts[:2] + parts[3:])  # the kit, layer 1, then layer 3 on
+    count = len(manifest["layers"])
+    assert f"ERROR: the image has {count} layers, the kernel unpacked {count - 1}" in log, \
+        log[-3000:]
+    assert "CHECK: done" not in log
+
+
+def test_a_short_unpacking_says_so(built, tmp_path):
+    """What a node with too little RAM for its layers sees: the kernel stops unpacking
+    ("Initramfs unpacking failed"), so the overlays, sent last, are missing; the kit's
+    wrapper said the node lacks the init overlay. Junk after the layers stops the unpacking
+    as a full RAM does (a RAM size that fails exactly there depends on the kernel)."""
+    config, manifest = built
+    log = boot(config, manifest, "mounted", tmp_path / "junk.log",
+               lambda parts: [*parts[:-2], b"\x01junk" * 1024, *parts[-2:]])
+    assert "Initramfs unpacking failed" in log, log[-3000:]
+    assert "provisiond: no /init: the kernel could not unpack all the boot files" in log, \
+        log[-3000:]
+    assert "MiB of RAM may be too little for the image's layers" in log
+    assert "needs the init system overlay" not in log
