@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -65,8 +66,15 @@ FORMATS = {
 }
 DEFAULT_FORMAT = "squashfs"
 # How layers are packed: a layer's mounted form made by another packing is made again (2:
-# file times clamped, no longer all set to the epoch; 3: squashfs zstd-16, 256 KiB blocks)
-PACKING = 3
+# file times clamped, no longer all set to the epoch; 3: squashfs zstd-16, 256 KiB blocks;
+# 4: a layer with less data packed with smaller blocks, see squashfs_block)
+PACKING = 4
+# Each squashfs mount holds a data and a fragment cache of one block each and a zstd
+# context for a block for as long as it is mounted, however little the layer holds.
+# Measured in Debian 12's kernel (6.1, QEMU, MemAvailable after boot, 10 tiny layers more
+# against 10 fewer): 1.8 MiB per mount with 256 KiB blocks (1.1 slab, 0.7 vmalloc),
+# 0.33 MiB with 4 KiB ones.
+MIN_BLOCK = 4096
 NEWC_MAX_FILE = 0xFFFFFFFF  # a newc entry's size is 8 hex digits (archive.Writer refuses more)
 BOOT_MODES = ("mounted", "unpacked")
 DEFAULT_BOOT = "mounted"
@@ -110,6 +118,25 @@ def pack_image(fs: str, tree: Path, out: Path, compressor: str | None = None,
         raise BuildFailed(f"{argv[0]} failed: {lines[-1]}")
 
 
+def squashfs_block(tree: Path) -> str:
+    """The block size for a layer: the smallest power of two holding all its file data
+    (one block and its fragments then hold the whole layer), from MIN_BLOCK up to the
+    format's default. The tree's content sets it, so packs stay deterministic."""
+    limit = int(FORMATS["squashfs"]["block"].rstrip("K")) * 1024
+    total = 0
+    for folder, _dirs, files in os.walk(tree):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(folder, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        if total >= limit:
+            return FORMATS["squashfs"]["block"]
+    block = MIN_BLOCK
+    while block < total:
+        block *= 2
+    return f"{block // 1024}K"
+
+
 def layer_file(depth: int, fs: str) -> str:
     return f"{LAYERS_DIR}/{depth:03d}.{fs}"
 
@@ -120,7 +147,7 @@ def store_mounted(config: Config, tree: Path, depth: int, fs: str) -> dict:
     record = {"format": fs, "file": layer_file(depth, fs), "packing": PACKING}
     with tempfile.TemporaryDirectory(prefix=".mounted.", dir=Layout.of(config).blobs) as tmp:
         image = Path(tmp) / f"layer.{fs}"
-        pack_image(fs, tree, image)
+        pack_image(fs, tree, image, block=squashfs_block(tree) if fs == "squashfs" else None)
         size = image.stat().st_size
         if size > NEWC_MAX_FILE:
             return {**record, "unavailable": f"layer {depth + 1}'s {fs} image is "
