@@ -266,11 +266,26 @@ def boot_mode(manifest: dict, args: list[str]) -> str:
     mounted = manifest.get("mounted")
     if not mounted or mounted.get("unavailable"):
         return "unpacked"
-    mode = mounted.get("boot", DEFAULT_BOOT)
+    return _asked_mode(manifest, args) or mounted.get("boot", DEFAULT_BOOT)
+
+
+def _asked_mode(manifest: dict, args: list[str]) -> str | None:
+    """The last `provisiond.boot=` mode among the image's then the node's kernel args."""
+    mode = None
     for arg in [*(manifest.get("kernel_args") or []), *args]:
         if arg.startswith("provisiond.boot=") and arg.split("=", 1)[1] in BOOT_MODES:
             mode = arg.split("=", 1)[1]
     return mode
+
+
+def mounted_refused(manifest: dict, args: list[str]) -> str | None:
+    """Why a node whose kernel args ask `provisiond.boot=mounted` boots unpacked (the
+    iPXE script echoes it on the console, doctor warns), or None."""
+    if _asked_mode(manifest, args) != "mounted" or boot_mode(manifest, args) == "mounted":
+        return None
+    why = (manifest.get("mounted") or {}).get("unavailable") or \
+        "it was built before mounted layers (rebuild it)"
+    return f"boots unpacked, not mounted as provisiond.boot=mounted asks: {why}"
 
 
 def layer_blobs(manifest: dict, mode: str) -> list[str]:

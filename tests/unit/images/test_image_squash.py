@@ -232,3 +232,16 @@ def test_a_small_layer_packs_with_blocks_no_larger_than_its_data(tmp_path, data,
         digests.add(record["digest"])
     assert len(digests) == 1  # deterministic: the same tree, the same block size
     assert block_size(squash.blob_path(config, record["digest"])) == block
+
+
+def test_a_mounted_boot_asked_but_impossible_says_why():
+    unavailable = manifest(boot="unpacked", unavailable="the kernel has no module loop")
+    assert squash.mounted_refused(unavailable, ["provisiond.boot=mounted"]) == (
+        "boots unpacked, not mounted as provisiond.boot=mounted asks: the kernel has no "
+        "module loop")
+    assert squash.mounted_refused(unavailable, []) is None  # nobody asked
+    assert squash.mounted_refused(unavailable, ["provisiond.boot=mounted",
+                                                "provisiond.boot=unpacked"]) is None
+    assert squash.mounted_refused(manifest(), ["provisiond.boot=mounted"]) is None
+    old = {"layers": LAYERS, "kernel_args": ["provisiond.boot=mounted"]}
+    assert "built before mounted layers" in squash.mounted_refused(old, [])
