@@ -263,10 +263,16 @@ def boot_mode(manifest: dict, args: list[str]) -> str:
     """How a node boots this image: `provisiond.boot=` among the image's kernel args, then
     the node's `args` (the last wins), else the image's setting; unpacked when the build
     found a mounted boot impossible (or made no mounted form: an older manifest)."""
-    mounted = manifest.get("mounted")
-    if not mounted or mounted.get("unavailable"):
+    if not _can_mount(manifest):
         return "unpacked"
-    return _asked_mode(manifest, args) or mounted.get("boot", DEFAULT_BOOT)
+    return _asked_mode(manifest, args) or manifest["mounted"].get("boot", DEFAULT_BOOT)
+
+
+def _can_mount(manifest: dict) -> bool:
+    """A mounted form with a boot kit (a manifest trimmed of it by hand named a blob the
+    script could not list: the node's script was a server error)."""
+    mounted = manifest.get("mounted")
+    return bool(mounted) and not mounted.get("unavailable") and "kit" in mounted
 
 
 def _asked_mode(manifest: dict, args: list[str]) -> str | None:
@@ -283,8 +289,9 @@ def mounted_refused(manifest: dict, args: list[str]) -> str | None:
     iPXE script echoes it on the console, doctor warns), or None."""
     if _asked_mode(manifest, args) != "mounted" or boot_mode(manifest, args) == "mounted":
         return None
-    why = (manifest.get("mounted") or {}).get("unavailable") or \
-        "it was built before mounted layers (rebuild it)"
+    mounted = manifest.get("mounted")
+    why = (mounted.get("unavailable") or "its mounted form has no boot kit (rebuild it)") \
+        if mounted else "it was built before mounted layers (rebuild it)"
     return f"boots unpacked, not mounted as provisiond.boot=mounted asks: {why}"
 
 
@@ -335,6 +342,8 @@ def describe_boot(manifest: dict) -> str:
         return "unpacked (built before mounted layers)"
     if mounted.get("unavailable"):
         return f"unpacked (mounted unavailable: {mounted['unavailable']})"
+    if "kit" not in mounted:
+        return "unpacked (the mounted form has no boot kit: build the image again)"
     size = sum(layer["size"] for layer in mounted["layers"]) + mounted["kit"]["size"]
     return (f"{mounted['boot']} (mounted: {mounted['format']}, {size / 2**20:.1f} MiB with "
             f"the boot kit; provisiond.boot=mounted|unpacked per node)")

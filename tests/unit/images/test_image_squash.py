@@ -245,3 +245,17 @@ def test_a_mounted_boot_asked_but_impossible_says_why():
     assert squash.mounted_refused(manifest(), ["provisiond.boot=mounted"]) is None
     old = {"layers": LAYERS, "kernel_args": ["provisiond.boot=mounted"]}
     assert "built before mounted layers" in squash.mounted_refused(old, [])
+
+
+def test_a_mounted_form_without_its_boot_kit_boots_unpacked():
+    """A manifest trimmed of its kit (doctor checks for it): the node's script was a
+    server error (KeyError listing the kit's blob) and `image show` a traceback."""
+    kitless = manifest()
+    kitless["mounted"].pop("kit")
+    assert squash.boot_mode(kitless, ["provisiond.boot=mounted"]) == "unpacked"
+    assert squash.layer_blobs(kitless, squash.boot_mode(kitless, [])) == [
+        layer["digest"] for layer in LAYERS]
+    assert squash.describe_boot(kitless) == (
+        "unpacked (the mounted form has no boot kit: build the image again)")
+    assert squash.mounted_refused(kitless, ["provisiond.boot=mounted"]).endswith(
+        "its mounted form has no boot kit (rebuild it)")
