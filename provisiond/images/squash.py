@@ -328,13 +328,6 @@ def mounted_layers(config: Config, records: list[dict], version: str,
     return mounted_section(records, kit, boot or DEFAULT_BOOT)
 
 
-def mounted_digests(manifest: dict) -> list[str]:
-    """The blobs a manifest's mounted form references (kept by gc)."""
-    mounted = manifest.get("mounted") or {}
-    found = [layer["digest"] for layer in mounted.get("layers", [])]
-    return found + ([mounted["kit"]["digest"]] if "kit" in mounted else [])
-
-
 def describe_boot(manifest: dict) -> str:
     """One line for `image show`: the default boot mode and the mounted form's size."""
     mounted = manifest.get("mounted")
