@@ -16,7 +16,7 @@ from provisiond.boot.artifacts import LruCache, ManifestCache
 from provisiond.boot.table import BootEntry
 from provisiond.config import Config
 from provisiond.errors import ProvisiondError
-from provisiond.images.squash import RDINIT, boot_mode, layer_blobs
+from provisiond.images.squash import boot_mode, layer_blobs, mounted_args, mounted_refused
 from provisiond.trust import tokens
 
 _ENV = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined,
@@ -26,7 +26,8 @@ NODE_SCRIPT = _ENV.from_string("""\
 #!ipxe
 # provisiond: {{ node }} ({{ image }})
 echo provisiond: booting {{ node }} with image {{ image }}
-kernel {{ base }}/blobs/sha256/{{ kernel }} {{ args }} || goto failed
+{% if note %}echo provisiond: image {{ image }} {{ note }}
+{% endif %}kernel {{ base }}/blobs/sha256/{{ kernel }} {{ args }} || goto failed
 {% for name, url in initrds %}initrd --name {{ name }} {{ url }} || goto failed
 {% endfor %}boot || goto failed
 :failed
@@ -58,8 +59,13 @@ def chain_script(config: Config) -> str:
 
 def retry_script(config: Config, reason: str) -> str:
     """A script that says why there is nothing to boot and asks again later."""
-    reason = "".join(c for c in reason if c.isprintable() and c not in "${}")
-    return RETRY_SCRIPT.render(reason=reason, retry=RETRY_SECONDS, base=base_url(config))
+    return RETRY_SCRIPT.render(reason=_echoable(reason), retry=RETRY_SECONDS,
+                               base=base_url(config))
+
+
+def _echoable(text: str) -> str:
+    """`text` safe on an iPXE echo line (no expansion, no line break)."""
+    return "".join(c for c in text if c.isprintable() and c not in "${}")
 
 
 def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node) -> str:
@@ -71,13 +77,15 @@ def node_script(config: Config, manifests: ManifestCache, entry: BootEntry, node
     except ProvisiondError as exc:
         return retry_script(config, f"{entry.node}: {exc}")
     base = base_url(config)
-    mode = boot_mode(manifest, (node.record.kernel_args or []) if node is not None else [])
+    node_args = (node.record.kernel_args or []) if node is not None else []
+    mode = boot_mode(manifest, node_args)
+    note = _echoable(mounted_refused(manifest, node_args) or "")
     initrds = [(f"l{i}", f"{base}/blobs/sha256/{digest.removeprefix('sha256:')}")
                for i, digest in enumerate(layer_blobs(manifest, mode))]
     for kind in ("shared", "system"):
         initrds.append((f"l{len(initrds)}", f"{base}/overlays/{entry.node}/{kind}"))
     return NODE_SCRIPT.render(
-        node=entry.node, image=entry.image, base=base, retry=RETRY_SECONDS,
+        node=entry.node, image=entry.image, base=base, retry=RETRY_SECONDS, note=note,
         kernel=manifest["kernel"]["digest"].removeprefix("sha256:"), initrds=initrds,
         args=" ".join(kernel_args(config, manifest, entry.node, node, initrds, mode)))
 
@@ -97,7 +105,7 @@ def discovery_script(config: Config, manifests: ManifestCache, mac: str) -> str:
     args = [f"initrd={n}" for n, _ in initrds] + (manifest.get("kernel_args") or [])
     args += [f"provisiond.url={base}", f"provisiond.discover={mac}"]
     return NODE_SCRIPT.render(
-        node=f"discovery of {mac}", image=image, base=base, retry=RETRY_SECONDS,
+        node=f"discovery of {mac}", image=image, base=base, retry=RETRY_SECONDS, note="",
         kernel=manifest["kernel"]["digest"].removeprefix("sha256:"), initrds=initrds,
         args=" ".join(args))
 
@@ -106,9 +114,9 @@ def kernel_args(config: Config, manifest: dict, name: str, node, initrds,
                 mode: str = "unpacked") -> list[str]:
     """initrd=... per initrd, the image's args, the node's args, provisiond.* (contracts);
     the token is TOKEN_MARK, replaced by a new one each time the script is served. A
-    mounted boot starts in the boot kit (rdinit=)."""
+    mounted boot starts in the boot kit (rdinit=) and says how many layers /init mounts."""
     args = [f"initrd={n}" for n, _ in initrds]
-    args += [f"rdinit={RDINIT}"] if mode == "mounted" else []
+    args += mounted_args(manifest) if mode == "mounted" else []
     args += manifest.get("kernel_args") or []
     args += (node.record.kernel_args or []) if node is not None else []
     if manifest.get("init") and manifest["init"] != "/sbin/init":

@@ -6,24 +6,30 @@ session's own. Exit 0: the upper dir is written as an OCI layer tarball (`.wh.` 
 for deletions) to `images/<name>/shell/`, listed in `images/<name>/shell.json` as a `tar`
 layer after the recipe's, and the image is rebuilt: every other layer is cached, so only
 that one is new. Any other exit, a signal or Ctrl-C: the upper dir is thrown away.
+
+One shell at a time per image: a second is refused naming the first's PID (both would
+list their layer on the same top, and the later one's rebuild would carry changes made
+without seeing the other's). shell.json is changed under its lock, read then written, so
+shells of different images and a failed rebuild taking its entry back lose nobody's entry.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import BuildFailed, ExitCode, ProvisiondError
+from provisiond.errors import BuildFailed, Conflict, ExitCode, ProvisiondError
 from provisiond.images import chroot
 from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
@@ -32,7 +38,7 @@ from provisiond.images.layers import is_opaque
 from provisiond.images.manifests import gc_lock, load_manifest
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
 from provisiond.images.steps import no_services
-from provisiond.state.layout import Layout
+from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
@@ -50,22 +56,61 @@ class ShellInterrupted(ShellAborted):
     exit_code = ExitCode.INTERRUPTED
 
 
+class ShellBusy(Conflict):
+    """Another `image shell` is running on the image."""
+
+    code = "shell_busy"
+
+
 def image_shell(config: Config, name: str, command: str | None = None,
                 progress=None) -> dict | None:
     """Run the session; returns the new manifest, or None when nothing changed."""
     chroot.require_build_privileges("an image shell")
-    with _session(config, name) as (lowers, upper, work):
-        code = _run(lowers, upper, work, command)
-        if code == -signal.SIGINT:
-            raise ShellInterrupted(f"image {name} unchanged: interrupted (Ctrl-C)")
-        if code != 0:
-            how = f"signal {-code}" if code < 0 else f"status {code}"
-            raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
-        _prune_copied_up(upper, lowers)
-        if not any(upper.iterdir()):
-            return None
-        tar = _save_layer(config, name, upper)
-    return _add_layer(config, name, tar, command, progress)
+    with _only_shell(config, name):
+        with _session(config, name) as (lowers, upper, work):
+            code = _run(lowers, upper, work, command)
+            if code == -signal.SIGINT:
+                raise ShellInterrupted(f"image {name} unchanged: interrupted (Ctrl-C)")
+            if code != 0:
+                how = f"signal {-code}" if code < 0 else f"status {code}"
+                raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
+            _prune_copied_up(upper, lowers)
+            if not any(upper.iterdir()):
+                return None
+            tar = _save_layer(config, name, upper)
+        return _add_layer(config, name, tar, command, progress)
+
+
+@contextlib.contextmanager
+def _only_shell(config: Config, name: str, pid_wait: float = 2.0) -> Iterator[None]:
+    """Hold the image's shell lock, our PID written in it, through the session and the
+    rebuild; ShellBusy naming the holder's PID when another shell has it. The lock goes
+    with the process however it ends (flock), so a killed shell blocks nobody."""
+    path = Layout.of(config).image_shell_lock(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ShellBusy(f"image {name}: another image shell is running on it (PID "
+                            f"{_holder(fd, pid_wait)}); try again when it has ended") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int, wait: float) -> str:
+    """The PID the lock's holder wrote (it writes just after taking the lock: wait a
+    little for it), or '?'."""
+    deadline = time.monotonic() + wait
+    while True:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if pid.isdigit() or time.monotonic() > deadline:
+            return pid if pid.isdigit() else "?"
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -183,20 +228,37 @@ def _plain(name: str, mtime: int) -> tarfile.TarInfo:
 
 def _add_layer(config: Config, name: str, tar: Path, command: str | None, progress) -> dict:
     """List the tarball as the image's next shell layer and rebuild; a failed build takes
-    the entry and the tarball back out, so the image stays as it was."""
-    listing = Layout.of(config).image_shell_layers(name)
-    before = listing.read_text() if listing.is_file() else None
-    entries = ShellLayers.model_validate_json(before) if before else ShellLayers([])
+    the entry (and the tarball, unless another entry lists it) back out, so the image
+    stays as it was."""
+    path = f"shell/{tar.name}"
     what = f"image shell: {command}" if command else "image shell (interactive)"
-    entries.root.append(ShellLayer(path=f"shell/{tar.name}", description=what[:200]))
-    write_atomic(listing, entries.text())
+    _edit_listing(config, name, lambda entries: [
+        *entries, ShellLayer(path=path, description=what[:200])])
     try:
         return build_image(config, name, progress)
     except BaseException:
-        if before is None:
-            listing.unlink(missing_ok=True)
-        else:
-            write_atomic(listing, before)
-        if not any(e.path == f"shell/{tar.name}" for e in entries.root[:-1]):
+        left = _edit_listing(config, name, lambda entries: _without(entries, path))
+        if not any(e.path == path for e in left):
             tar.unlink(missing_ok=True)
         raise
+
+
+def _without(entries: list[ShellLayer], path: str) -> list[ShellLayer]:
+    """The entries less the last one listing `path` (the one this session added)."""
+    last = max((i for i, e in enumerate(entries) if e.path == path), default=None)
+    return [e for i, e in enumerate(entries) if i != last]
+
+
+def _edit_listing(config: Config, name: str, change) -> list[ShellLayer]:
+    """Read-modify-write of the image's shell.json under its lock; the file goes when no
+    entry is left. Returns the entries written."""
+    listing = Layout.of(config).image_shell_layers(name)
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    with locked(lock_of(listing)):
+        text = listing.read_text() if listing.is_file() else ""
+        entries = change(ShellLayers.model_validate_json(text).root if text else [])
+        if entries:
+            write_atomic(listing, ShellLayers(entries).text())
+        else:
+            listing.unlink(missing_ok=True)
+    return entries

@@ -6,7 +6,7 @@ from __future__ import annotations
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, ProvisiondError
 from provisiond.images import blob_path, load_manifest, load_recipe
-from provisiond.images.squash import boot_mode, mounted_problems
+from provisiond.images.squash import boot_mode, mounted_problems, mounted_refused
 from provisiond.inventory import load_nodes
 from provisiond.inventory.merge import Node
 from provisiond.inventory.ranges import expand, fold
@@ -119,6 +119,11 @@ class _ImageChecks:
             self._mounted[image] = mounted_problems(self.config, manifest)
         problems = self._mounted[image]
         mode = boot_mode(manifest, node.record.kernel_args or [])
+        refused = mounted_refused(manifest, node.record.kernel_args or [])
+        if refused:
+            return [Finding("mounted", node.name, "warn", f"{image} {refused}",
+                            f"provisiond image show {image} says why; or drop "
+                            "provisiond.boot=mounted from the kernel args")]
         if not problems:
             return [ok("mounted", node.name, f"{image}: boots {mode}; mounted blobs intact")]
         level = "fail" if mode == "mounted" else "warn"

@@ -171,6 +171,11 @@ class Layout:
     def image_import_lock(self, name: str):
         return self.images / ".locks" / f"{name}.import.lock"
 
+    @entry("images/.locks/<name>.shell.lock", "held by the `image shell` running on the "
+           "image (one at a time), holding its PID")
+    def image_shell_lock(self, name: str):
+        return self.images / ".locks" / f"{name}.shell.lock"
+
     @property
     @entry("images/.locks/gc.lock", "builds hold it shared, blob garbage collection "
            "exclusively")

@@ -144,8 +144,8 @@ def test_a_damaged_or_cut_mounted_blob_and_no_boot_kit(cli, healthy):
     assert found["fix"].startswith("remove the blob files named above, then provisiond image")
     manifest["mounted"].pop("kit")
     (healthy.images_dir / "tiny" / "manifest.json").write_text(json.dumps(manifest))
-    code, findings = doctor(cli, "n1")
-    assert "no boot kit" in problems(findings)[("mounted", "n1")]["detail"]
+    code, findings = doctor(cli, "n1")  # the node boots unpacked: a warning
+    assert "no boot kit" in problems(findings, "warn")[("mounted", "n1")]["detail"]
 
 
 def test_a_recipe_changed_since_the_build_is_a_warning(cli, healthy, tmp_path):
@@ -302,3 +302,22 @@ def test_the_table_names_each_problem_and_its_fix(cli, healthy):
     row = next(i for i, line in enumerate(lines) if line.startswith("FAIL    image"))
     assert lines[row + 1].strip() == "fix: provisiond image build debian12 (as root)"
     assert lines[-1].endswith("2 failed, 0 warning(s)")  # the image, so the overlays
+
+
+def test_a_node_asking_mounted_of_an_image_that_cannot_is_a_warning(cli, healthy):
+    """provisiond.boot=mounted on a node whose image's kernel lacks the modules: the node
+    boots unpacked, and doctor said 'boots unpacked; mounted blobs intact' as if asked."""
+    path = healthy.images_dir / "tiny" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["mounted"] = {"boot": "unpacked", "format": "squashfs", "layers": [],
+                           "unavailable": "the kernel has no module squashfs"}
+    path.write_text(json.dumps(manifest))
+    build_overlays(healthy)
+    with InventoryStore(healthy).edit() as inv:
+        inv.nodes["n2"].kernel_args = ["provisiond.boot=mounted"]
+    code, findings = doctor(cli)
+    warned = problems(findings, "warn")
+    assert code == 0 and {s for c, s in warned if c == "mounted"} == {"n2"}
+    assert warned[("mounted", "n2")]["detail"] == (
+        "tiny boots unpacked, not mounted as provisiond.boot=mounted asks: the kernel has no "
+        "module squashfs")

@@ -4,12 +4,14 @@ whiteouts; a failing command or Ctrl-C keeps the image as it was."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 
@@ -174,3 +176,59 @@ def test_a_process_the_session_left_running_is_ended(tiny, status):
     finally:
         for pid in _running(token):
             os.kill(pid, signal.SIGKILL)
+
+
+def wait_for(condition, what: str, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_two_shells_on_one_image_the_second_refused_other_images_go_on(tiny):
+    """Real processes: a shell held open on tiny (its command waits on stdin); a second on
+    tiny is refused in one line naming the first's PID (both ran, and each listed its
+    layer on the same top); a shell on another image meanwhile adds its layer; the first
+    then ends cleanly, and a shell on tiny after it adds a second layer: every entry kept."""
+    config, _ = tiny
+    (config.state_dir / "recipes/tiny2").mkdir(parents=True, exist_ok=True)
+    (config.state_dir / "recipes/tiny2/image.yaml").write_text(
+        "description: tiny again\nlayers:\n  - {kind: image, name: tiny}\n")
+    (config.images_dir / "tiny2/shell.json").unlink(missing_ok=True)
+    build_image(config, "tiny2")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", "touch /etc/first && read -t 300 line"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        layers = config.state_dir / "cache/layers"
+        wait_for(lambda: any(layers.glob("shell-tiny.*/upper/etc/first")), "the first shell")
+        code, output = run_cli(config, "image", "shell", "tiny", "--command", "touch /x")
+        assert code == ExitCode.CONFLICT, output
+        assert output.strip().splitlines() == [
+            f"provisiond: error: image tiny: another image shell is running on it (PID {first.pid}); "
+            "try again when it has ended"], output
+        code, output = run_cli(config, "image", "shell", "tiny2", "--command", "touch /y")
+        assert code == 0, output
+        first.stdin.write(b"go\n")
+        first.stdin.close()
+        assert first.wait(timeout=300) == 0, first.stdout.read().decode()
+    finally:  # a failure above: end the first shell as its own failure (its `read` gets
+        # EOF) so it unmounts its session; a kill leaves the mounts behind
+        if not first.stdin.closed:
+            first.stdin.close()
+        try:
+            first.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
+        first.stdout.close()
+    code, output = run_cli(config, "image", "shell", "tiny", "--command", "touch /etc/later")
+    assert code == 0, output
+    listed = json.loads((config.images_dir / "tiny/shell.json").read_text())
+    assert [e["description"] for e in listed] == [
+        "image shell: touch /etc/first && read -t 300 line", "image shell: touch /etc/later"]
+    assert [e["description"] for e in json.loads(
+        (config.images_dir / "tiny2/shell.json").read_text())] == ["image shell: touch /y"]
+    assert [layer["kind"] for layer in load_manifest(config, "tiny")["layers"]][-2:] == [
+        "tar", "tar"]

@@ -1,6 +1,7 @@
 """Mounted layers boot for real, without network: an image on top of tiny that deletes a
-file (a whiteout), replaces a directory (an opaque dir) and has a symlink an overlay
-replaces, its kernel blob and initrds as
+file (a whiteout), replaces a directory (an opaque dir), has a symlink an overlay
+replaces and a directory symlink (/var/run -> /run) where a site overlay has a directory,
+a file deleted by one layer and made again by the next, its kernel blob and initrds as
 the iPXE script orders them, handed to QEMU (TCG). The mounted boot must show the same
 root as the unpacked one, on an overlayfs root stacked from read-only squashfs layers."""
 
@@ -31,10 +32,13 @@ CHECK = """#!/bin/sh
 [ -e /usr/share/udhcpc/new ] && echo "CHECK: new dir content shows"
 echo "CHECK: link to $(readlink /etc/systemd/system/multi-user.target.wants/systemd-networkd.service)"
 echo "CHECK: old mtime $(stat -c %Y /etc/old)"
+[ -d /var/run ] && [ ! -L /var/run ] && echo "CHECK: var/run is the overlay's dir: $(ls /var/run)"
+echo "CHECK: remade: $(cat /etc/remade)"
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
 """
+ENDS = (b"CHECK: done", b"starting a shell on the console")  # booted, or /init gave up
 # the network overlay ships this link too: an overlay file must replace the image's
 WANTS = "/etc/systemd/system/multi-user.target.wants"
 RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args":
@@ -45,7 +49,11 @@ RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args"
                   "touch -t 202005050000 /etc/old",  # older than the clamp: kept
                   "rm -rf /usr/share/udhcpc && mkdir /usr/share/udhcpc && : > "
                   "/usr/share/udhcpc/new",
-                  f"mkdir -p {WANTS} && ln -s /old/target {WANTS}/systemd-networkd.service"]},
+                  f"mkdir -p {WANTS} && ln -s /old/target {WANTS}/systemd-networkd.service",
+                  "rm -rf /var/run && ln -s /run /var/run",
+                  "echo old > /etc/remade"]},
+              {"kind": "run", "commands": ["rm /etc/remade"]},
+              {"kind": "run", "commands": ["echo new > /etc/remade"]},
               {"kind": "copy", "files": [{"src": "check", "dest": "/etc/init.d/S10check",
                                           "mode": "0755"}]}]}
 
@@ -59,21 +67,25 @@ def built(tmp_path_factory):
     folder.mkdir(parents=True)
     (folder / "image.yaml").write_text(yaml.safe_dump(RECIPE))
     (folder / "check").write_text(CHECK)
-    node = {"image": "tinywh", "system_overlays": ["init", "network"],
+    site = state / "overlays" / "varrun" / "var" / "run"
+    site.mkdir(parents=True)
+    (site / "marker").write_text("from the overlay\n")
+    node = {"image": "tinywh", "system_overlays": ["init", "network", "varrun"],
             "netdevs": {"eth0": {"mac": "52:54:00:00:00:01"}}}
     (state / "inventory.yaml").write_text(yaml.safe_dump({"nodes": {"n001": node}}))
     config = load_config(state)
     return config, build_image(config, "tinywh")
 
 
-def boot(config, manifest: dict, mode: str, log: Path) -> str:
-    """Kernel + initrds as node_script lists them for `mode`, the kernel args it sets."""
+def boot(config, manifest: dict, mode: str, log: Path, edit=lambda parts: parts) -> str:
+    """Kernel + initrds as node_script lists them for `mode` (`edit` may change the list
+    of their contents), the kernel args it sets."""
     parts = [blob_path(config, d) for d in layer_blobs(manifest, mode)]
     parts += [ensure_overlay(config, "n001", kind) for kind in ("shared", "system")]
     initrd = log.with_suffix(".initrd")
-    initrd.write_bytes(b"".join(p.read_bytes() for p in parts))
+    initrd.write_bytes(b"".join(edit([p.read_bytes() for p in parts])))
     args = [a for a in kernel_args(config, manifest, "n001", None, [], mode)
-            if a.startswith(("console=", "rdinit="))]
+            if a.startswith(("console=", "rdinit=", "provisiond.layers="))]
     argv = command(["qemu-system-x86_64", "-accel", "tcg", "-m", "256", "-nographic",
                     "-no-reboot", "-nic", "none", "-kernel",
                     str(blob_path(config, manifest["kernel"]["digest"])), "-initrd",
@@ -83,7 +95,7 @@ def boot(config, manifest: dict, mode: str, log: Path) -> str:
                                 stdin=subprocess.DEVNULL)
         try:
             deadline = 240
-            while deadline > 0 and b"CHECK: done" not in log.read_bytes():
+            while deadline > 0 and not any(mark in log.read_bytes() for mark in ENDS):
                 try:
                     proc.wait(timeout=2)
                     break
@@ -118,6 +130,11 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     assert "CHECK: new dir content shows" in log
     assert "CHECK: link to /lib/systemd/system/systemd-networkd.service" in log
     assert "CHECK: old mtime 1588636800" in log  # not the clamp (as -all-time made it)
+    # the unpacked boot's kernel replaces the image's symlink by the overlay's directory;
+    # the mounted boot's cp stopped there ("target '/.provisiond-root/var/run' is not a
+    # directory") and the node got a shell instead of its init
+    assert "CHECK: var/run is the overlay's dir: marker" in log, log[-3000:]
+    assert "CHECK: remade: new" in log
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]
@@ -125,3 +142,30 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     else:
         assert "provisiond-init: building the root file system in tmpfs" in log
         assert "CHECK: root is tmpfs" in log
+
+
+def test_a_layer_missing_stops_the_boot(built, tmp_path):
+    """A layer file the kernel did not get: /init mounted the others and switched root
+    into an image without that layer's files, saying nothing."""
+    config, manifest = built
+    log = boot(config, manifest, "mounted", tmp_path / "short.log",
+               lambda parts: parts[:2] + parts[3:])  # the kit, layer 1, then layer 3 on
+    count = len(manifest["layers"])
+    assert f"ERROR: the image has {count} layers, the kernel unpacked {count - 1}" in log, \
+        log[-3000:]
+    assert "CHECK: done" not in log
+
+
+def test_a_short_unpacking_says_so(built, tmp_path):
+    """What a node with too little RAM for its layers sees: the kernel stops unpacking
+    ("Initramfs unpacking failed"), so the overlays, sent last, are missing; the kit's
+    wrapper said the node lacks the init overlay. Junk after the layers stops the unpacking
+    as a full RAM does (a RAM size that fails exactly there depends on the kernel)."""
+    config, manifest = built
+    log = boot(config, manifest, "mounted", tmp_path / "junk.log",
+               lambda parts: [*parts[:-2], b"\x01junk" * 1024, *parts[-2:]])
+    assert "Initramfs unpacking failed" in log, log[-3000:]
+    assert "provisiond: no /init: the kernel could not unpack all the boot files" in log, \
+        log[-3000:]
+    assert "MiB of RAM may be too little for the image's layers" in log
+    assert "needs the init system overlay" not in log

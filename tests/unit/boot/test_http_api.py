@@ -41,6 +41,21 @@ def test_node_script_names_kernel_layers_and_overlay(client, config):
     assert read_status(config, "n2")["phase"] == "ipxe"
 
 
+def test_a_mounted_boot_asked_of_an_image_that_cannot_says_so_on_the_console(client, config):
+    """The image's kernel lacks the modules: the node boots unpacked, and nothing on the
+    console said why its provisiond.boot=mounted was not followed."""
+    manifest = add_image(config, "tiny", layers=2)
+    manifest["kernel_args"] = [*manifest["kernel_args"], "provisiond.boot=mounted"]
+    manifest["mounted"] = {"boot": "unpacked", "format": "squashfs", "layers": [],
+                           "unavailable": "the kernel has no module squashfs, overlay"}
+    (config.images_dir / "tiny" / "manifest.json").write_text(json.dumps(manifest))
+    client.application.extensions["provisiond"].manifests.interval = 0
+    text = client.get(f"/boot/ipxe/{mac_of(2)}").get_data(as_text=True)
+    assert "\necho provisiond: image tiny boots unpacked, not mounted as provisiond.boot=" \
+           "mounted asks: the kernel has no module squashfs, overlay\n" in text
+    assert "rdinit=" not in text
+
+
 def test_unknown_mac_and_missing_image_get_retry_scripts(client, config):
     text = client.get("/boot/ipxe/02-00-00-00-00-99").get_data(as_text=True)
     assert "unknown MAC 02:00:00:00:00:99" in text and "sleep" in text and "chain" in text

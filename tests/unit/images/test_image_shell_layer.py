@@ -1,12 +1,19 @@
-"""`write_layer`: an image shell's overlayfs upper dir as an OCI layer tarball."""
+"""`write_layer`: an image shell's overlayfs upper dir as an OCI layer tarball; the
+shell.json listing's rollback after a failed rebuild."""
 
 from __future__ import annotations
 
 import io
+import json
 import socket
 import tarfile
 
+import pytest
+
+from provisiond.errors import BuildFailed
+from provisiond.images import shell
 from provisiond.images.shell import write_layer
+from provisiond.state.layout import Layout
 
 
 def test_a_socket_left_by_the_session_is_skipped(tmp_path):
@@ -23,3 +30,43 @@ def test_a_socket_left_by_the_session_is_skipped(tmp_path):
     out.seek(0)
     with tarfile.open(fileobj=out) as layer:
         assert layer.getnames() == ["run", "run/kept"]
+
+
+def listed(config, name: str) -> list[str]:
+    path = Layout.of(config).image_shell_layers(name)
+    return [e["path"] for e in json.loads(path.read_text())] if path.is_file() else []
+
+
+def test_a_failed_rebuild_takes_only_its_own_entry_back_out(config, monkeypatch):
+    """The rebuild failed after another entry was listed meanwhile (another process's
+    edit): the rollback wrote back the listing as it was before this session, losing that
+    entry; now it removes its own, read-modify-write under the listing's lock."""
+    folder = Layout.of(config).image_shell_dir("img")
+    folder.mkdir(parents=True)
+    tar = folder / "mine.tar"
+    tar.write_bytes(b"x")
+
+    def failing_build(config, name, progress=None):
+        path = Layout.of(config).image_shell_layers(name)
+        path.write_text(json.dumps([*json.loads(path.read_text()), {"path": "shell/other.tar"}]))
+        raise BuildFailed("the rebuild failed")
+
+    monkeypatch.setattr(shell, "build_image", failing_build)
+    with pytest.raises(BuildFailed):
+        shell._add_layer(config, "img", tar, "touch /x", None)
+    assert listed(config, "img") == ["shell/other.tar"]
+    assert not tar.exists()
+
+
+def test_the_rollback_keeps_a_tarball_an_earlier_entry_lists(config, monkeypatch):
+    """The same changes made twice give the same tarball: the first entry still needs it."""
+    folder = Layout.of(config).image_shell_dir("img")
+    folder.mkdir(parents=True)
+    tar = folder / "same.tar"
+    tar.write_bytes(b"x")
+    Layout.of(config).image_shell_layers("img").write_text('[{"path": "shell/same.tar"}]')
+    monkeypatch.setattr(shell, "build_image", lambda *a, **k: (_ for _ in ()).throw(
+        BuildFailed("no")))
+    with pytest.raises(BuildFailed):
+        shell._add_layer(config, "img", tar, None, None)
+    assert listed(config, "img") == ["shell/same.tar"] and tar.exists()
