@@ -34,6 +34,10 @@ from provisiond.states import JobKind, JobState
 
 log = logging.getLogger("provisiond.jobs")
 MAX_HISTORY = 1000  # finished jobs kept (records and logs); older ones are deleted
+# ... and at most this many bytes of them, the newest MIN_HISTORY kept whatever their size:
+# a `power status` of 10,000 nodes is a ~700 KB record, so 1,000 of them were ~700 MB
+MAX_HISTORY_BYTES = 256 << 20
+MIN_HISTORY = 20
 SPAWN_GRACE = 60.0  # seconds a job may wait for its runner to record itself
 CLAIM_PREFIX = {JobKind.IMAGE_BUILD: "image", JobKind.OVERLAY_BUILD: "overlays"}
 CLAIM_WORDS = {"node": "node {}", "image": "image {}", "overlays": "the overlays of node {}"}
@@ -117,7 +121,8 @@ def read(config: Config, job_id: int) -> Job:
     try:
         return Job.model_validate_json(job_path(config, job_id).read_bytes())
     except FileNotFoundError:
-        raise JobNotFound(f"no job {job_id} (the last {MAX_HISTORY} are kept)") from None
+        raise JobNotFound(f"no job {job_id} (the last {MAX_HISTORY} ended jobs are kept, up "
+                          f"to {MAX_HISTORY_BYTES >> 20} MiB of them)") from None
     except (OSError, ValidationError) as exc:
         log.warning("job %s: unreadable record: %s", job_id, exc)
         raise JobNotFound(f"job {job_id}: its record cannot be read") from None
@@ -206,11 +211,24 @@ def _reap(config: Config, index: Index) -> None:
 
 
 def _prune(config: Config, index: Index) -> None:
-    """Delete the records and logs of all but the newest MAX_HISTORY ended jobs."""
+    """Delete the records and logs of the ended jobs past the newest MAX_HISTORY, or past
+    MAX_HISTORY_BYTES of them (the newest MIN_HISTORY always stay)."""
     ended = [i for i in job_ids(config) if i not in index.active]
-    for job_id in ended[MAX_HISTORY:]:
-        job_path(config, job_id).unlink(missing_ok=True)
-        log_path(config, job_id).unlink(missing_ok=True)
+    kept_bytes = 0
+    for position, job_id in enumerate(ended):
+        paths = (job_path(config, job_id), log_path(config, job_id))
+        kept_bytes += sum(_size(path) for path in paths)
+        if position >= MAX_HISTORY or (position >= MIN_HISTORY and
+                                       kept_bytes > MAX_HISTORY_BYTES):
+            for path in paths:
+                path.unlink(missing_ok=True)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _read_index(config: Config) -> Index:

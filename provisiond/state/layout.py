@@ -346,7 +346,7 @@ class Layout:
 
     @property
     @entry("jobs/", "asynchronous jobs (provisiond.jobs); the last 1,000 ended jobs are "
-           "kept")
+           "kept, up to 256 MiB of them (the newest 20 whatever their size)")
     def jobs(self):
         return self.root / "jobs"
 

@@ -130,6 +130,23 @@ def test_the_history_keeps_the_newest_jobs_and_never_reuses_an_id(config, monkey
     assert running.id == 1
 
 
+def test_the_history_is_bounded_in_bytes_too_keeping_the_newest(config, monkeypatch):
+    """Large records (a 10,000-node power status) are dropped by size, oldest first, the
+    newest MIN_HISTORY kept even when they alone are over the bound."""
+    monkeypatch.setattr(store, "MAX_HISTORY_BYTES", 10_000)
+    monkeypatch.setattr(store, "MIN_HISTORY", 2)
+    for i in range(5):
+        job = new_job(config, [f"n{i}"])
+        store.log_path(config, job.id).write_text("x" * 4_000)  # each job ~4.5 KB
+        finish(config, job)
+    assert store.job_ids(config) == [5, 4]
+    assert not store.log_path(config, 3).exists()
+    big = new_job(config, ["big"])
+    store.log_path(config, big.id).write_text("x" * 50_000)  # alone over the bound
+    finish(config, big)
+    assert store.job_ids(config) == [6, 5]
+
+
 def test_an_unreadable_index_is_rebuilt_with_the_claims_of_active_jobs(config):
     new_job(config, ["n1"])
     finish(config, new_job(config, ["n2"]))
