@@ -318,7 +318,10 @@ def mounted_layers(config: Config, records: list[dict], version: str,
 
     layers = layer_dir(config)
     add_mounted(config, layers, records)
-    view = layers / f"view-modules-{records[-1]['key'][:16]}"
+    # a directory of this build's own: two builds whose images end in the same layer
+    # would otherwise mount, unmount and remove one path under each other
+    view = Path(tempfile.mkdtemp(prefix=f"view-modules-{records[-1]['key'][:16]}-",
+                                 dir=layers))
     with chroot.overlay([layers / r["key"] for r in reversed(records)], None, view / "w",
                         view / "merged") as merged:
         kit = boot_kit(config, merged, version)
