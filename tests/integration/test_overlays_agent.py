@@ -247,6 +247,27 @@ def test_boot_sends_the_facts_after_ready_or_failed_so_no_boot_waits_for_them(tm
     assert [p for p, _ in server.phases] == ["booted", "failed", "facts"]
 
 
+def test_boot_start_ends_at_the_runtime_overlay_and_boot_finish_configures_then_ready(
+        tmp_path, server):
+    """systemd's two units: sshd waits for the first only, the configure run is the second's."""
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text("#!/bin/sh\necho 'PLAY RECAP ok=3 failed=0'\n")
+    configure.chmod(0o755)
+    extra = {"PROVISIOND_AGENT_CONFIGURE": str(configure)}
+    started = run_agent(tmp_path, url, extra, "boot-start")
+    assert started.returncode == 0, started.stderr
+    assert [p for p, _ in server.phases] == ["booted", "runtime"]
+    assert (tmp_path / "root/etc/ssh/ssh_host_ed25519_key").exists()  # what sshd needs
+    finished = run_agent(tmp_path, url, extra, "boot-finish")
+    assert finished.returncode == 0, finished.stderr
+    assert server.phases[2:] == [("configured", "PLAY RECAP ok=3 failed=0"),
+                                 ("ready", "node ready")]
+    configure.write_text("#!/bin/sh\necho broken; exit 2\n")
+    failed = run_agent(tmp_path, url, extra, "boot-finish")
+    assert failed.returncode == 1 and server.phases[-1][0] == "failed"
+
+
 @pytest.mark.parametrize("client", ["curl", "busybox-nc"])
 def test_without_a_token_or_a_credential_the_agent_says_why(tmp_path, server, client):
     url = f"http://127.0.0.1:{server.server_address[1]}"

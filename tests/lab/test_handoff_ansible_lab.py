@@ -123,6 +123,7 @@ def test_ansible_pull_configures_n6_then_a_broken_playbook_reports_failed(
     assert len(configured) == 1 and "failed=0" in configured[0], reports
 
     _site_role_applied(lab)
+    _sshd_did_not_wait_for_the_configure_run(lab)
     _unchanged_repository_runs_nothing(lab)
     _broken_playbook_reports_failed(lab, repo, tmp_path)
 
@@ -138,6 +139,17 @@ def _site_role_applied(lab) -> None:
     assert "cluster pvlab" in lines and "cluster = pvlab" in lines
     assert "operator = operator" in lines
     assert lines[-2:] == ["enabled", "active"], lines
+
+
+def _sshd_did_not_wait_for_the_configure_run(lab) -> None:
+    """sshd was up (after the runtime overlay) before the boot's ansible-pull run ended, as
+    systemd's own monotonic timestamps on the node say."""
+    seen = ssh_until(lab, "systemctl show -p ActiveEnterTimestampMonotonic --value ssh.service;"
+                          " systemctl show -p ExecMainExitTimestampMonotonic --value "
+                          "provisiond-agent-finish.service")
+    assert seen.returncode == 0, seen
+    ssh_up, finished = (int(line or 0) for line in seen.stdout.split("\n")[:2])
+    assert 0 < ssh_up < finished, seen.stdout
 
 
 def _unchanged_repository_runs_nothing(lab) -> None:
