@@ -122,8 +122,10 @@ class Client:
             try:
                 response = self.opener.open(request, timeout=TIMEOUT)
                 self.proven = self.authorization is not None
+                self.may_fall_back = False  # it spoke this scheme
                 return response
             except urllib.error.HTTPError as exc:
+                self.may_fall_back = False  # an answer: it speaks this scheme (TLS)
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 exc.close()
                 # log in when asked; again only if the last login had served (a bearer
@@ -140,8 +142,9 @@ class Client:
 
     def _fall_back_to_http(self, exc: BaseException) -> bool:
         """A loopback registry that answered the TLS handshake with something else (plain
-        HTTP's 400) is asked again over plain HTTP, once; a certificate it presented that
-        does not verify is no reason to."""
+        HTTP's 400) is asked again over plain HTTP, once, and only before it has answered
+        over HTTPS: a later handshake that breaks (a dropped connection is an SSLError too)
+        must not send the login in the clear; nor is a certificate that does not verify."""
         reason = getattr(exc, "reason", exc)
         if not (self.may_fall_back and isinstance(reason, ssl.SSLError)) or isinstance(
                 reason, ssl.SSLCertVerificationError):

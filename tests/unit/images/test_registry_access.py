@@ -6,8 +6,11 @@ real docker-registry)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
+import socket
+import ssl
 import threading
 import urllib.parse
 from pathlib import Path
@@ -366,3 +369,57 @@ def test_a_login_taken_but_denied_the_repository_is_one_line(servers, tmp_path):
         _pull(registry, tmp_path, BOB)
     assert str(refused.value).endswith(f"{_host(registry)} refused user bob access to site/a "
                                        "(HTTP 403)")
+
+
+@pytest.fixture
+def tls_then_plain(tmp_path):
+    """A loopback port whose first connection is TLS (a certificate from the test's CA)
+    answering 401 Basic; the next hangs up in the handshake (a dropped connection); any
+    later one is read as plain HTTP and recorded. Yields (host, CA path, plain requests)."""
+    from tests.integration.test_registry_auth import make_ca
+    ca, tls = make_ca(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls["certificate"], tls["key"])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    plain, stop = [], threading.Event()
+
+    def serve():
+        number = 0
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.settimeout(10)
+            with contextlib.suppress(OSError), conn:
+                if number == 0:
+                    with context.wrap_socket(conn, server_side=True) as secure:
+                        secure.recv(65536)
+                        secure.sendall(b'HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic '
+                                       b'realm="r"\r\nContent-Length: 0\r\n\r\n')
+                elif number == 1:
+                    conn.recv(65536)  # the ClientHello, unanswered
+                else:
+                    plain.append(conn.recv(65536))
+                    conn.sendall(b"HTTP/1.1 500 x\r\nContent-Length: 0\r\n\r\n")
+            number += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{listener.getsockname()[1]}", ca, plain
+    stop.set()
+    thread.join(timeout=10)
+    listener.close()
+
+
+def test_a_loopback_registry_that_spoke_tls_is_never_asked_in_the_clear(tls_then_plain,
+                                                                         tmp_path):
+    """HTTPS first on loopback falls back to plain HTTP only before any HTTPS answer: a
+    handshake that breaks after the 401 (the login now known) is one line, and the
+    credentials never go out in the clear."""
+    host, ca, plain = tls_then_plain
+    with pytest.raises(ImportFailed, match=f"cannot reach {host}"):
+        pull(parse_reference(f"docker://{host}/site/a:1"), LayoutWriter(tmp_path / "layout"),
+             Access(credentials=BOB, ca_files=(ca,)))
+    assert plain == []
