@@ -129,11 +129,19 @@ class Client:
                 challenge = exc.headers.get("WWW-Authenticate", "")
                 exc.close()
                 # log in when asked; again only if the last login had served (a bearer
-                # token that expired during a long pull), so a refused one is not retried
-                if exc.code == 401 and (self.authorization is None or self.proven):
+                # token that expired during a long pull), so a refused one is not retried;
+                # only the registry's own challenge: a host it redirected to (blob storage)
+                # must not pick the realm the login is sent to
+                elsewhere = self._elsewhere(exc.geturl())
+                if exc.code == 401 and not elsewhere and (
+                        self.authorization is None or self.proven):
                     self.authorization = self._login(parse_challenge(challenge))
                     self.proven = False
                     continue
+                if elsewhere:
+                    raise ImportFailed(f"{self.reference}: {elsewhere}, where "
+                                       f"{self.reference.registry} redirected, answered HTTP "
+                                       f"{exc.code}") from None
                 raise self._error(exc.code, url) from None
             except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
                 if self._fall_back_to_http(exc):
@@ -151,6 +159,12 @@ class Client:
             return False
         self.scheme, self.may_fall_back = "http", False
         return True
+
+    def _elsewhere(self, url: str) -> str | None:
+        """The host:port of `url` (an answer's, after redirects) if it is not the
+        registry's; its URL is not shown: blob storage signs its URLs."""
+        netloc = urllib.parse.urlsplit(url).netloc
+        return netloc if netloc.lower() != self.reference.registry.lower() else None
 
     def _unreachable(self, exc: BaseException) -> ImportFailed:
         reason = getattr(exc, "reason", exc)

@@ -423,3 +423,23 @@ def test_a_loopback_registry_that_spoke_tls_is_never_asked_in_the_clear(tls_then
         pull(parse_reference(f"docker://{host}/site/a:1"), LayoutWriter(tmp_path / "layout"),
              Access(credentials=BOB, ca_files=(ca,)))
     assert plain == []
+
+
+def test_a_host_the_registry_redirected_to_cannot_ask_for_the_login(servers, tmp_path):
+    """Blob storage elsewhere that answers 401 with a bearer realm of its own gets no
+    token fetched with the credentials: one line naming it, not its signed URL."""
+    registry, storage = servers
+    registry.routes = {
+        "/v2/site/a/manifests/": (0, {}, _needs(BOB.basic(), (
+            200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST))),
+        "/v2/site/a/blobs/": (307, {"Location": f"http://{_host(storage)}/blob?sig=s3cr3t"},
+                              b"")}
+    realm = f"http://{_host(storage)}/token"
+    storage.routes = {"/token": (200, {}, b'{"token": "T"}'),
+                      "/blob": (401, {"WWW-Authenticate": f'Bearer realm="{realm}"'}, b"")}
+    with pytest.raises(ImportFailed) as refused:
+        _pull(registry, tmp_path, BOB)
+    assert [auth for _, auth in storage.seen] == [None]
+    assert str(refused.value).endswith(f"{_host(storage)}, where {_host(registry)} "
+                                       "redirected, answered HTTP 401")
+    assert "s3cr3t" not in str(refused.value)
