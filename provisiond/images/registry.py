@@ -37,6 +37,7 @@ REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[
                      r"[a-z0-9]+)*)*")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
+TOKEN_RE = re.compile(r"[\x21-\x7e]+")  # RFC 6750's b64token, loosely: no space, no CR/LF
 HOST_RE = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])(?::\d{1,5})?")
 DOCKER_HUB = "registry-1.docker.io"
 ACCEPT = ", ".join([*INDEXES, *MANIFESTS])
@@ -143,7 +144,8 @@ class Client:
                                        f"{self.reference.registry} redirected, answered HTTP "
                                        f"{exc.code}") from None
                 raise self._error(exc.code, url) from None
-            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            except (urllib.error.URLError, OSError, http.client.HTTPException,
+                    ValueError) as exc:  # ValueError: a redirect to "http://[::1/x"
                 if self._fall_back_to_http(exc):
                     continue
                 raise self._unreachable(exc) from None
@@ -225,7 +227,10 @@ class Client:
     def _fetch_token(self, params: dict[str, str]) -> str:
         """A token from the challenge's realm, with the credentials if there are any (the
         realm may be another host: docker's token flow sends them there)."""
-        realm = urllib.parse.urlsplit(params.get("realm", ""))
+        try:
+            realm = urllib.parse.urlsplit(params.get("realm", ""))
+        except ValueError:  # "https://[::1": an unclosed IPv6 address
+            realm = urllib.parse.urlsplit("")
         if realm.scheme not in ("http", "https") or not realm.netloc:
             raise ImportFailed(f"{self.reference}: the registry's token realm is not a URL")
         self._check_realm_scheme(realm)
@@ -251,6 +256,9 @@ class Client:
             answer, dict) else None
         if not isinstance(token, str) or not token:
             raise ImportFailed(f"{self.reference}: the token service sent no token")
+        if not TOKEN_RE.fullmatch(token):  # a CR/LF would break (or add to) our headers
+            raise ImportFailed(f"{self.reference}: the token service sent a token that is "
+                               "not printable ASCII")
         return token
 
     def _check_realm_scheme(self, realm: urllib.parse.SplitResult) -> None:

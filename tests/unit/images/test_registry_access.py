@@ -443,3 +443,40 @@ def test_a_host_the_registry_redirected_to_cannot_ask_for_the_login(servers, tmp
     assert str(refused.value).endswith(f"{_host(storage)}, where {_host(registry)} "
                                        "redirected, answered HTTP 401")
     assert "s3cr3t" not in str(refused.value)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (json.dumps({"token": "T\r\nX-Injected: 1"}).encode(), "not printable ASCII"),
+    (json.dumps({"access_token": "two words"}).encode(), "not printable ASCII"),
+    (json.dumps({"token": 7, "access_token": ""}).encode(), "sent no token"),
+    (b"<html>not json</html>", "no token from"),
+    (b'{"token": "' + b"x" * (5 << 20) + b'"}', "no token from"),  # cut at 4 MiB
+])
+def test_a_token_answer_that_cannot_serve_is_one_line(servers, tmp_path, answer, message):
+    registry, tokens = servers
+    challenge = f'Bearer realm="http://{_host(tokens)}/token",service="reg"'
+    registry.routes = {"/v2/": (401, {"WWW-Authenticate": challenge}, b"")}
+    tokens.routes = {"/token": (200, {}, answer)}
+    with pytest.raises(ImportFailed, match=message) as refused:
+        _pull(registry, tmp_path, BOB)
+    assert "\n" not in str(refused.value) and "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize("headers, message", [
+    ({"WWW-Authenticate": 'Bearer realm="https://[::1/token"'}, "token realm is not a URL"),
+    ({"WWW-Authenticate": 'Bearer realm="file:///etc/passwd"'}, "token realm is not a URL"),
+    ({"WWW-Authenticate": "Bearer service=reg"}, "token realm is not a URL"),
+    ({"WWW-Authenticate": 'Negotiate, Basic realm="x"'}, "cannot give \\(negotiate,\\)"),
+])
+def test_an_odd_challenge_is_one_line(servers, tmp_path, headers, message):
+    registry, _ = servers
+    registry.routes = {"/v2/": (401, headers, b"")}
+    with pytest.raises(ImportFailed, match=message):
+        _pull(registry, tmp_path, BOB)
+
+
+def test_a_redirect_to_a_url_that_does_not_parse_is_one_line(servers, tmp_path):
+    registry, _ = servers
+    registry.routes = {"/v2/": (307, {"Location": "http://[::1/blob"}, b"")}
+    with pytest.raises(ImportFailed, match="cannot reach .*: Invalid IPv6 URL"):
+        _pull(registry, tmp_path)
