@@ -127,7 +127,7 @@ class Client:
                 return response
             except urllib.error.HTTPError as exc:
                 self.may_fall_back = False  # an answer: it speaks this scheme (TLS)
-                challenge = exc.headers.get("WWW-Authenticate", "")
+                challenge = ", ".join(exc.headers.get_all("WWW-Authenticate") or [])
                 exc.close()
                 # log in when asked; again only if the last login had served (a bearer
                 # token that expired during a long pull), so a refused one is not retried;

@@ -24,7 +24,11 @@ from provisiond.errors import InvalidInput
 # Docker Hub's names: what `docker login` writes (a legacy URL), what podman writes, and the
 # host the distribution API is served from.
 DOCKER_HUB_KEYS = ("docker.io", "index.docker.io", "registry-1.docker.io")
-PARAM_RE = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))')
+# One piece of a WWW-Authenticate header: a parameter (key=value, the value quoted or bare),
+# else a bare word, which starts the next challenge (its scheme; a token68 such as
+# Negotiate's, read so, only starts a challenge nobody answers).
+PIECE_RE = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]*))|([^\s,=]+)')
+ANSWERED = ("bearer", "basic")  # the schemes a login is given for, preferred first
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,28 @@ class Challenge:
 
 
 def parse_challenge(header: str) -> Challenge:
-    """`Bearer realm="...",service="...",scope="repository:a/b:pull"` or `Basic realm="x"`;
-    quoted values may hold commas and backslash escapes; an empty header gives scheme ''."""
-    scheme, _, rest = header.strip().partition(" ")
-    params = {key.lower(): re.sub(r"\\(.)", r"\1", quoted) if quoted or not bare else bare
-              for key, quoted, bare in PARAM_RE.findall(rest)}
-    return Challenge(scheme.lower(), params)
+    """The challenge to answer of a WWW-Authenticate header (several challenges may share
+    it, or its lines joined with ", "): Bearer, else Basic, else the first; quoted values may
+    hold commas and backslash escapes; an empty header gives scheme ''."""
+    challenges = parse_challenges(header)
+    for scheme in ANSWERED:
+        found = next((c for c in challenges if c.scheme == scheme), None)
+        if found:
+            return found
+    return challenges[0] if challenges else Challenge("", {})
+
+
+def parse_challenges(header: str) -> list[Challenge]:
+    """`Bearer realm="...",service="...",scope="repository:a/b:pull"`, `Basic realm="x"`,
+    or several: `Negotiate, Basic realm="x"`."""
+    challenges: list[Challenge] = []
+    for key, quoted, bare, word in PIECE_RE.findall(header):
+        if word:
+            challenges.append(Challenge(word.lower(), {}))
+        elif challenges:  # a parameter before any scheme belongs to none
+            challenges[-1].params[key.lower()] = re.sub(r"\\(.)", r"\1", quoted) \
+                if quoted or not bare else bare
+    return challenges
 
 
 def parse_creds(text: str) -> tuple[str, str | None]:

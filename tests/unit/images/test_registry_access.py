@@ -33,6 +33,12 @@ from provisiond.images.registry_access import (Access, Credentials, auth_file_pa
     ('Basic realm="Registry Realm"', "basic", {"realm": "Registry Realm"}),
     ('basic realm=plain, charset="UTF-8"', "basic", {"realm": "plain", "charset": "UTF-8"}),
     (r'Bearer realm="a\"b", Service="s"', "bearer", {"realm": 'a"b', "service": "s"}),
+    # several challenges: Bearer is answered, with its own realm, whatever the order
+    ('Basic realm="Registry, or not", Bearer realm="https://a/token",service="s"', "bearer",
+     {"realm": "https://a/token", "service": "s"}),
+    ('Bearer realm="https://a/token",service="s", Basic realm="Registry"', "bearer",
+     {"realm": "https://a/token", "service": "s"}),
+    ('Negotiate YIIabc==, Basic realm="x"', "basic", {"realm": "x"}),
     ("", "", {}),
 ])
 def test_challenges(header, scheme, params):
@@ -466,7 +472,8 @@ def test_a_token_answer_that_cannot_serve_is_one_line(servers, tmp_path, answer,
     ({"WWW-Authenticate": 'Bearer realm="https://[::1/token"'}, "token realm is not a URL"),
     ({"WWW-Authenticate": 'Bearer realm="file:///etc/passwd"'}, "token realm is not a URL"),
     ({"WWW-Authenticate": "Bearer service=reg"}, "token realm is not a URL"),
-    ({"WWW-Authenticate": 'Negotiate, Basic realm="x"'}, "cannot give \\(negotiate,\\)"),
+    ({"WWW-Authenticate": "Negotiate"}, "cannot give \\(negotiate\\)"),
+    ({"WWW-Authenticate": 'Negotiate, Basic realm="x"'}, "refused the login for user bob"),
 ])
 def test_an_odd_challenge_is_one_line(servers, tmp_path, headers, message):
     registry, _ = servers
@@ -480,3 +487,17 @@ def test_a_redirect_to_a_url_that_does_not_parse_is_one_line(servers, tmp_path):
     registry.routes = {"/v2/": (307, {"Location": "http://[::1/blob"}, b"")}
     with pytest.raises(ImportFailed, match="cannot reach .*: Invalid IPv6 URL"):
         _pull(registry, tmp_path)
+
+
+def test_challenges_on_several_header_lines_are_all_read(servers, tmp_path):
+    """A proxy's Negotiate on the first WWW-Authenticate line, the registry's Basic on the
+    second (the stub sends keys that differ in case as two lines): the login is given."""
+    registry, _ = servers
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    two_lines = (401, {"WWW-Authenticate": "Negotiate", "www-authenticate": 'Basic realm="r"'},
+                 b"")
+    registry.routes = {"/v2/site/a/manifests/": (0, {}, lambda auth: ok if auth == BOB.basic()
+                                                 else two_lines),
+                       "/v2/site/a/blobs/": (200, {}, b"{}")}
+    _pull(registry, tmp_path, BOB)
+    assert registry.seen[-1][1] == BOB.basic()
