@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import re
 import ssl
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -28,6 +30,7 @@ DOCKER_HUB_KEYS = ("docker.io", "index.docker.io", "registry-1.docker.io")
 # else a bare word, which starts the next challenge (its scheme; a token68 such as
 # Negotiate's, read so, only starts a challenge nobody answers).
 PIECE_RE = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]*))|([^\s,=]+)')
+MAX_AUTH_FILE = 1 << 20  # docker's config.json for hundreds of registries is a few KiB
 ANSWERED = ("bearer", "basic")  # the schemes a login is given for, preferred first
 
 
@@ -142,12 +145,14 @@ def _read_auth_file(path: Path) -> dict | None:
     """The file's entries as {normalized key: entry} plus the helper settings; None when
     the file does not exist."""
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(_auth_file_bytes(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"auth file {path}: cannot read it as JSON: "
                            f"{getattr(exc, 'strerror', None) or exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"auth file {path}: its JSON nests too deep") from None
     if not isinstance(document, dict):
         raise InvalidInput(f"auth file {path}: not a JSON object")
     # ~/.dockercfg (docker before 1.7) holds the entries without the "auths" wrapper
@@ -158,6 +163,19 @@ def _read_auth_file(path: Path) -> dict | None:
     entries = {_normalize_key(key): entry for key, entry in auths.items()}
     return {"entries": entries, "credsStore": document.get("credsStore"),
             "credHelpers": document.get("credHelpers") or {}}
+
+
+def _auth_file_bytes(path: Path) -> bytes:
+    """A regular file's bytes, at most MAX_AUTH_FILE ($REGISTRY_AUTH_FILE=/dev/zero or a
+    FIFO must not hang or fill memory)."""
+    # O_NONBLOCK: opening a FIFO waits for a writer otherwise (no effect on a file)
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = file.read(MAX_AUTH_FILE + 1)
+    if len(data) > MAX_AUTH_FILE:
+        raise ValueError(f"larger than {MAX_AUTH_FILE >> 20} MiB")
+    return data
 
 
 def _normalize_key(key: str) -> str:

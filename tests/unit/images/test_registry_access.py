@@ -9,6 +9,7 @@ import base64
 import contextlib
 import http.server
 import json
+import os
 import socket
 import ssl
 import threading
@@ -501,3 +502,38 @@ def test_challenges_on_several_header_lines_are_all_read(servers, tmp_path):
                        "/v2/site/a/blobs/": (200, {}, b"{}")}
     _pull(registry, tmp_path, BOB)
     assert registry.seen[-1][1] == BOB.basic()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"[" * 100_000, "its JSON nests too deep"),
+    (json.dumps({"auths": {}, "pad": "x" * (2 << 20)}).encode(), "larger than 1 MiB"),
+    (None, "not a regular file"),  # /dev/null, a character device
+])
+def test_auth_files_that_are_too_much_are_one_line(tmp_path, content, message):
+    path = Path("/dev/null") if content is None else tmp_path / "auth.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InvalidInput, match=f"auth file {path}: .*{message}"):
+        find_credentials((path,), "reg.example", "a")
+
+
+def test_an_auth_file_that_is_a_fifo_is_one_line_not_a_wait(tmp_path):
+    """$REGISTRY_AUTH_FILE naming a FIFO: refused at once, not waiting for a writer."""
+    path = tmp_path / "auth.json"
+    os.mkfifo(path)
+    outcome = []
+
+    def read():
+        try:
+            find_credentials((path,), "reg.example", "a")
+        except InvalidInput as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if thread.is_alive():
+        with open(path, "wb"):  # the writer it waits for: let the thread end
+            pass
+        thread.join(timeout=10)
+    assert outcome == [f"auth file {path}: cannot read it as JSON: not a regular file"]
