@@ -65,7 +65,7 @@ def verify_document(data: bytes, digest: str | None, what: str) -> dict:
         raise ImportFailed(f"{what}: digest mismatch: expected {digest}, got {actual}")
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: '[' * 100000
         raise ImportFailed(f"{what}: the manifest is not JSON") from None
     if not isinstance(doc, dict):
         raise ImportFailed(f"{what}: the manifest is not a JSON object")

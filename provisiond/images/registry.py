@@ -249,7 +249,8 @@ class Client:
                 raise self._refused(exc.code, realm.netloc) from None
             raise ImportFailed(f"{self.reference}: the token service answered HTTP "
                                f"{exc.code}") from None
-        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException,
+                RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise ImportFailed(f"{self.reference}: no token from {realm.geturl()}: "
                                f"{_reason(exc)}") from None
         token = answer.get("token") or answer.get("access_token") if isinstance(

@@ -458,6 +458,7 @@ def test_a_host_the_registry_redirected_to_cannot_ask_for_the_login(servers, tmp
     (json.dumps({"token": 7, "access_token": ""}).encode(), "sent no token"),
     (b"<html>not json</html>", "no token from"),
     (b'{"token": "' + b"x" * (5 << 20) + b'"}', "no token from"),  # cut at 4 MiB
+    (b"[" * 100_000, "no token from .*maximum recursion depth"),
 ])
 def test_a_token_answer_that_cannot_serve_is_one_line(servers, tmp_path, answer, message):
     registry, tokens = servers
@@ -537,3 +538,11 @@ def test_an_auth_file_that_is_a_fifo_is_one_line_not_a_wait(tmp_path):
             pass
         thread.join(timeout=10)
     assert outcome == [f"auth file {path}: cannot read it as JSON: not a regular file"]
+
+
+def test_a_manifest_nested_too_deep_is_one_line(servers, tmp_path):
+    registry, _ = servers
+    registry.routes = {"/v2/site/a/manifests/": (200, {
+        "Content-Type": "application/vnd.oci.image.manifest.v1+json"}, b"[" * 100_000)}
+    with pytest.raises(ImportFailed, match="the manifest is not JSON"):
+        _pull(registry, tmp_path)
