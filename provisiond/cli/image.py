@@ -43,8 +43,8 @@ def register(subparsers) -> None:
     imp = verbs.add_parser(
         "import", help="make an image from a registry, an OCI layout or an archive",
         description="SOURCE is docker://REGISTRY/REPO[:TAG|@DIGEST] (an OCI distribution "
-                    "registry, HTTPS; on loopback plain HTTP if it does not speak TLS; plain "
-                    "HTTP elsewhere with --insecure), oci:DIR[:TAG] (an OCI layout folder), "
+                    "registry, HTTPS; plain HTTP if it does not speak TLS, on loopback or "
+                    "with --insecure), oci:DIR[:TAG] (an OCI layout folder), "
                     "or the path of an OCI layout or docker-archive tarball. The linux/amd64 "
                     "image is taken; every blob is checked against its digest; each image "
                     "layer becomes one layer. A registry that asks for a login gets --creds, "
@@ -57,7 +57,7 @@ def register(subparsers) -> None:
     imp.add_argument("name")
     imp.add_argument("--insecure", action="store_true",
                      help="allow plain HTTP to a registry (and its token service) that is "
-                          "not on loopback")
+                          "not on loopback, if it does not speak TLS (HTTPS is tried first)")
     imp.add_argument("--creds", metavar="USER[:PASSWORD]",
                      help="log in to the registry as USER; without :PASSWORD the password "
                           "comes from --password-stdin or is asked on the terminal "

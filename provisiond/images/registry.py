@@ -1,8 +1,8 @@
 """Pulling one image from an OCI distribution registry (`docker://REGISTRY/REPO:TAG`).
 
 The distribution API (GET /v2/<repo>/manifests/<ref>, /v2/<repo>/blobs/<digest>) over
-HTTPS, or plain HTTP for a registry on loopback (that does not speak TLS) or with
-`insecure`. A registry that answers 401 with `Basic realm=...` gets the credentials; with a
+HTTPS, or plain HTTP for a registry on loopback or with `insecure` that does not speak TLS
+(HTTPS is tried first: a registry that speaks it never gets the login in the clear). A registry that answers 401 with `Basic realm=...` gets the credentials; with a
 `Bearer realm=...,service=...,scope=...` challenge, a token from its realm, fetched with the
 credentials if there are any, else anonymously, as docker and skopeo do
 (provisiond.images.registry_access finds the credentials and builds the TLS context)."""
@@ -87,14 +87,14 @@ def parse_reference(text: str) -> Reference:
 class Client:
     """GETs against one registry, logging in when it asks: Basic with the credentials, or a
     bearer token from its realm (anonymous, or fetched with the credentials as docker does).
-    A registry on loopback is tried over HTTPS first and over plain HTTP if it does not
-    speak TLS."""
+    A registry on loopback, or any with `insecure`, is tried over HTTPS first and over plain
+    HTTP if it does not speak TLS."""
 
     def __init__(self, reference: Reference, access: Access | None = None):
         self.reference, self.access = reference, access or Access()
         self.insecure = self.access.insecure
-        self.scheme = "http" if self.insecure else "https"
-        self.may_fall_back = reference.loopback and not self.insecure
+        self.scheme = "https"
+        self.may_fall_back = reference.loopback or self.insecure
         self.authorization: str | None = None
         self.proven = False  # the registry took self.authorization at least once
         self.opener = urllib.request.build_opener(
@@ -151,13 +151,18 @@ class Client:
                 raise self._unreachable(exc) from None
 
     def _fall_back_to_http(self, exc: BaseException) -> bool:
-        """A loopback registry that answered the TLS handshake with something else (plain
-        HTTP's 400) is asked again over plain HTTP, once, and only before it has answered
-        over HTTPS: a later handshake that breaks (a dropped connection is an SSLError too)
-        must not send the login in the clear; nor is a certificate that does not verify."""
+        """A registry (on loopback, or any with insecure) that answered the TLS handshake
+        with something else (plain HTTP's 400), or refused HTTPS's port 443 when its
+        reference names no port (plain HTTP's is 80), is asked again over plain HTTP, once,
+        and only before it has answered over HTTPS: a later handshake that breaks (a dropped
+        connection is an SSLError too) must not send the login in the clear; nor is a
+        certificate that does not verify."""
         reason = getattr(exc, "reason", exc)
-        if not (self.may_fall_back and isinstance(reason, ssl.SSLError)) or isinstance(
-                reason, ssl.SSLCertVerificationError):
+        no_port = urllib.parse.urlsplit(f"//{self.reference.registry}").port is None
+        not_tls = isinstance(reason, ssl.SSLError) and not isinstance(
+            reason, ssl.SSLCertVerificationError)
+        if not (self.may_fall_back and (
+                not_tls or (no_port and isinstance(reason, ConnectionRefusedError)))):
             return False
         self.scheme, self.may_fall_back = "http", False
         return True

@@ -8,7 +8,9 @@ import hashlib
 import http.server
 import json
 import socket
+import ssl
 import threading
+import urllib.error
 from types import SimpleNamespace
 
 import pytest
@@ -42,14 +44,15 @@ def test_bad_references_are_invalid_input(text):
 
 @pytest.mark.parametrize("text, insecure, scheme, fallback", [
     ("docker://registry.example.org/x:1", False, "https", False),
-    ("docker://registry.example.org/x:1", True, "http", False),
+    ("docker://registry.example.org/x:1", True, "https", True),
     ("docker://10.0.0.5:5000/x:1", False, "https", False),
     ("docker://127.0.0.1:5000/x:1", False, "https", True),
     ("docker://[::1]:5000/x:1", False, "https", True),
     ("docker://localhost:5000/x:1", False, "https", True),
 ])
 def test_plain_http_only_for_loopback_or_insecure(text, insecure, scheme, fallback):
-    """HTTPS first on loopback, plain HTTP if the registry there does not speak TLS."""
+    """HTTPS first on loopback and with --insecure, plain HTTP if the registry does not
+    speak TLS."""
     client = Client(parse_reference(text), Access(insecure=insecure))
     assert (client.scheme, client.may_fall_back) == (scheme, fallback)
 
@@ -267,3 +270,16 @@ def test_a_token_realm_that_does_not_speak_http_is_one_error(raw, tmp_path):
     with pytest.raises(ImportFailed, match=r"no token from http://127\.0\.0\.1:\d+/token: "
                                            "BadStatusLine"):
         _raw_pull(raw, tmp_path)
+
+
+@pytest.mark.parametrize("text, insecure, reason, falls_back", [
+    ("docker://reg.example.org/x:1", True, ConnectionRefusedError(), True),  # 443, then 80
+    ("docker://reg.example.org:5000/x:1", True, ConnectionRefusedError(), False),
+    ("docker://reg.example.org/x:1", False, ConnectionRefusedError(), False),
+    ("docker://reg.example.org:5000/x:1", True, ssl.SSLError("wrong version number"), True),
+    ("docker://127.0.0.1:5000/x:1", False, ssl.SSLCertVerificationError("untrusted"), False),
+])
+def test_when_https_gives_way_to_plain_http(text, insecure, reason, falls_back):
+    client = Client(parse_reference(text), Access(insecure=insecure))
+    assert client._fall_back_to_http(urllib.error.URLError(reason)) is falls_back
+    assert client.scheme == ("http" if falls_back else "https")

@@ -546,3 +546,36 @@ def test_a_manifest_nested_too_deep_is_one_line(servers, tmp_path):
         "Content-Type": "application/vnd.oci.image.manifest.v1+json"}, b"[" * 100_000)}
     with pytest.raises(ImportFailed, match="the manifest is not JSON"):
         _pull(registry, tmp_path)
+
+
+@pytest.fixture
+def tls_registry(tmp_path):
+    """A Recorder on loopback that speaks only TLS (a certificate from the test's CA);
+    yields (server, CA path)."""
+    from tests.integration.test_registry_auth import make_ca
+    (tmp_path / "tls").mkdir()
+    ca, tls = make_ca(tmp_path / "tls")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls["certificate"], tls["key"])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.routes, server.seen = {}, []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, ca
+    server.shutdown()
+    server.server_close()
+
+
+def test_insecure_still_tries_https_first(tls_registry, tmp_path):
+    """--insecure allows plain HTTP to a registry that does not speak TLS; one that does
+    is spoken to over TLS, so the login is not sent in the clear (plain HTTP first would
+    have sent it to the same host's port 80 behind a redirect to HTTPS)."""
+    registry, ca = tls_registry
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    registry.routes = {"/v2/site/a/manifests/": (0, {}, _needs(BOB.basic(), ok)),
+                       "/v2/site/a/blobs/": (200, {}, b"{}")}
+    reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+    pull(reference, LayoutWriter(tmp_path / "layout"),
+         Access(credentials=BOB, insecure=True, ca_files=(ca,)))
+    assert registry.seen[-1][1] == BOB.basic()
