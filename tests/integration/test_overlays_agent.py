@@ -12,6 +12,7 @@ file that cannot be installed, how the token and the credential travel."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -266,6 +267,39 @@ def test_boot_start_ends_at_the_runtime_overlay_and_boot_finish_configures_then_
     configure.write_text("#!/bin/sh\necho broken; exit 2\n")
     failed = run_agent(tmp_path, url, extra, "boot-finish")
     assert failed.returncode == 1 and server.phases[-1][0] == "failed"
+
+
+@pytest.mark.parametrize("unit", ["boot-start", "boot-finish"])
+def test_a_failed_boot_sends_its_facts_before_systemd_ends_the_unit(tmp_path, server, unit):
+    """systemd ends every process left in a Type=oneshot unit whose ExecStart failed (its
+    cgroup, at once: service.c's FINAL_SIGTERM): the agent's process group killed as soon
+    as the unit's command exits 1 stands in for that. The facts of a failed boot (no
+    runtime overlay; a failed configure run), the one an operator looks into, must be in
+    by then."""
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text("#!/bin/sh\necho broken; exit 2\n")
+    configure.chmod(0o755)
+    extra = {"PROVISIOND_AGENT_TRIES": "1", "PROVISIOND_AGENT_CONFIGURE": str(configure),
+             **with_facts(tmp_path)}
+    if unit == "boot-finish":  # the first unit went well: the credential is in
+        assert run_agent(tmp_path, url, {**extra, "PATH": SYSTEM_PATH},
+                         "boot-start").returncode == 0
+    else:
+        extra["PROVISIOND_NODE"] = "n404"  # no runtime overlay
+    env = {**os.environ, "PROVISIOND_URL": url, "PROVISIOND_NODE": "n001",
+           "PROVISIOND_TOKEN": TOKEN, "PROVISIOND_AGENT_RUN": str(tmp_path / "run"),
+           "PROVISIOND_AGENT_ROOT": str(tmp_path / "root"),
+           "PROVISIOND_AGENT_STATE": str(tmp_path / "state-agent"), **extra}
+    agent = subprocess.Popen([tool("sh"), str(AGENT), unit], env=env, start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        assert agent.wait(timeout=60) == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.pid, signal.SIGKILL)  # the unit's leftovers, as systemd ends them
+    assert [p for p, _ in server.phases][-2:] == ["failed", "facts"]
 
 
 @pytest.mark.parametrize("client", ["curl", "busybox-nc"])
