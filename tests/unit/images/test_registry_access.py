@@ -378,15 +378,23 @@ def test_a_login_taken_but_denied_the_repository_is_one_line(servers, tmp_path):
                                        "(HTTP 403)")
 
 
+def _server_tls(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA (its path) and a server context with the certificate it signs for 127.0.0.1
+    (the integration tests' make_ca)."""
+    from tests.integration.test_registry_auth import make_ca
+    (folder / "tls").mkdir()
+    ca, tls = make_ca(folder / "tls")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls["certificate"], tls["key"])
+    return ca, context
+
+
 @pytest.fixture
 def tls_then_plain(tmp_path):
     """A loopback port whose first connection is TLS (a certificate from the test's CA)
     answering 401 Basic; the next hangs up in the handshake (a dropped connection); any
     later one is read as plain HTTP and recorded. Yields (host, CA path, plain requests)."""
-    from tests.integration.test_registry_auth import make_ca
-    ca, tls = make_ca(tmp_path)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls["certificate"], tls["key"])
+    ca, context = _server_tls(tmp_path)
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
     plain, stop = [], threading.Event()
@@ -552,11 +560,7 @@ def test_a_manifest_nested_too_deep_is_one_line(servers, tmp_path):
 def tls_registry(tmp_path):
     """A Recorder on loopback that speaks only TLS (a certificate from the test's CA);
     yields (server, CA path)."""
-    from tests.integration.test_registry_auth import make_ca
-    (tmp_path / "tls").mkdir()
-    ca, tls = make_ca(tmp_path / "tls")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls["certificate"], tls["key"])
+    ca, context = _server_tls(tmp_path)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     server.routes, server.seen = {}, []
