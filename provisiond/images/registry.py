@@ -2,7 +2,8 @@
 
 The distribution API (GET /v2/<repo>/manifests/<ref>, /v2/<repo>/blobs/<digest>) over
 HTTPS, or plain HTTP for a registry on loopback or with `insecure` that does not speak TLS
-(HTTPS is tried first: a registry that speaks it never gets the login in the clear). A registry that answers 401 with `Basic realm=...` gets the credentials; with a
+(HTTPS is tried first: a registry that speaks it never gets the login in the clear). A
+registry that answers 401 with `Basic realm=...` gets the credentials; with a
 `Bearer realm=...,service=...,scope=...` challenge, a token from its realm, fetched with the
 credentials if there are any, else anonymously, as docker and skopeo do
 (provisiond.images.registry_access finds the credentials and builds the TLS context)."""
@@ -79,9 +80,17 @@ def parse_reference(text: str) -> Reference:
     else:
         repository, _, ref = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
         ok = TAG_RE.fullmatch(ref)
-    if not (ok and REPO_RE.fullmatch(repository) and HOST_RE.fullmatch(registry)):
+    if not (ok and REPO_RE.fullmatch(repository) and HOST_RE.fullmatch(registry)
+            and _port_in_range(registry)):
         raise InvalidInput(bad)
     return Reference(registry, repository, ref)
+
+
+def _port_in_range(registry: str) -> bool:
+    try:
+        return urllib.parse.urlsplit(f"//{registry}").port != 0
+    except ValueError:  # past 65535
+        return False
 
 
 class Client:

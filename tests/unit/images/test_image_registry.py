@@ -36,7 +36,8 @@ def test_references(text, registry, repository, ref):
 
 @pytest.mark.parametrize("text", ["oci:/x", "docker://", "docker://h.org/UPPER:v1",
                                   "docker://h.org/x:bad!tag", "docker://h.org/x@sha256:12",
-                                  "docker://h.org/x:" + "t" * 200, "docker://h.org/../x"])
+                                  "docker://h.org/x:" + "t" * 200, "docker://h.org/../x",
+                                  "docker://127.0.0.1:99999/x:1", "docker://h.org:0/x:1"])
 def test_bad_references_are_invalid_input(text):
     with pytest.raises(InvalidInput, match="not a registry reference"):
         parse_reference(text)
