@@ -77,8 +77,8 @@ def test_wait_gives_up_at_its_timeout_in_one_line(nodes, config):
 
 
 @pytest.mark.parametrize("argv, code, message", [
-    (["show", "99"], ExitCode.NOT_FOUND, "no job 99 (the last 1000 are kept)"),
-    (["wait", "99"], ExitCode.NOT_FOUND, "no job 99 (the last 1000 are kept)"),
+    (["show", "99"], ExitCode.NOT_FOUND, "no job 99 (the last 1000 ended jobs are kept, up to 256 MiB of them)"),
+    (["wait", "99"], ExitCode.NOT_FOUND, "no job 99 (the last 1000 ended jobs are kept, up to 256 MiB of them)"),
     (["list", "--limit", "0"], ExitCode.INVALID_INPUT, "limit must be 1-1000"),
 ])
 def test_bad_requests_are_one_line(nodes, argv, code, message):
