@@ -365,11 +365,11 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-@pytest.fixture(scope="module")
-def token_registry(tmp_path_factory):
-    """docker-registry asking for bearer tokens from a token service of the test's."""
-    folder = tmp_path_factory.mktemp("token-registry")
-    tokens = TokenService(folder)
+@contextlib.contextmanager
+def token_registry_running(folder: Path, login: str | None = None):
+    """docker-registry asking for bearer tokens from a token service of the test's (which
+    wants `login`, a Basic credential, if given): (host, tokens)."""
+    tokens = TokenService(folder, login=login)
     auth = {"token": {"realm": tokens.realm, "service": "registry-test",
                       "issuer": "provisiond-test", "rootcertbundle": str(tokens.bundle)}}
     try:
@@ -377,6 +377,13 @@ def token_registry(tmp_path_factory):
             yield host, tokens
     finally:
         tokens.close()
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    """docker-registry asking for bearer tokens from a token service of the test's."""
+    with token_registry_running(tmp_path_factory.mktemp("token-registry")) as running:
+        yield running
 
 
 def test_a_registry_that_asks_for_a_token_gets_one(cli, config, token_registry, layout,

@@ -23,8 +23,9 @@ from cryptography.x509.oid import NameOID
 from provisiond.errors import BuildFailed, InvalidInput
 from provisiond.images import load_manifest
 from tests.integration.test_images_oci import unpack_image
-from tests.integration.test_images_registry import (Layout, TokenService, nothing_stored, push,
-                                                    running_registry, three_layers)
+from tests.integration.test_images_registry import (Layout, nothing_stored, push,
+                                                    running_registry, three_layers,
+                                                    token_registry_running)
 from tests.tools import tool
 
 pytestmark = pytest.mark.skipif(not (tool("docker-registry") and tool("skopeo")),
@@ -195,15 +196,9 @@ def test_registry_options_with_another_source_are_refused(cli, tmp_path):
 def login_tokens(tmp_path_factory):
     """docker-registry (plain HTTP, loopback) asking for bearer tokens from a token service
     that gives them only to bob's Basic login."""
-    folder = tmp_path_factory.mktemp("login-token-registry")
-    tokens = TokenService(folder, login=BASIC)
-    auth = {"token": {"realm": tokens.realm, "service": "registry-test",
-                      "issuer": "provisiond-test", "rootcertbundle": str(tokens.bundle)}}
-    try:
-        with running_registry(folder, auth) as (host, _):
-            yield host, tokens
-    finally:
-        tokens.close()
+    with token_registry_running(tmp_path_factory.mktemp("login-token-registry"),
+                                login=BASIC) as running:
+        yield running
 
 
 def test_a_token_is_fetched_with_the_login(cli, config, login_tokens, tmp_path):
