@@ -16,7 +16,6 @@ from provisiond import events, status
 from provisiond.cli import main
 from provisiond.config import load_config, write_default_config
 from provisiond.inventory import InventoryStore
-from provisiond.inventory.model import Record
 from provisiond.state import open as opening
 from provisiond.state.crypt import create_key
 from provisiond.state.etcd import EtcdStore
@@ -26,6 +25,7 @@ from tests.integration.boot.servers import (loopback_services, start_serve, stop
                                             write_config)
 from tests.tools import command
 from tests.unit.cli.test_state_cli import _records, _site, _values
+from tests.unit.inventory.test_inventory_cas import add_at_once
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ETCD.is_file(), reason="needs Debian's etcd-server")]
@@ -99,20 +99,7 @@ def test_concurrent_inventory_edits_through_two_stores_lose_none(url, tmp_path, 
               EtcdStore(url, tmp_path / "b" / "store.key")]
     monkeypatch.setattr(opening, "open_store",
                         lambda config: stores[configs.index(config)])
-    errors = []
-
-    def edit(index):
-        try:
-            with InventoryStore(configs[index % 2]).edit_records() as inventory:
-                inventory.nodes[f"t{index}"] = Record(comment=str(index))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=edit, args=(i,)) for i in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
+    errors = add_at_once(lambda index: configs[index % 2], timeout=300)
     assert not errors
     for config in configs:
         stored = InventoryStore(config).read()

@@ -98,26 +98,37 @@ def _add(config, name, comment=None):
         inventory.nodes[name] = Record(comment=comment)
 
 
+def add_at_once(config_of, count: int = 20, timeout: float = 120) -> list[Exception]:
+    """`count` writers in threads, writer i adding node t<i> through InventoryStore(
+    config_of(i)) (called in its thread); the errors they met. Also the etcd test's."""
+    errors = []
+
+    def write(index: int) -> None:
+        try:
+            with InventoryStore(config_of(index)).edit_records() as inventory:
+                inventory.nodes[f"t{index}"] = Record(comment=str(index))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    return errors
+
+
 def test_concurrent_edits_through_two_stores_lose_none(config, monkeypatch):
     """20 writers in threads, half through each of two store objects on one state dir."""
     stores = [FilesStore(config.state_dir), FilesStore(config.state_dir)]
     turn = threading.local()
     monkeypatch.setattr(opening, "open_store", lambda config: stores[turn.index])
-    errors = []
 
-    def write(index: int) -> None:
-        turn.index = index % 2
-        try:
-            with InventoryStore(config).edit_records() as inventory:
-                inventory.nodes[f"t{index}"] = Record(comment=str(index))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def through(index: int):
+        turn.index = index % 2  # this thread's writes go through stores[index % 2]
+        return config
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    errors = add_at_once(through)
     turn.index = 0
     assert not errors
     stored = InventoryStore(config).read()
