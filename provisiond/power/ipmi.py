@@ -90,6 +90,15 @@ class CheckedSession(ipmi_session.Session):
             self.onlogon({"error": CIPHER_MISMATCH})
             return -9
 
+    def _mark_broken(self, error=None):
+        # pyghmi's _mark_broken logs out (which clears `logging` and sets `broken`) before
+        # it stores `errormsg`. Another thread's wait_for_rsp may be the one that breaks
+        # this session, so the thread logging in can see the login over and read
+        # `errormsg` before it exists: "AttributeError: ... no attribute 'errormsg'" in
+        # place of the BMC's error (seen in a loaded CI run). Store it first.
+        self.errormsg = error
+        super()._mark_broken(error)
+
 
 class Sha1Session(CheckedSession):
     """A session that proposes cipher suite 3 (RAKP-HMAC-SHA1) first."""

@@ -225,3 +225,22 @@ def test_pyghmi_session_locks_cannot_be_taken_in_two_orders():
     assert {"WAITING_SESSIONS"} <= set(session.Session.awaitresponse.__code__.co_names)
     assert {"WAITING_SESSIONS"} <= set(session.Session._xmit_packet.__code__.co_names)
     assert session.WAITING_SESSIONS is session.KEEPALIVE_SESSIONS
+
+
+def test_a_broken_login_has_its_error_before_it_looks_over():
+    """The thread waiting on a login reads `errormsg` once `logging` is cleared; another
+    thread breaking the session must not let it look over before the error is stored."""
+    session = object.__new__(ipmi.CheckedSession)
+    session.lastpayload = session.onlogpayload = session.socket = None
+    session.bmc, session.userid, session.password = "127.0.0.1", b"u", b"p"
+    session.port, session.kgo, session.broken, session.logging = 623, None, False, True
+    session.logonwaiters = []
+    seen = []
+
+    def logout(sessionok=True):  # what pyghmi's logout does to the flags, then the waiter
+        session.logging, session.broken = False, True
+        seen.append(getattr(session, "errormsg", "missing"))
+    session.logout = logout
+    session._mark_broken(ipmi.CIPHER_MISMATCH)
+    assert seen == [ipmi.CIPHER_MISMATCH]
+    assert session.errormsg == ipmi.CIPHER_MISMATCH and session.broken
