@@ -49,6 +49,7 @@ UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
 # is tried again after a pause while the deadline leaves room for a whole one.
 LOGIN_SECONDS = 6.0
 LOGIN_RETRY_DELAY = 1.0
+SETTLE_SECONDS = 2.0  # for another thread to finish marking a failed login broken
 
 
 def unanswered(exc: Exception) -> bool:
@@ -191,6 +192,20 @@ def open_command(session_class, bmc: str, userid: bytes, password: bytes,
     command._netchannel = command._ipv6support = None
     command.certverify = None
     command.kwargs = {}
-    command.ipmi_session = session_class(bmc=bmc, userid=userid, password=password,
-                                         port=port, kg=None, privlevel=None)
+    command.ipmi_session = settled(session_class(bmc=bmc, userid=userid, password=password,
+                                                 port=port, kg=None, privlevel=None))
     return command
+
+
+def settled(session):
+    """`session` once its login is over: pyghmi clears `logging` before it marks a failed
+    login broken (its logout), so the constructor can return in between a session neither
+    logged in nor broken. Wait, briefly, for the thread failing it to finish, then raise
+    its error as pyghmi's constructor would have."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while not (session.logged or session.broken) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if session.logged and not session.broken:
+        return session
+    raise pyghmi_exc.IpmiException(getattr(session, "errormsg", None) if session.broken
+                                   else "the IPMI session login ended without a session")

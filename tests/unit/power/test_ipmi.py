@@ -244,3 +244,34 @@ def test_a_broken_login_has_its_error_before_it_looks_over():
     session._mark_broken(ipmi.CIPHER_MISMATCH)
     assert seen == [ipmi.CIPHER_MISMATCH]
     assert session.errormsg == ipmi.CIPHER_MISMATCH and session.broken
+
+
+class HalfFailedSession:
+    """What pyghmi's constructor can return when another thread fails the login: `logging`
+    already cleared, `broken` (and the error) set a moment later by that thread."""
+
+    def __init__(self, error, after: float, **_login):
+        self.logged, self.broken, self.logging = 0, False, False
+
+        def fail():
+            self.errormsg, self.broken = error, True
+        threading.Timer(after, fail).start()
+
+
+def test_a_login_failed_by_another_thread_raises_its_error(monkeypatch):
+    def session_class(**login):
+        return HalfFailedSession(ipmi.CIPHER_MISMATCH, 0.05, **login)
+    with pytest.raises(pyghmi_exc.IpmiException, match=ipmi.CIPHER_MISMATCH):
+        ipmi.open_command(session_class, "127.0.0.1", b"u", b"p", 623)
+    monkeypatch.setattr(ipmi, "SETTLE_SECONDS", 0.01)
+    with pytest.raises(pyghmi_exc.IpmiException, match="login ended without a session"):
+        ipmi.open_command(lambda **login: HalfFailedSession("late", 1.0, **login),
+                          "127.0.0.1", b"u", b"p", 623)
+
+
+def test_a_logged_in_session_is_used_at_once():
+    class LoggedIn:
+        def __init__(self, **_login):
+            self.logged, self.broken = 1, False
+    command = ipmi.open_command(LoggedIn, "127.0.0.1", b"u", b"p", 623)
+    assert isinstance(command.ipmi_session, LoggedIn) and command.bmc == "127.0.0.1"
