@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,11 +122,21 @@ def read(config: Config, job_id: int) -> Job:
     try:
         return Job.model_validate_json(job_path(config, job_id).read_bytes())
     except FileNotFoundError:
-        raise JobNotFound(f"no job {job_id} (the last {MAX_HISTORY} ended jobs are kept, up "
-                          f"to {MAX_HISTORY_BYTES >> 20} MiB of them)") from None
+        raise _not_found(config, job_id) from None
     except (OSError, ValidationError) as exc:
         log.warning("job %s: unreadable record: %s", job_id, exc)
         raise JobNotFound(f"job {job_id}: its record cannot be read") from None
+
+
+def _not_found(config: Config, job_id: int) -> JobNotFound:
+    """A job deleted from the history said apart from an id never given (ids are given in
+    order and never reused, and the newest job stays)."""
+    if 0 < job_id < max(job_ids(config), default=0):
+        return JobNotFound(f"job {job_id} is no longer kept: the history keeps the last "
+                           f"{MAX_HISTORY} ended jobs, up to {MAX_HISTORY_BYTES >> 20} MiB of "
+                           f"them (the newest {MIN_HISTORY} whatever their size)")
+    return JobNotFound(f"no job {job_id} (the last {MAX_HISTORY} ended jobs are kept, up "
+                       f"to {MAX_HISTORY_BYTES >> 20} MiB of them)")
 
 
 def get(config: Config, job_id: int) -> Job:
@@ -213,15 +224,25 @@ def _reap(config: Config, index: Index) -> None:
 def _prune(config: Config, index: Index) -> None:
     """Delete the records and logs of the ended jobs past the newest MAX_HISTORY, or past
     MAX_HISTORY_BYTES of them (the newest MIN_HISTORY always stay)."""
-    ended = [i for i in job_ids(config) if i not in index.active]
     kept_bytes = 0
-    for position, job_id in enumerate(ended):
+    for position, (job_id, record) in enumerate(_ended_last_first(config, index)):
         paths = (job_path(config, job_id), log_path(config, job_id))
-        kept_bytes += sum(_size(path) for path in paths)
+        kept_bytes += record.st_size + _size(paths[1])
         if position >= MAX_HISTORY or (position >= MIN_HISTORY and
                                        kept_bytes > MAX_HISTORY_BYTES):
             for path in paths:
                 path.unlink(missing_ok=True)
+
+
+def _ended_last_first(config: Config, index: Index) -> list[tuple[int, os.stat_result]]:
+    """The ended jobs and their records' stat, the one that ended last first (its record's
+    last write, then its id): the newest are those that ended last, not those created last,
+    or a build that ran while newer jobs came and went was deleted by its own end."""
+    ended = []
+    for job_id in (i for i in job_ids(config) if i not in index.active):
+        with contextlib.suppress(OSError):  # deleted meanwhile (by hand: the lock is ours)
+            ended.append((job_id, job_path(config, job_id).stat()))
+    return sorted(ended, key=lambda item: (item[1].st_mtime_ns, item[0]), reverse=True)
 
 
 def _size(path: Path) -> int:

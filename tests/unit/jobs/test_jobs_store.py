@@ -3,6 +3,7 @@ history, ids never reused, an unreadable index, listing pages."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -123,7 +124,7 @@ def test_the_history_keeps_the_newest_jobs_and_never_reuses_an_id(config, monkey
         finish(config, job)
     assert store.job_ids(config) == [7, 6, 5, 1]  # and the still active one
     assert not store.log_path(config, 2).exists() and store.log_path(config, 5).exists()
-    with pytest.raises(JobNotFound, match="no job 2"):
+    with pytest.raises(JobNotFound, match="job 2 is no longer kept"):
         store.read(config, 2)
     (Layout.of(config).jobs / "index.json").unlink()
     assert new_job(config, ["n9"]).id == 8
@@ -145,6 +146,45 @@ def test_the_history_is_bounded_in_bytes_too_keeping_the_newest(config, monkeypa
     store.log_path(config, big.id).write_text("x" * 50_000)  # alone over the bound
     finish(config, big)
     assert store.job_ids(config) == [6, 5]
+
+
+def ended_ago(config, job_id: int, seconds: float) -> None:
+    """Date the job's record back, as if it had ended `seconds` ago."""
+    path = store.job_path(config, job_id)
+    then = path.stat().st_mtime - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_long_job_ending_after_newer_ones_is_the_newest_of_the_history(config, monkeypatch):
+    """The history keeps the jobs that ended last: a build that ran while newer (larger)
+    jobs came and went is not deleted by its own end (its waiter, `job wait`, and the CLI's
+    run_here read it right after)."""
+    monkeypatch.setattr(store, "MAX_HISTORY_BYTES", 10_000)
+    monkeypatch.setattr(store, "MIN_HISTORY", 2)
+    build = new_job(config, ["tiny"], kind=JobKind.IMAGE_BUILD)
+    for i in range(3):
+        job = new_job(config, [f"n{i}"])
+        store.log_path(config, job.id).write_text("x" * 4_000)
+        finish(config, job)
+        ended_ago(config, job.id, 60 - i)
+    store.log_path(config, build.id).write_text("x" * 4_000)
+    finish(config, build)
+    assert store.read(config, build.id).state is JobState.FINISHED
+    assert store.job_ids(config) == [4, build.id]
+
+
+def test_a_pruned_job_is_said_to_have_left_the_history(config, monkeypatch):
+    """`job show` of a job deleted from the history says so; of an id never given, no job."""
+    monkeypatch.setattr(store, "MAX_HISTORY", 1)
+    for name in ("n1", "n2"):
+        finish(config, new_job(config, [name]))
+    with pytest.raises(JobNotFound) as caught:
+        jobs.get(config, 1)
+    assert str(caught.value) == ("job 1 is no longer kept: the history keeps the last 1 "
+                                 "ended jobs, up to 256 MiB of them (the newest 20 whatever "
+                                 "their size)")
+    with pytest.raises(JobNotFound, match=r"^no job 3 \(the last 1 ended jobs"):
+        jobs.get(config, 3)
 
 
 def test_an_unreadable_index_is_rebuilt_with_the_claims_of_active_jobs(config):
