@@ -196,7 +196,8 @@ def test_agent_boot_installs_runtime_overlay_and_reports(tmp_path, fixture_confi
     assert (run / "credential").read_text() == f"{CREDENTIAL}\n"
     assert oct(run.stat().st_mode & 0o777) == "0o700"
     assert oct((run / "credential").stat().st_mode & 0o777) == "0o600"
-    assert sorted(p.name for p in run.iterdir()) == ["authorization", "credential"]
+    assert sorted(p.name for p in run.iterdir()) == ["authorization", "credential",
+                                                     "runtime-applied"]
     assert [p for p, _ in server.phases] == ["booted", "runtime", "ready"]
     root = tmp_path / "root"
     key = root / "etc/ssh/ssh_host_ed25519_key"
@@ -267,6 +268,35 @@ def test_boot_start_ends_at_the_runtime_overlay_and_boot_finish_configures_then_
     configure.write_text("#!/bin/sh\necho broken; exit 2\n")
     failed = run_agent(tmp_path, url, extra, "boot-finish")
     assert failed.returncode == 1 and server.phases[-1][0] == "failed"
+
+
+def test_no_configure_run_and_no_ready_after_boot_start_failed(tmp_path, server):
+    """A node whose runtime overlay did not come in (here: a corrupt archive; the munge key,
+    the host keys missing) never says ready over its failed: not from boot-finish run by hand,
+    not from the ansible-pull timer's configure run (which ran the playbook and reported
+    configured and ready). Once boot-start goes well (the unit started again), they do."""
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    runs = tmp_path / "configure-runs"
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text(f"#!/bin/sh\necho run >>{runs}\necho 'PLAY RECAP ok=1 failed=0'\n")
+    configure.chmod(0o755)
+    extra = {"PROVISIOND_AGENT_CONFIGURE": str(configure), "PROVISIOND_AGENT_TRIES": "1"}
+    good = server.body
+    server.body = b"not a gzip archive"
+    started = run_agent(tmp_path, url, extra, "boot-start")
+    assert started.returncode == 1 and "cannot unpack" in started.stderr
+    assert [p for p, _ in server.phases] == ["booted", "failed"]
+    for command in (["boot-finish"], ["configure", "--only-if-changed"], ["configure"]):
+        later = run_agent(tmp_path, url, extra, *command)
+        assert later.returncode == 1, (command, later.stderr)
+        assert "the runtime overlay of this boot is not in" in later.stderr, later.stderr
+    assert [p for p, _ in server.phases] == ["booted", "failed"] and not runs.exists()
+    server.body = good
+    assert run_agent(tmp_path, url, extra, "boot-start").returncode == 0
+    finished = run_agent(tmp_path, url, extra, "boot-finish")
+    assert finished.returncode == 0, finished.stderr
+    assert [p for p, _ in server.phases][2:] == ["booted", "runtime", "configured", "ready"]
+    assert runs.read_text() == "run\n"
 
 
 @pytest.mark.parametrize("unit", ["boot-start", "boot-finish"])
