@@ -332,6 +332,24 @@ def test_a_failed_boot_sends_its_facts_before_systemd_ends_the_unit(tmp_path, se
     assert [p for p, _ in server.phases][-2:] == ["failed", "facts"]
 
 
+def test_facts_that_hang_do_not_hold_a_failed_boot_start_and_sshd_after_it(tmp_path, server):
+    """A failed boot sends its facts before its unit ends, and sshd waits for that unit
+    (Before=ssh.service): a collector that hangs (ipmitool before a BMC that does not
+    answer) is bounded by PROVISIOND_FACTS_TIMEOUT s."""
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    bin_dir = tmp_path / "facts-bin"
+    bin_dir.mkdir()
+    (bin_dir / "provisiond-facts").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "provisiond-facts").chmod(0o755)
+    failed = run_agent(tmp_path, url, {"PATH": f"{bin_dir}:{SYSTEM_PATH}",
+                                       "PROVISIOND_FACTS_TIMEOUT": "1",
+                                       "PROVISIOND_NODE": "n404", "PROVISIOND_AGENT_TRIES": "1"},
+                       "boot-start")
+    assert failed.returncode == 1
+    assert "provisiond-facts did not end within 1 s" in failed.stderr, failed.stderr
+    assert [p for p, _ in server.phases] == ["booted", "failed"]
+
+
 @pytest.mark.parametrize("client", ["curl", "busybox-nc"])
 def test_without_a_token_or_a_credential_the_agent_says_why(tmp_path, server, client):
     url = f"http://127.0.0.1:{server.server_address[1]}"
