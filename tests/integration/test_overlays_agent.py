@@ -63,6 +63,7 @@ class NodeServer(ThreadingHTTPServer):
         self.conditional: list[str | None] = []
         self.exchanges: list[tuple[str, int]] = []
         self.refused = 0
+        self.unavailable = 0  # status reports answered 503 (a server restarting) before any
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -106,6 +107,10 @@ class Handler(BaseHTTPRequestHandler):
             if self.authorized():
                 self.server.phases.append(("facts", str(sorted(json.loads(body)))))
                 self.answer(b"{}")
+            return
+        if self.server.unavailable > 0:
+            self.server.unavailable -= 1
+            self.send_error(503)
             return
         if self.authorized():
             self.server.phases.append((form["phase"][0], form.get("detail", [""])[0]))
@@ -330,6 +335,28 @@ def test_a_failed_boot_sends_its_facts_before_systemd_ends_the_unit(tmp_path, se
         with contextlib.suppress(ProcessLookupError):
             os.killpg(agent.pid, signal.SIGKILL)  # the unit's leftovers, as systemd ends them
     assert [p for p, _ in server.phases][-2:] == ["failed", "facts"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_boots_last_word_outlives_a_server_restarting(tmp_path, server, fails):
+    """ready and failed are never superseded by a later phase: one lost to a server that
+    was restarting (503) left the node's status at runtime for good. They are tried again
+    (PROVISIOND_AGENT_TRIES times); an answer of 4xx is not."""
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text("#!/bin/sh\necho broken; exit 2\n" if fails else "#!/bin/sh\n")
+    configure.chmod(0o755)
+    extra = {"PROVISIOND_AGENT_CONFIGURE": str(configure), "PROVISIOND_AGENT_TRIES": "3"}
+    assert run_agent(tmp_path, url, extra, "boot-start").returncode == 0
+    server.unavailable = 2
+    finished = run_agent(tmp_path, url, extra, "boot-finish")
+    assert finished.returncode == (1 if fails else 0), finished.stderr
+    if fails:  # both 503s to failed, then in
+        assert [p for p, _ in server.phases][2:] == ["failed"]
+        assert finished.stderr.count("could not report phase failed to") == 2
+    else:  # one 503 to configured (tried once: ready follows), one to ready, then in
+        assert [p for p, _ in server.phases][2:] == ["ready"]
+        assert finished.stderr.count("could not report phase ready to") == 1
 
 
 def test_facts_that_hang_do_not_hold_a_failed_boot_start_and_sshd_after_it(tmp_path, server):
