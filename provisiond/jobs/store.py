@@ -130,8 +130,12 @@ def read(config: Config, job_id: int) -> Job:
 
 def _not_found(config: Config, job_id: int) -> JobNotFound:
     """A job deleted from the history said apart from an id never given (ids are given in
-    order and never reused, and the newest job stays)."""
-    if 0 < job_id < max(job_ids(config), default=0):
+    order and never reused: below the index's next id, or a stored one's)."""
+    try:
+        next_id = Index.model_validate_json(Layout.of(config).jobs_index.read_bytes()).next_id
+    except (OSError, ValidationError):
+        next_id = 1
+    if 0 < job_id < max(next_id, max(job_ids(config), default=0)):
         return JobNotFound(f"job {job_id} is no longer kept: the history keeps the last "
                            f"{MAX_HISTORY} ended jobs, up to {MAX_HISTORY_BYTES >> 20} MiB of "
                            f"them (the newest {MIN_HISTORY} whatever their size)")

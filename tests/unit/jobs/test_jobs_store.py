@@ -185,6 +185,13 @@ def test_a_pruned_job_is_said_to_have_left_the_history(config, monkeypatch):
                                  "their size)")
     with pytest.raises(JobNotFound, match=r"^no job 3 \(the last 1 ended jobs"):
         jobs.get(config, 3)
+    build = new_job(config, ["tiny"], kind=JobKind.IMAGE_BUILD)  # job 3, ends after job 4
+    finish(config, new_job(config, ["n3"]))
+    ended_ago(config, 4, 60)
+    finish(config, build)
+    assert store.job_ids(config) == [3]
+    with pytest.raises(JobNotFound, match="^job 4 is no longer kept"):  # the highest id given
+        jobs.get(config, 4)
 
 
 def test_an_unreadable_index_is_rebuilt_with_the_claims_of_active_jobs(config):
