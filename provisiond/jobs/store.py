@@ -234,7 +234,7 @@ def _prune(config: Config, index: Index) -> None:
         kept_bytes += record.st_size + _size(paths[1])
         if position >= MAX_HISTORY or (position >= MIN_HISTORY and
                                        kept_bytes > MAX_HISTORY_BYTES):
-            for path in paths:
+            for path in reversed(paths):  # the log first: the records list the history
                 path.unlink(missing_ok=True)
 
 

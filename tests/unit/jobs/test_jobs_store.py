@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -171,6 +172,32 @@ def test_a_long_job_ending_after_newer_ones_is_the_newest_of_the_history(config,
     finish(config, build)
     assert store.read(config, build.id).state is JobState.FINISHED
     assert store.job_ids(config) == [4, build.id]
+
+
+def test_a_prune_cut_short_leaves_no_log_without_its_record(config, monkeypatch):
+    """The history is listed by its records: a log whose record went first (the process
+    ended between the two) was never deleted, nor counted in the bound."""
+    monkeypatch.setattr(store, "MAX_HISTORY", 1)
+    unlink = Path.unlink
+
+    def cut_short(path, missing_ok=False):
+        unlink(path, missing_ok=missing_ok)
+        raise KeyboardInterrupt  # the process ends after the first file
+
+    for i in range(3):
+        job = new_job(config, [f"n{i}"])
+        store.log_path(config, job.id).write_text("log\n")
+        if i == 1:
+            monkeypatch.setattr(Path, "unlink", cut_short)
+            with pytest.raises(KeyboardInterrupt):
+                finish(config, job)
+            monkeypatch.setattr(Path, "unlink", unlink)
+            store.reap(config)  # its runner (this process) ended it: freed by whoever looks
+        else:
+            finish(config, job)
+    folder = Layout.of(config).jobs
+    assert sorted(p.name for p in folder.glob("*.log")) == ["3.log"]
+    assert store.job_ids(config) == [3]
 
 
 def test_a_pruned_job_is_said_to_have_left_the_history(config, monkeypatch):
