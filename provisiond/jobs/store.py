@@ -12,6 +12,8 @@ is pending or running and its runner lives. A runner is known by its pid and its
 start time, so a reused pid is not taken for it; a job whose runner has not yet been
 recorded holds its claims SPAWN_GRACE seconds. Whoever looks next (a new job, a get, a list)
 marks a job whose runner died failed and frees its claims: a crash holds nothing forever.
+The history keeps the jobs that ended last (by their records' last write), within
+MAX_HISTORY and MAX_HISTORY_BYTES; deleting one takes its log first, then its record.
 """
 
 from __future__ import annotations
