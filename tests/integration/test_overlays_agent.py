@@ -125,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         port = int(form["callback"][0])
         self.server.exchanges.append((form["token"][0], port))
-        with socket.create_connection((self.client_address[0], port), timeout=10) as sock:
+        with connect_when_listening(self.client_address[0], port) as sock:
             said = sock.makefile("rb").readline().strip().decode()
             assert said == form["callback_key"][0]
             sock.sendall(f"{CREDENTIAL}\n".encode())
@@ -136,6 +136,19 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+def connect_when_listening(address: str, port: int) -> socket.socket:
+    """A connection to the agent's nc listener, tried again while refused (it may still be
+    starting, as provisiond's send_by_callback allows for), for at most 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return socket.create_connection((address, port), timeout=10)
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 @pytest.fixture
