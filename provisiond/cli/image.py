@@ -12,7 +12,7 @@ from provisiond import images
 from provisiond.errors import InvalidInput
 from provisiond.images.build import interrupt_on_term
 from provisiond.images.registry_access import (Access, Credentials, auth_file_paths,
-                                               cert_dir_cas, parse_creds)
+                                               home_directory, parse_creds)
 from provisiond.images.shell import image_shell
 from provisiond.images.squash import describe_boot
 from provisiond.cli.context import printable
@@ -131,11 +131,13 @@ def _registry_access(args, ctx) -> Access:
         raise InvalidInput("--creds, --password-stdin, --authfile, --tls-verify, --cert-dir "
                            "and --ca-file are for docker:// sources only")
     if args.authfile and not args.authfile.is_file():
-        raise InvalidInput(f"--authfile {args.authfile}: no such file")
-    cas = tuple(args.ca_file) + (cert_dir_cas(args.cert_dir) if args.cert_dir else ())
+        raise InvalidInput(f"--authfile {args.authfile}: no such file"
+                           + (" (a directory)" if args.authfile.is_dir() else ""))
+    home, no_home = home_directory()
     return Access(credentials=_credentials(args, ctx), insecure=args.insecure,
-                  auth_files=auth_file_paths(args.authfile, os.environ, Path.home()),
-                  tls_verify=args.tls_verify, ca_files=cas)
+                  auth_files=auth_file_paths(args.authfile, os.environ, home),
+                  no_home=no_home, tls_verify=args.tls_verify, ca_files=tuple(args.ca_file),
+                  cert_dir=args.cert_dir)
 
 
 def _credentials(args, ctx) -> Credentials | None:

@@ -108,7 +108,7 @@ class Client:
         self.proven = False  # the registry took self.authorization at least once
         self.opener = urllib.request.build_opener(
             _NoDowngrade(self.insecure), urllib.request.HTTPSHandler(
-                context=tls_context(self.access)))
+                context=tls_context(self.access, reference.registry)))
 
     @functools.cached_property
     def credentials(self) -> Credentials | None:
@@ -221,7 +221,7 @@ class Client:
             what = f"refused user {user} access to {self.reference.repository}"
         else:
             what = (f"refused anonymous access to {self.reference.repository}; log in with "
-                    "--creds USER or an auth file (--authfile)")
+                    f"--creds USER or an auth file (--authfile){self._no_home()}")
         return ImportFailed(f"{self.reference}: {host}{by} {what} (HTTP {code})")
 
     def _login(self, challenge: Challenge) -> str:
@@ -235,8 +235,12 @@ class Client:
         if self.credentials is None:
             raise ImportFailed(f"{self.reference}: {self.reference.registry} asks for a login;"
                                " give --creds USER or an auth file with an entry for it "
-                               "(--authfile)")
+                               f"(--authfile){self._no_home()}")
         return self.credentials.basic()
+
+    def _no_home(self) -> str:
+        """Why the home directory's auth files were not searched, if they were not."""
+        return f" ({self.access.no_home})" if self.access.no_home else ""
 
     def _fetch_token(self, params: dict[str, str]) -> str:
         """A token from the challenge's realm, with the credentials if there are any (the

@@ -6,7 +6,12 @@ Auth files, read in this order until one has an entry for the registry (the orde
 containers-auth.json(5)): `--authfile PATH` or else $REGISTRY_AUTH_FILE or else
 $XDG_RUNTIME_DIR/containers/auth.json; then $XDG_CONFIG_HOME/containers/auth.json
 (~/.config/...), $DOCKER_CONFIG/config.json (~/.docker/config.json), ~/.dockercfg. Within a
-file the most specific key wins: host/ns/repo, then host/ns, then host."""
+file the most specific key wins: host/ns/repo, then host/ns, then host.
+
+TLS trust as containers-certs.d(5) and docker lay it out: `--cert-dir DIR`, else the first of
+/etc/containers/certs.d/HOST[:PORT]/ and /etc/docker/certs.d/HOST[:PORT]/ that exists; its
+`*.crt` are CAs added to the system's, a `NAME.cert` with its `NAME.key` a client
+certificate."""
 
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ DOCKER_HUB_KEYS = ("docker.io", "index.docker.io", "registry-1.docker.io")
 PIECE_RE = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]*))|([^\s,=]+)')
 MAX_AUTH_FILE = 1 << 20  # docker's config.json for hundreds of registries is a few KiB
 ANSWERED = ("bearer", "basic")  # the schemes a login is given for, preferred first
+# Where podman and skopeo (containers/image), then docker, look for a registry's folder
+# HOST[:PORT]; the first that exists is used, the others not read (as containers/image does).
+CERTS_D = (Path("/etc/containers/certs.d"), Path("/etc/docker/certs.d"))
 
 
 @dataclass(frozen=True)
@@ -53,13 +61,18 @@ class Access:
 
     `credentials` (from --creds) go first; else `auth_files` are searched. `insecure`
     allows plain HTTP off loopback; `tls_verify` False accepts any certificate; `ca_files`
-    are trusted besides the system's CAs."""
+    are trusted besides the system's CAs, and the registry's certs.d folder (`cert_dir`,
+    else its folder under one of `certs_d`) gives more CAs and a client certificate.
+    `no_home` says why the auth files of the home directory were not searched."""
 
     credentials: Credentials | None = None
     auth_files: tuple[Path, ...] = ()
     insecure: bool = False
     tls_verify: bool = True
     ca_files: tuple[Path, ...] = ()
+    cert_dir: Path | None = None
+    certs_d: tuple[Path, ...] = field(default_factory=lambda: CERTS_D)
+    no_home: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,16 +117,27 @@ def parse_creds(text: str) -> tuple[str, str | None]:
 
 
 def auth_file_paths(authfile: Path | None, environ: Mapping[str, str],
-                    home: Path) -> tuple[Path, ...]:
-    """The auth files to search, in order (see the module's docstring)."""
+                    home: Path | None) -> tuple[Path, ...]:
+    """The auth files to search, in order (see the module's docstring); without a home
+    directory, only those an option or a variable names."""
     primary = authfile or _env_path(environ, "REGISTRY_AUTH_FILE")
     if primary is None and environ.get("XDG_RUNTIME_DIR"):
         primary = Path(environ["XDG_RUNTIME_DIR"]) / "containers/auth.json"
-    config_home = _env_path(environ, "XDG_CONFIG_HOME") or home / ".config"
-    docker = _env_path(environ, "DOCKER_CONFIG") or home / ".docker"
-    found = [primary] if primary else []
-    return (*found, config_home / "containers/auth.json", docker / "config.json",
-            home / ".dockercfg")
+    config_home = _env_path(environ, "XDG_CONFIG_HOME") or home and home / ".config"
+    docker = _env_path(environ, "DOCKER_CONFIG") or home and home / ".docker"
+    found = (primary, config_home and config_home / "containers/auth.json",
+             docker and docker / "config.json", home and home / ".dockercfg")
+    return tuple(path for path in found if path)
+
+
+def home_directory() -> tuple[Path | None, str | None]:
+    """(the user's home, None), or (None, why there is none): no $HOME and no passwd entry
+    (a service started with an empty environment under an unlisted user ID)."""
+    try:
+        return Path.home(), None
+    except (RuntimeError, KeyError):
+        return None, (f"no home directory ($HOME is unset and user ID {os.getuid()} has no "
+                      "passwd entry), so ~/.docker/config.json and ~/.config were not read")
 
 
 def _env_path(environ: Mapping[str, str], name: str) -> Path | None:
@@ -150,7 +174,7 @@ def _read_auth_file(path: Path) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"auth file {path}: cannot read it as JSON: "
-                           f"{getattr(exc, 'strerror', None) or exc}") from None
+                           f"{_why(exc)}") from None
     except RecursionError:
         raise InvalidInput(f"auth file {path}: its JSON nests too deep") from None
     if not isinstance(document, dict):
@@ -224,31 +248,73 @@ def _decode_auth(value, path: Path, host: str) -> Credentials:
     return Credentials(username, password)
 
 
-def tls_context(access: Access) -> ssl.SSLContext:
-    """The system's CAs plus `access.ca_files`, or no verification at all."""
+def tls_context(access: Access, registry: str) -> ssl.SSLContext:
+    """The system's CAs plus `access.ca_files` and the registry's certs.d CAs, or no
+    verification at all; the certs.d client certificate, if any, either way."""
+    folder = registry_cert_dir(access, registry)
+    cas, client = cert_dir_files(folder)
+    if access.cert_dir and not (cas or client):
+        raise InvalidInput(f"--cert-dir {folder}: no CA certificate (*.crt) nor client "
+                           "certificate (*.cert, *.key) in it")
     context = ssl.create_default_context()
+    if client:
+        _load_client_certificate(context, *client)
     if not access.tls_verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         return context
-    for path in access.ca_files:
+    for path in (*access.ca_files, *cas):
         try:
             context.load_verify_locations(cafile=str(path))
         except (OSError, ssl.SSLError) as exc:
             raise InvalidInput(f"CA file {path}: cannot load it as PEM certificates: "
-                               f"{getattr(exc, 'strerror', None) or exc}") from None
+                               f"{_why(exc)}") from None
     return context
 
 
-def cert_dir_cas(folder: Path) -> tuple[Path, ...]:
-    """The `*.crt` CA certificates of a containers-certs.d(5) folder. Client certificates
-    (`*.cert` and `*.key`) are refused: provisiond does not present one."""
-    if not folder.is_dir():
-        raise InvalidInput(f"--cert-dir {folder}: no such directory")
-    if any(folder.glob("*.cert")) or any(folder.glob("*.key")):
-        raise InvalidInput(f"--cert-dir {folder}: holds a client certificate (*.cert, "
-                           "*.key); client certificates are not supported")
-    cas = tuple(sorted(folder.glob("*.crt")))
-    if not cas:
-        raise InvalidInput(f"--cert-dir {folder}: no CA certificate (*.crt) in it")
-    return cas
+def _load_client_certificate(context: ssl.SSLContext, cert: Path, key: Path) -> None:
+    try:  # a key with a passphrase is refused, not asked for on the terminal by OpenSSL
+        context.load_cert_chain(str(cert), str(key), password=lambda: b"")
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInput(f"client certificate {cert} and key {key.name}: cannot load them "
+                           f"as PEM (a key with a passphrase is not supported): "
+                           f"{_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def registry_cert_dir(access: Access, registry: str) -> Path | None:
+    """`access.cert_dir` (it must exist), else the registry's HOST[:PORT] folder under the
+    first of `access.certs_d` that has one, else None."""
+    if access.cert_dir is not None:
+        if not access.cert_dir.is_dir():
+            raise InvalidInput(f"--cert-dir {access.cert_dir}: no such directory")
+        return access.cert_dir
+    name = "docker.io" if registry in DOCKER_HUB_KEYS else registry
+    if name in (".", ".."):  # a host name that is a path step
+        return None
+    return next((base / name for base in access.certs_d if (base / name).is_dir()), None)
+
+
+def cert_dir_files(folder: Path | None) -> tuple[tuple[Path, ...], tuple[Path, Path] | None]:
+    """The CA certificates (`*.crt`) of a containers-certs.d(5) folder, and its client
+    certificate: the first `NAME.cert` (by name) with its `NAME.key`. A `.cert` or `.key`
+    without its other half is one line."""
+    if folder is None:
+        return (), None
+    try:
+        files = sorted(path for path in folder.iterdir() if path.is_file())
+    except OSError as exc:
+        raise InvalidInput(f"certificate folder {folder}: cannot read it: {_why(exc)}") from None
+    names = {path.name for path in files}
+    for path in files:
+        other = {".cert": ".key", ".key": ".cert"}.get(path.suffix)
+        if other and path.stem + other not in names:
+            half = "client certificate" if other == ".key" else "client key"
+            raise InvalidInput(f"{path}: a {half} without its {path.stem}{other} "
+                               "(CA certificates end in .crt)")
+    certs = [path for path in files if path.suffix == ".cert"]
+    return (tuple(path for path in files if path.suffix == ".crt"),
+            (certs[0], certs[0].with_suffix(".key")) if certs else None)

@@ -11,6 +11,7 @@ import datetime
 import io
 import ipaddress
 import json
+import shutil
 from pathlib import Path
 
 import bcrypt
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from provisiond.errors import BuildFailed, InvalidInput
-from provisiond.images import load_manifest
+from provisiond.images import load_manifest, registry_access
 from tests.integration.test_images_oci import unpack_image
 from tests.integration.test_images_registry import (Layout, nothing_stored, push,
                                                     running_registry, three_layers,
@@ -38,9 +39,10 @@ def _name(text: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
 
 
-def make_ca(folder: Path) -> tuple[Path, dict]:
+def make_ca(folder: Path, client: Path | None = None) -> tuple[Path, dict]:
     """A CA (ca.crt) and a certificate it signs for 127.0.0.1; returns (CA path, the
-    registry's tls section)."""
+    registry's tls section). With `client`, also a client certificate it signs there
+    (client.cert, client.key, as in containers-certs.d(5))."""
     now = datetime.datetime.now(datetime.timezone.utc)
     valid = {"not_valid_before": now - datetime.timedelta(days=1),
              "not_valid_after": now + datetime.timedelta(days=1)}
@@ -61,6 +63,16 @@ def make_ca(folder: Path) -> tuple[Path, dict]:
     (folder / "server.key").write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
+    if client:
+        client_key = ec.generate_private_key(ec.SECP256R1())
+        client_cert = (x509.CertificateBuilder(**valid).subject_name(_name("provisiond"))
+                       .issuer_name(ca.subject).public_key(client_key.public_key())
+                       .serial_number(3).sign(ca_key, hashes.SHA256()))
+        client.mkdir(parents=True, exist_ok=True)
+        (client / "client.cert").write_bytes(client_cert.public_bytes(serialization.Encoding.PEM))
+        (client / "client.key").write_bytes(client_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
     return ca_path, {"certificate": str(folder / "server.pem"), "key": str(folder / "server.key")}
 
 
@@ -78,6 +90,71 @@ def private(tmp_path_factory):
         push(layout, "v1", f"{host}/site/private:v1", "--preserve-digests",
              "--dest-creds", f"{USER}:{PASSWORD}")
         yield host, ca
+
+
+@pytest.fixture(scope="module")
+def mutual(tmp_path_factory):
+    """A registry over TLS that takes only clients with a certificate its CA signed (no
+    login), holding site/mutual:v1; yields (host, CA path, folder of client.cert/.key)."""
+    folder = tmp_path_factory.mktemp("mutual-tls-registry")
+    ca, tls = make_ca(folder, client=folder / "client")
+    with running_registry(folder, None, {**tls, "clientcas": [str(ca)]}) as (host, _):
+        layout = Layout(folder / "layout")
+        layout.tag("v1", layout.image(three_layers("mutual")))
+        push(layout, "v1", f"{host}/site/mutual:v1", "--preserve-digests",
+             "--dest-cert-dir", str(folder / "client"))
+        yield host, ca, folder / "client"
+
+
+@pytest.fixture
+def certs_d(monkeypatch, tmp_path):
+    """The certs.d trees the code reads, the test's own (never /etc): returns a function
+    giving the folder for HOST under containers' or docker's."""
+    bases = {"containers": tmp_path / "etc/containers/certs.d",
+             "docker": tmp_path / "etc/docker/certs.d"}
+    monkeypatch.setattr(registry_access, "CERTS_D", tuple(bases.values()))
+    return lambda which, host: bases[which] / host
+
+
+def test_the_registry_folder_of_docker_certs_d_is_trusted_by_default(cli, config, private,
+                                                                      certs_d, tmp_path):
+    host, ca = private
+    folder = certs_d("docker", host)
+    folder.mkdir(parents=True)
+    shutil.copy(ca, folder / "ca.crt")
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "certsd",
+                 "--creds", f"{USER}:{PASSWORD}")
+    assert result.code == 0, result.err
+    assert imported(config, "certsd", tmp_path) == b"private"
+
+
+def test_a_client_certificate_from_certs_d(cli, config, mutual, certs_d, tmp_path):
+    host, ca, client = mutual
+    args = ["image", "import", f"docker://{host}/site/mutual:v1"]
+    folder = certs_d("containers", host)
+    folder.mkdir(parents=True)
+    shutil.copy(ca, folder / "ca.crt")
+    result = cli(*args, "nocert")  # the registry ends the handshake: no certificate
+    assert one_line(result, BuildFailed.exit_code, f"cannot reach {host}"), result.err
+    shutil.copy(client / "client.cert", folder / "client.cert")
+    result = cli(*args, "halfcert")
+    assert one_line(result, InvalidInput.exit_code, f"{folder / 'client.cert'}: a client "
+                    "certificate without its client.key"), result.err
+    assert nothing_stored(config, "nocert") and nothing_stored(config, "halfcert")
+    shutil.copy(client / "client.key", folder / "client.key")
+    result = cli(*args, "mutual")
+    assert result.code == 0, result.err
+    assert imported(config, "mutual", tmp_path) == b"mutual"
+
+
+def test_cert_dir_replaces_the_certs_d_folder(cli, config, private, certs_d, tmp_path):
+    host, ca = private
+    folder = certs_d("containers", host)
+    folder.mkdir(parents=True)
+    (folder / "ca.crt").write_text("not a certificate")
+    result = cli("image", "import", f"docker://{host}/site/private:v1", "certdir",
+                 "--creds", f"{USER}:{PASSWORD}", "--cert-dir", str(ca.parent))
+    assert result.code == 0, result.err
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import socket
 import ssl
 import threading
@@ -21,9 +22,11 @@ import pytest
 from provisiond.errors import InvalidInput
 from provisiond.images.layout import ImportFailed, LayoutWriter
 from provisiond.images.registry import Client, parse_reference, pull
+from provisiond.images import registry_access
 from provisiond.images.registry_access import (Access, Credentials, auth_file_paths,
-                                               cert_dir_cas, find_credentials,
-                                               parse_challenge, parse_creds, tls_context)
+                                               cert_dir_files, find_credentials,
+                                               parse_challenge, parse_creds,
+                                               registry_cert_dir, tls_context)
 
 
 @pytest.mark.parametrize("header, scheme, params", [
@@ -161,21 +164,73 @@ def test_an_auth_file_that_is_not_json_is_one_line(tmp_path):
         find_credentials((path,), "reg.example", "a")
 
 
-def test_a_cert_dir(tmp_path):
-    (tmp_path / "ca.crt").write_text("x")
-    (tmp_path / "README").write_text("x")
-    assert cert_dir_cas(tmp_path) == (tmp_path / "ca.crt",)
-    (tmp_path / "client.cert").write_text("x")
-    with pytest.raises(InvalidInput, match="client certificates are not supported"):
-        cert_dir_cas(tmp_path)
-    with pytest.raises(InvalidInput, match="no such directory"):
-        cert_dir_cas(tmp_path / "none")
+@pytest.fixture(autouse=True)
+def no_certs_d_of_the_machine(monkeypatch, tmp_path):
+    """The certs.d trees are the test's: nothing under /etc is read or written."""
+    monkeypatch.setattr(registry_access, "CERTS_D", (tmp_path / "etc/containers/certs.d",
+                                                     tmp_path / "etc/docker/certs.d"))
+
+
+def _certs_d(tmp_path: Path, base: str, host: str, *names: str) -> Path:
+    folder = tmp_path / "etc" / base / "certs.d" / host
+    folder.mkdir(parents=True)
+    for name in names:
+        (folder / name).write_text("x")
+    return folder
+
+
+def test_the_registry_folder_of_the_first_certs_d_that_has_one_is_used(tmp_path):
+    """containers-certs.d(5): /etc/containers/certs.d/HOST:PORT, else docker's; only one."""
+    docker = _certs_d(tmp_path, "docker", "reg.example:5000", "ca.crt")
+    assert registry_cert_dir(Access(), "reg.example:5000") == docker
+    containers = _certs_d(tmp_path, "containers", "reg.example:5000", "site.crt")
+    assert registry_cert_dir(Access(), "reg.example:5000") == containers
+    assert registry_cert_dir(Access(), "reg.example") is None  # the port is in the name
+    assert registry_cert_dir(Access(), "..") is None
+    hub = _certs_d(tmp_path, "docker", "docker.io", "ca.crt")
+    assert registry_cert_dir(Access(), "registry-1.docker.io") == hub
+    assert registry_cert_dir(Access(cert_dir=docker), "reg.example:5000") == docker
+
+
+def test_a_certs_d_folder_gives_cas_and_a_client_certificate(tmp_path):
+    folder = _certs_d(tmp_path, "containers", "reg", "ca.crt", "b.crt", "README",
+                      "z.cert", "z.key", "a.cert", "a.key")
+    assert cert_dir_files(folder) == ((folder / "b.crt", folder / "ca.crt"),
+                                      (folder / "a.cert", folder / "a.key"))
+    assert cert_dir_files(None) == ((), None)
+
+
+@pytest.mark.parametrize("names, message", [
+    (("ca.crt", "client.cert"), "client.cert: a client certificate without its client.key "
+                                "(CA certificates end in .crt)"),
+    (("client.key",), "client.key: a client key without its client.cert"),
+])
+def test_half_a_client_certificate_is_one_line(tmp_path, names, message):
+    folder = _certs_d(tmp_path, "docker", "reg:5000", *names)
+    with pytest.raises(InvalidInput, match=re.escape(str(folder / message))) as refused:
+        tls_context(Access(), "reg:5000")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_cert_dir_that_cannot_serve_is_one_line(tmp_path):
+    with pytest.raises(InvalidInput, match="--cert-dir .*/none: no such directory"):
+        tls_context(Access(cert_dir=tmp_path / "none"), "reg")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidInput, match="empty: no CA certificate"):
+        tls_context(Access(cert_dir=tmp_path / "empty"), "reg")
+
+
+def test_a_client_key_that_is_not_pem_is_one_line(tmp_path):
+    _certs_d(tmp_path, "docker", "reg", "client.cert", "client.key")
+    with pytest.raises(InvalidInput, match="client certificate .*client.cert and key "
+                                           "client.key: cannot load them as PEM"):
+        tls_context(Access(), "reg")
 
 
 def test_a_ca_file_that_is_not_pem_is_one_line(tmp_path):
     (tmp_path / "ca.pem").write_text("not a certificate")
     with pytest.raises(InvalidInput, match=f"CA file {tmp_path / 'ca.pem'}: cannot load"):
-        tls_context(Access(ca_files=(tmp_path / "ca.pem",)))
+        tls_context(Access(ca_files=(tmp_path / "ca.pem",)), "reg")
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
