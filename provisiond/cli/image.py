@@ -55,6 +55,7 @@ def register(subparsers) -> None:
                     "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported.")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
+    imp.add_argument("unexpected", nargs="*", help=argparse.SUPPRESS)
     imp.add_argument("--insecure", action="store_true",
                      help="allow plain HTTP to a registry (and its token service) that is "
                           "not on loopback, if it does not speak TLS (HTTPS is tried first)")
@@ -67,12 +68,12 @@ def register(subparsers) -> None:
     imp.add_argument("--authfile", type=Path, metavar="PATH",
                      help="an auth file (containers-auth.json or docker config.json format) "
                           "searched first")
-    imp.add_argument("--tls-verify", type=_boolean, nargs="?", const=True, default=True,
-                     metavar="BOOL", help="verify the registry's TLS certificate "
-                                          "(default true; --tls-verify=false accepts any)")
+    _add_tls_verify(imp)
     imp.add_argument("--cert-dir", type=Path, metavar="DIR",
-                     help="trust the CA certificates (*.crt) in DIR, as in "
-                          "/etc/containers/certs.d/HOST:PORT/ (not read by default)")
+                     help="trust the CA certificates (*.crt) in DIR and present its client "
+                          "certificate (NAME.cert with NAME.key), instead of the registry's "
+                          "folder /etc/containers/certs.d/HOST[:PORT]/, else "
+                          "/etc/docker/certs.d/HOST[:PORT]/, read by default")
     imp.add_argument("--ca-file", type=Path, action="append", default=[], metavar="PATH",
                      help="trust the CA certificates (PEM) in PATH (repeatable)")
     imp.add_argument("--init", default="/sbin/init", help="the image's init (default %(default)s)")
@@ -106,6 +107,7 @@ def cmd_build(args, ctx) -> int:
 
 
 def cmd_import(args, ctx) -> int:
+    _no_stray_words(args)
     access = _registry_access(args, ctx)
     with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_image(ctx.config, args.source, args.name, progress,
@@ -115,12 +117,43 @@ def cmd_import(args, ctx) -> int:
     return 0
 
 
-def _boolean(text: str) -> bool:
-    """--tls-verify=false as skopeo spells it."""
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-    if text.lower() not in value:
-        raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
-    return value[text.lower()]
+# --tls-verify's values as skopeo and podman take them (Go's strconv.ParseBool)
+BOOLEANS = {**dict.fromkeys(("1", "t", "T", "true", "TRUE", "True"), True),
+            **dict.fromkeys(("0", "f", "F", "false", "FALSE", "False"), False)}
+
+
+class _TlsVerify(argparse.Action):
+    """--tls-verify (true) or --tls-verify=BOOL, never a value in the next word: skopeo
+    and podman (Go's pflag) read `--tls-verify false SOURCE` as true and a stray word, and
+    `--tls-verify docker://...` as true and the source; argparse would take that word as
+    the value. So each `--tls-verify=BOOL` is an option string of its own (argparse
+    matches a whole word before it splits at '='); `--tls-verify=other` is argparse's
+    one-line error."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, BOOLEANS[option_string.partition("=")[2] or "true"])
+
+
+def _add_tls_verify(parser) -> None:
+    parser.add_argument("--tls-verify", action=_TlsVerify, default=True,
+                        help="verify the registry's TLS certificate (the default); "
+                             "--tls-verify=false accepts any (the value only after '=')")
+    parser.add_argument(*(f"--tls-verify={word}" for word in BOOLEANS), dest="tls_verify",
+                        action=_TlsVerify, default=True, help=argparse.SUPPRESS)
+
+
+def _no_stray_words(args) -> None:
+    """A third word: `--tls-verify false SOURCE NAME` (skopeo would refuse it too)."""
+    if not args.unexpected:
+        return
+    if args.source in BOOLEANS:
+        raise InvalidInput(f"--tls-verify takes its value after '=': --tls-verify="
+                           f"{args.source} (a separate {args.source!r} is read as SOURCE)")
+    raise InvalidInput(f"image import takes SOURCE NAME; unexpected: "
+                       f"{' '.join(args.unexpected)}")
 
 
 def _registry_access(args, ctx) -> Access:

@@ -264,6 +264,28 @@ def test_an_untrusted_ca_is_one_line_and_tls_verify_false_accepts_it(cli, config
     assert imported(config, "untrusted", tmp_path) == b"private"
 
 
+def test_tls_verify_takes_its_value_only_after_an_equals_sign(cli, config, private,
+                                                              tmp_path):
+    """As skopeo and podman read it: a bare --tls-verify is true and the next word is the
+    SOURCE; `--tls-verify false SOURCE NAME` is one line, not a silent false."""
+    host, ca = private
+    source = f"docker://{host}/site/private:v1"
+    creds = ("--creds", f"{USER}:{PASSWORD}")
+    result = cli("image", "import", *creds, "--tls-verify", source, "bare")
+    assert one_line(result, BuildFailed.exit_code, f"the TLS certificate of {host} is not "
+                    "trusted"), result.err
+    result = cli("image", "import", *creds, "--ca-file", str(ca), "--tls-verify", source,
+                 "verified")
+    assert result.code == 0, result.err
+    result = cli("image", "import", *creds, "--tls-verify", "false", source, "spaced")
+    assert one_line(result, InvalidInput.exit_code, "--tls-verify takes its value after "
+                    "'=': --tls-verify=false"), result.err
+    result = cli("image", "import", *creds, "--tls-verify=False", source, "unverified")
+    assert result.code == 0, result.err
+    assert imported(config, "unverified", tmp_path) == b"private"
+    assert not (config.images_dir / "spaced").exists()
+
+
 def test_registry_options_with_another_source_are_refused(cli, tmp_path):
     result = cli("image", "import", f"oci:{tmp_path}:v1", "x", "--creds", "bob:pw")
     assert one_line(result, InvalidInput.exit_code, "for docker:// sources only"), result.err
