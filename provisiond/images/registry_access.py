@@ -49,6 +49,17 @@ class Credentials:
     username: str
     password: str = field(repr=False)
 
+    def __post_init__(self):
+        # argv, and stdin in the C locale, keep bytes that are not UTF-8 as surrogates,
+        # which no header can carry (basic() failed with UnicodeEncodeError)
+        for what, text in (("user name", self.username), ("password", self.password)):
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                raise InvalidInput(f"the {what} of the registry login for "
+                                   f"{self.username.encode(errors='replace').decode()} is "
+                                   "not valid UTF-8") from None
+
     def basic(self) -> str:
         """The Authorization header's value for HTTP Basic."""
         pair = f"{self.username}:{self.password}".encode()

@@ -13,13 +13,15 @@ import os
 import re
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from provisiond.errors import InvalidInput
+from provisiond.errors import ExitCode, InvalidInput
 from provisiond.images.layout import ImportFailed, LayoutWriter
 from provisiond.images.registry import Client, parse_reference, pull
 from provisiond.images import registry_access
@@ -27,6 +29,7 @@ from provisiond.images.registry_access import (Access, Credentials, auth_file_pa
                                                cert_dir_files, find_credentials,
                                                parse_challenge, parse_creds,
                                                registry_cert_dir, tls_context)
+from tests.tools import tool
 
 
 @pytest.mark.parametrize("header, scheme, params", [
@@ -638,3 +641,113 @@ def test_insecure_still_tries_https_first(tls_registry, tmp_path):
     pull(reference, LayoutWriter(tmp_path / "layout"),
          Access(credentials=BOB, insecure=True, ca_files=(ca,)))
     assert registry.seen[-1][1] == BOB.basic()
+
+
+# The real CLI in a child process (what a user runs): bad input around the login is one line
+# on stderr and a non-zero exit, never a traceback. The stub registry asks for Basic.
+
+def _import(state_dir: Path, registry, *args, env: dict | None = None, stdin: bytes = b"",
+            wrap: tuple[str, ...] = (), close_stdin: bool = False):
+    environ = {k: v for k, v in os.environ.items() if k not in (
+        "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "DOCKER_CONFIG")}
+    environ.update({"HOME": str(state_dir.parent / "home"), **(env or {})})
+    argv = [*wrap, sys.executable, "-m", "provisiond", "--state-dir", str(state_dir), "image",
+            "import", f"docker://{_host(registry)}/site/a:1", "a", *args]
+    return subprocess.run([a for a in argv if a is not None],
+                          input=None if close_stdin else stdin, capture_output=True,
+                          env={k: v for k, v in environ.items() if v is not None},
+                          timeout=120, preexec_fn=(lambda: os.close(0)) if close_stdin else None)
+
+
+def _one_line(proc, code: int, part: str) -> bool:
+    err = proc.stderr.decode(errors="replace")
+    return proc.returncode == code and err.count("\n") == 1 and "Traceback" not in err \
+        and part in err
+
+
+@pytest.fixture
+def basic_registry(servers):
+    registry, _ = servers
+    registry.routes = {"/v2/": (401, {"WWW-Authenticate": 'Basic realm="r"'}, b"")}
+    return registry
+
+
+def test_no_home_directory_is_one_line(basic_registry, state_dir):
+    """No $HOME and a user ID without a passwd entry (unshare maps us to 54321, keeping the
+    capabilities an import needs): Path.home() raised RuntimeError."""
+    unshare = tool("unshare")
+    wrap = (unshare, "--map-user=54321", "--map-group=54321", "--keep-caps", "--user")
+    proc = _import(state_dir, basic_registry, env={"HOME": None}, wrap=wrap)
+    assert _one_line(proc, ExitCode.BUILD_FAILED, "asks for a login; give --creds USER or an "
+                     "auth file with an entry for it (--authfile) (no home directory ($HOME "
+                     "is unset and user ID 54321 has no passwd entry)"), proc.stderr
+
+
+@pytest.mark.parametrize("stdin, close, errors, message", [
+    (b"", True, "strict", "password of bob: read an empty value from stdin"),
+    (b"", False, "strict", "password of bob: read an empty value from stdin"),
+    # stdin decoded strictly (UnicodeDecodeError), or keeping bytes as surrogates (what
+    # Python does in the C and C.UTF-8 locales: UnicodeEncodeError in the header)
+    (b"\xff\xfe\n", False, "strict", "password of bob: standard input is not valid UTF-8"),
+    (b"\xff\xfe\n", False, "surrogateescape",
+     "the password of the registry login for bob is not valid UTF-8"),
+])
+def test_a_password_stdin_that_cannot_serve_is_one_line(basic_registry, state_dir, stdin,
+                                                        close, errors, message):
+    proc = _import(state_dir, basic_registry, "--creds", "bob", "--password-stdin",
+                   env={"PYTHONIOENCODING": f"utf-8:{errors}"}, stdin=stdin,
+                   close_stdin=close)
+    assert _one_line(proc, ExitCode.INVALID_INPUT, message), proc.stderr
+
+
+def test_creds_that_are_not_utf8_are_one_line(basic_registry, state_dir):
+    proc = _import(state_dir, basic_registry, b"--creds", b"bob:\xff")
+    assert _one_line(proc, ExitCode.INVALID_INPUT, "the password of the registry login for "
+                     "bob is not valid UTF-8"), proc.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read it as JSON: Is a directory"),  # a folder where the file should be
+    ("{", "cannot read it as JSON"),
+    ('{"auths": {"HOST": {"auth": "bm90OmJhc2U2NA=="}}, "x": ', "cannot read it as JSON"),
+    ("\xff{", "cannot read it as JSON"),
+    ('["auths"]', "not a JSON object"),
+    ('{"auths": {"HOST": []}}', "the entry for HOST is not an object"),
+    ('{"auths": {"HOST": {"auth": "!not base64"}}}', 'the "auth" of HOST is not base64'),
+    ('{"auths": {"HOST": {"auth": 7}}}', 'the "auth" of HOST is not base64'),
+    ('{"auths": {"HOST": {"auth": "/w=="}}}', 'the "auth" of HOST is not base64'),
+])
+@pytest.mark.parametrize("how", ["--authfile", "REGISTRY_AUTH_FILE", "~/.docker"])
+def test_auth_files_that_cannot_serve_are_one_line_from_the_cli(basic_registry, state_dir,
+                                                                content, message, how):
+    home = state_dir.parent / "home"
+    path = home / ".docker/config.json"
+    path.parent.mkdir(parents=True)
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content.replace("HOST", _host(basic_registry)).encode(
+            "latin-1" if content.startswith("\xff") else "utf-8"))
+    args, env = {"--authfile": ((f"--authfile={path}",), {}),
+                 "REGISTRY_AUTH_FILE": ((), {"REGISTRY_AUTH_FILE": str(path)}),
+                 "~/.docker": ((), {})}[how]
+    proc = _import(state_dir, basic_registry, *args, env=env)
+    expected = message.replace("HOST", _host(basic_registry))
+    if how == "--authfile" and content is None:
+        expected = "no such file (a directory)"
+    else:
+        assert str(path) in proc.stderr.decode()
+    assert _one_line(proc, ExitCode.INVALID_INPUT, expected), proc.stderr
+
+
+def test_an_unreadable_auth_file_is_one_line(basic_registry, state_dir):
+    """EACCES even for root: in a user namespace (unshare maps us to 54321) the file belongs
+    to an unmapped user (12345) and is 0600."""
+    path = state_dir.parent / "auth.json"
+    path.write_text("{}")
+    path.chmod(0o600)
+    os.chown(path, 12345, 12345)
+    wrap = (tool("unshare"), "--map-user=54321", "--map-group=54321", "--keep-caps", "--user")
+    proc = _import(state_dir, basic_registry, "--authfile", str(path), wrap=wrap)
+    assert _one_line(proc, ExitCode.INVALID_INPUT, f"auth file {path}: cannot read it as "
+                     "JSON: Permission denied"), proc.stderr
