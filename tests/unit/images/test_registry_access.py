@@ -643,6 +643,57 @@ def test_insecure_still_tries_https_first(tls_registry, tmp_path):
     assert registry.seen[-1][1] == BOB.basic()
 
 
+
+def _bearer_to(realm: str) -> dict:
+    """Routes of a registry that wants a bearer token from `realm` (any token will do)."""
+    challenge = f'Bearer realm="{realm}",service="reg"'
+    ok = (200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST)
+    return {"/v2/site/a/manifests/": (0, {}, lambda auth: ok if auth == "Bearer T" else (
+        401, {"WWW-Authenticate": challenge}, b"")), "/v2/site/a/blobs/": (200, {}, b"{}")}
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_an_https_registry_sends_no_login_to_a_plain_http_realm(tls_registry, servers,
+                                                                tmp_path, insecure):
+    """The registry over HTTPS, its token realm plain HTTP (on loopback, so even without
+    --insecure it may hand out anonymous tokens): the login is refused in one line and
+    the token service never sees it; anonymous pulls get their token."""
+    registry, ca = tls_registry
+    _, tokens = servers
+    tokens.routes = {"/token": (200, {}, b'{"token": "T"}')}
+    registry.routes = _bearer_to(f"http://{_host(tokens)}/token")
+    reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+    access = Access(credentials=BOB, insecure=insecure, ca_files=(ca,))
+    with pytest.raises(ImportFailed, match=rf"the token realm http://{_host(tokens)}/token is "
+                                           rf"plain HTTP while {_host(registry)} is HTTPS; "
+                                           "the login is not sent there$"):
+        pull(reference, LayoutWriter(tmp_path / "bob"), access)
+    assert tokens.seen == []
+    pull(reference, LayoutWriter(tmp_path / "anonymous"), Access(ca_files=(ca,)))
+    assert tokens.seen == [("/token?service=reg", None)]
+
+
+def test_an_https_realm_on_another_host_gets_the_login(tls_registry, tmp_path):
+    """docker's token flow: the realm may be another host:port; over HTTPS (here the
+    registry's certificate) it gets the login."""
+    registry, ca = tls_registry
+    tokens = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    tokens.socket = registry.socket.context.wrap_socket(tokens.socket, server_side=True)
+    tokens.routes = {"/token": (0, {}, _needs(BOB.basic(), (200, {}, b'{"token": "T"}')))}
+    tokens.seen = []
+    threading.Thread(target=tokens.serve_forever, daemon=True).start()
+    try:
+        registry.routes = _bearer_to(f"https://{_host(tokens)}/token")
+        reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+        pull(reference, LayoutWriter(tmp_path / "layout"),
+             Access(credentials=BOB, ca_files=(ca,)))
+    finally:
+        tokens.shutdown()
+        tokens.server_close()
+    assert tokens.seen == [("/token?service=reg", BOB.basic())]
+    assert registry.seen[-1][1] == "Bearer T"
+
+
 # The real CLI in a child process (what a user runs): bad input around the login is one line
 # on stderr and a non-zero exit, never a traceback. The stub registry asks for Basic.
 
