@@ -39,6 +39,8 @@ REPO_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}")
 TOKEN_RE = re.compile(r"[\x21-\x7e]+")  # RFC 6750's b64token, loosely: no space, no CR/LF
+# USER[:PASSWORD]@ before the host: an "@" that does not start a sha256 digest
+LOGIN_RE = re.compile(r"docker://[^@]*@(?!sha256:)")
 HOST_RE = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])(?::\d{1,5})?")
 DOCKER_HUB = "registry-1.docker.io"
 ACCEPT = ", ".join([*INDEXES, *MANIFESTS])
@@ -67,6 +69,10 @@ def parse_reference(text: str) -> Reference:
     bad = f"not a registry reference: {text!r} (docker://REGISTRY/REPO:TAG)"
     if not text.startswith("docker://"):
         raise InvalidInput(bad)
+    if LOGIN_RE.match(text):  # refused without echoing the text: it may hold a password
+        raise InvalidInput("a docker:// reference has '@' only before a sha256 digest; a "
+                           "login (USER:PASSWORD@) is not read from it: give --creds USER or "
+                           "an auth file (--authfile)")
     rest = text[len("docker://"):]
     first, _, tail = rest.partition("/")
     if tail and ("." in first or ":" in first or first == "localhost" or first[:1] == "["):

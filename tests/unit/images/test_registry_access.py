@@ -644,6 +644,25 @@ def test_insecure_still_tries_https_first(tls_registry, tmp_path):
 
 
 
+@pytest.mark.parametrize("text", ["docker://bob:hunter2@reg.example/x:1",
+                                  "docker://bob:hun/ter2@reg.example:5000/x@sha256:" + "a" * 64,
+                                  "docker://bob:hunter2@reg.example/x"])
+def test_a_login_in_the_reference_is_refused_without_echoing_it(text):
+    """skopeo has no USER:PASSWORD@ in docker:// references; the bad-reference line
+    echoed the text, so the password reached the terminal and any log of stderr."""
+    with pytest.raises(InvalidInput) as refused:
+        parse_reference(text)
+    assert "hunter2" not in str(refused.value) and "ter2" not in str(refused.value)
+    assert str(refused.value) == ("a docker:// reference has '@' only before a sha256 "
+                                  "digest; a login (USER:PASSWORD@) is not read from it: give "
+                                  "--creds USER or an auth file (--authfile)")
+
+
+def test_a_digest_reference_is_not_a_login():
+    digest = "sha256:" + "a" * 64
+    assert parse_reference(f"docker://reg.example:5000/x@{digest}").ref == digest
+
+
 def _bearer_to(realm: str) -> dict:
     """Routes of a registry that wants a bearer token from `realm` (any token will do)."""
     challenge = f'Bearer realm="{realm}",service="reg"'
