@@ -185,7 +185,7 @@ class Client:
     def _elsewhere(self, url: str) -> str | None:
         """The host:port of `url` (an answer's, after redirects) if it is not the
         registry's; its URL is not shown: blob storage signs its URLs."""
-        netloc = urllib.parse.urlsplit(url).netloc
+        netloc = _netloc(urllib.parse.urlsplit(url))
         return netloc if netloc.lower() != self.reference.registry.lower() else None
 
     def _unreachable(self, exc: BaseException) -> ImportFailed:
@@ -270,12 +270,12 @@ class Client:
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (401, 403):
-                raise self._refused(exc.code, realm.netloc) from None
+                raise self._refused(exc.code, _netloc(realm)) from None
             raise ImportFailed(f"{self.reference}: the token service answered HTTP "
                                f"{exc.code}") from None
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException,
                 RecursionError) as exc:  # RecursionError: JSON nested too deep
-            raise ImportFailed(f"{self.reference}: no token from {realm.geturl()}: "
+            raise ImportFailed(f"{self.reference}: no token from {_shown(realm)}: "
                                f"{_reason(exc)}") from None
         token = answer.get("token") or answer.get("access_token") if isinstance(
             answer, dict) else None
@@ -292,10 +292,10 @@ class Client:
         if realm.scheme != "http":
             return
         if not (self.insecure or _loopback_host(realm.hostname)):
-            raise ImportFailed(f"{self.reference}: the token realm {realm.geturl()} is plain "
+            raise ImportFailed(f"{self.reference}: the token realm {_shown(realm)} is plain "
                                "HTTP (use --insecure to allow it)")
         if self.credentials and self.scheme != "http":
-            raise ImportFailed(f"{self.reference}: the token realm {realm.geturl()} is plain "
+            raise ImportFailed(f"{self.reference}: the token realm {_shown(realm)} is plain "
                                f"HTTP while {self.reference.registry} is HTTPS; the login is "
                                "not sent there")
 
@@ -327,9 +327,19 @@ class _NoDowngrade(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         target = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl))
         if target.scheme != "https" and not (self.insecure or _loopback_host(target.hostname)):
-            raise ImportFailed(f"the registry redirected to plain HTTP ({target.netloc}); "
+            raise ImportFailed(f"the registry redirected to plain HTTP ({_netloc(target)}); "
                                "use --insecure to allow it")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _netloc(url: urllib.parse.SplitResult) -> str:
+    """host[:port] of a URL, without the USER:PASSWORD@ a storage URL may carry."""
+    return url.netloc.rpartition("@")[2]
+
+
+def _shown(url: urllib.parse.SplitResult) -> str:
+    """The URL for a message: without USER:PASSWORD@."""
+    return url._replace(netloc=_netloc(url)).geturl()
 
 
 def _reason(exc: BaseException) -> str:

@@ -663,6 +663,30 @@ def test_a_digest_reference_is_not_a_login():
     assert parse_reference(f"docker://reg.example:5000/x@{digest}").ref == digest
 
 
+def test_a_refused_redirect_does_not_show_the_login_in_its_url(tls_registry, tmp_path):
+    """Blob storage URLs may carry a login (USER:KEY@HOST): the line names the host only.
+    The redirect is refused before any connection (plain HTTP off loopback)."""
+    registry, ca = tls_registry
+    registry.routes = {"/v2/site/a/manifests/": (200, {
+        "Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST),
+        "/v2/site/a/blobs/": (307, {"Location": "http://AKIA:s3cret@storage.invalid/b"}, b"")}
+    reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+    with pytest.raises(ImportFailed, match=r"redirected to plain HTTP \(storage.invalid\); "
+                                           "use --insecure") as refused:
+        pull(reference, LayoutWriter(tmp_path / "layout"), Access(ca_files=(ca,)))
+    assert "s3cret" not in str(refused.value)
+
+
+def test_a_token_realm_is_shown_without_the_login_in_its_url(servers, tmp_path):
+    registry, _ = servers
+    registry.routes = {"/v2/": (401, {"WWW-Authenticate": 'Bearer realm="https://u:s3cret@'
+                                      '127.0.0.1:1/token"'}, b"")}
+    with pytest.raises(ImportFailed, match=r"no token from https://127.0.0.1:1/token: ") \
+            as refused:
+        _pull(registry, tmp_path)
+    assert "s3cret" not in str(refused.value)
+
+
 def _bearer_to(realm: str) -> dict:
     """Routes of a registry that wants a bearer token from `realm` (any token will do)."""
     challenge = f'Bearer realm="{realm}",service="reg"'
