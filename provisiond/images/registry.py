@@ -257,6 +257,9 @@ class Client:
             realm = urllib.parse.urlsplit("")
         if realm.scheme not in ("http", "https") or not realm.netloc:
             raise ImportFailed(f"{self.reference}: the registry's token realm is not a URL")
+        if "@" in realm.netloc:  # urllib would look USER:PASSWORD@HOST up in the DNS
+            raise ImportFailed(f"{self.reference}: the registry's token realm "
+                               f"{_shown(realm)} holds a USER:PASSWORD@ login; not used")
         self._check_realm_scheme(realm)
         query = urllib.parse.urlencode({k: v for k, v in params.items()
                                         if k in ("service", "scope")})
@@ -329,6 +332,9 @@ class _NoDowngrade(urllib.request.HTTPRedirectHandler):
         if target.scheme != "https" and not (self.insecure or _loopback_host(target.hostname)):
             raise ImportFailed(f"the registry redirected to plain HTTP ({_netloc(target)}); "
                                "use --insecure to allow it")
+        if "@" in target.netloc:  # urllib would look USER:PASSWORD@HOST up in the DNS
+            raise ImportFailed(f"the registry redirected to a URL holding a USER:PASSWORD@ "
+                               f"login ({_netloc(target)}); not followed")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 

@@ -677,13 +677,27 @@ def test_a_refused_redirect_does_not_show_the_login_in_its_url(tls_registry, tmp
     assert "s3cret" not in str(refused.value)
 
 
-def test_a_token_realm_is_shown_without_the_login_in_its_url(servers, tmp_path):
+def test_a_token_realm_with_a_login_in_its_url_is_refused_unshown(servers, tmp_path):
+    """urllib took `u:s3cret@127.0.0.1` for the host name (a DNS lookup of it) and the
+    line showed it."""
     registry, _ = servers
     registry.routes = {"/v2/": (401, {"WWW-Authenticate": 'Bearer realm="https://u:s3cret@'
                                       '127.0.0.1:1/token"'}, b"")}
-    with pytest.raises(ImportFailed, match=r"no token from https://127.0.0.1:1/token: ") \
-            as refused:
+    with pytest.raises(ImportFailed, match=r"token realm https://127.0.0.1:1/token holds a "
+                                           "USER:PASSWORD@ login; not used$") as refused:
         _pull(registry, tmp_path)
+    assert "s3cret" not in str(refused.value)
+
+
+def test_a_redirect_with_a_login_in_its_url_is_not_followed(tls_registry, tmp_path):
+    registry, ca = tls_registry
+    registry.routes = {"/v2/site/a/manifests/": (200, {
+        "Content-Type": "application/vnd.oci.image.manifest.v1+json"}, MANIFEST),
+        "/v2/site/a/blobs/": (307, {"Location": "https://AKIA:s3cret@storage.invalid/b"}, b"")}
+    reference = parse_reference(f"docker://{_host(registry)}/site/a:1")
+    with pytest.raises(ImportFailed, match=r"redirected to a URL holding a USER:PASSWORD@ "
+                                           r"login \(storage.invalid\); not followed") as refused:
+        pull(reference, LayoutWriter(tmp_path / "layout"), Access(ca_files=(ca,)))
     assert "s3cret" not in str(refused.value)
 
 
