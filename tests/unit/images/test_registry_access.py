@@ -92,6 +92,23 @@ def test_xdg_config_home_and_docker_config_move_their_files():
                                        "/home/u/.dockercfg"]
 
 
+
+@pytest.mark.parametrize("environ, paths", [
+    ({}, []),
+    ({"REGISTRY_AUTH_FILE": "/a.json", "XDG_CONFIG_HOME": "/c", "DOCKER_CONFIG": "/d"},
+     ["/a.json", "/c/containers/auth.json", "/d/config.json"]),
+])
+def test_without_a_home_only_the_files_variables_name_are_searched(environ, paths):
+    assert [str(p) for p in auth_file_paths(None, environ, None)] == paths
+
+
+def test_no_home_directory_says_why(monkeypatch):
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    home, why = registry_access.home_directory()
+    assert home is None and why.startswith("no home directory ($HOME is unset and user ID ")
+
+
 def _auth(user: str, password: str) -> dict:
     return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
 
