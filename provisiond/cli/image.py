@@ -146,14 +146,13 @@ def _add_tls_verify(parser) -> None:
 
 
 def _no_stray_words(args) -> None:
-    """A third word: `--tls-verify false SOURCE NAME` (skopeo would refuse it too)."""
-    if not args.unexpected:
-        return
-    if args.source in BOOLEANS:
+    """`--tls-verify false SOURCE [NAME]` (skopeo would refuse it too), or a third word."""
+    if args.source in BOOLEANS and not Path(args.source).exists():
         raise InvalidInput(f"--tls-verify takes its value after '=': --tls-verify="
                            f"{args.source} (a separate {args.source!r} is read as SOURCE)")
-    raise InvalidInput(f"image import takes SOURCE NAME; unexpected: "
-                       f"{' '.join(args.unexpected)}")
+    if args.unexpected:
+        raise InvalidInput(f"image import takes SOURCE NAME; unexpected: "
+                           f"{' '.join(args.unexpected)}")
 
 
 def _registry_access(args, ctx) -> Access:

@@ -277,9 +277,13 @@ def test_tls_verify_takes_its_value_only_after_an_equals_sign(cli, config, priva
     result = cli("image", "import", *creds, "--ca-file", str(ca), "--tls-verify", source,
                  "verified")
     assert result.code == 0, result.err
-    result = cli("image", "import", *creds, "--tls-verify", "false", source, "spaced")
-    assert one_line(result, InvalidInput.exit_code, "--tls-verify takes its value after "
-                    "'=': --tls-verify=false"), result.err
+    for words in ((source, "spaced"), (source,)):  # NAME forgotten too
+        result = cli("image", "import", *creds, "--tls-verify", "false", *words)
+        assert one_line(result, InvalidInput.exit_code, "--tls-verify takes its value after "
+                        "'=': --tls-verify=false"), result.err
+    result = cli("image", "import", source, "x", "y")
+    assert one_line(result, InvalidInput.exit_code, "takes SOURCE NAME; unexpected: y"), \
+        result.err
     result = cli("image", "import", *creds, "--tls-verify=False", source, "unverified")
     assert result.code == 0, result.err
     assert imported(config, "unverified", tmp_path) == b"private"
