@@ -122,27 +122,39 @@ BOOLEANS = {**dict.fromkeys(("1", "t", "T", "true", "TRUE", "True"), True),
             **dict.fromkeys(("0", "f", "F", "false", "FALSE", "False"), False)}
 
 
-class _TlsVerify(argparse.Action):
-    """--tls-verify (true) or --tls-verify=BOOL, never a value in the next word: skopeo
-    and podman (Go's pflag) read `--tls-verify false SOURCE` as true and a stray word, and
-    `--tls-verify docker://...` as true and the source; argparse would take that word as
-    the value. So each `--tls-verify=BOOL` is an option string of its own (argparse
-    matches a whole word before it splits at '='); `--tls-verify=other` is argparse's
-    one-line error."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, BOOLEANS[option_string.partition("=")[2] or "true"])
+def _boolean(text: str) -> bool:
+    if text not in BOOLEANS:
+        raise argparse.ArgumentTypeError(f"not true or false: {text!r} (--tls-verify=false)")
+    return BOOLEANS[text]
 
 
 def _add_tls_verify(parser) -> None:
-    parser.add_argument("--tls-verify", action=_TlsVerify, default=True,
-                        help="verify the registry's TLS certificate (the default); "
-                             "--tls-verify=false accepts any (the value only after '=')")
-    parser.add_argument(*(f"--tls-verify={word}" for word in BOOLEANS), dest="tls_verify",
-                        action=_TlsVerify, default=True, help=argparse.SUPPRESS)
+    """--tls-verify (true) or --tls-verify=BOOL, never a value in the next word: skopeo
+    and podman (Go's pflag) read `--tls-verify docker://...` as true and the source, and
+    `--tls-verify false SOURCE` as true and a stray word; argparse would take the next
+    word as the value. So the import parser turns a bare --tls-verify into
+    --tls-verify=true before it parses (an instance wrapper: argparse has no option
+    whose value comes only after '=')."""
+    parser.add_argument("--tls-verify", type=_boolean, nargs="?", const=True, default=True,
+                        metavar="BOOL", help="verify the registry's TLS certificate (the "
+                        "default); --tls-verify=false accepts any (the value only after '=')")
+    parse = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        return parse(_explicit_tls_verify(sys.argv[1:] if args is None else args), namespace)
+
+    parser.parse_known_args = parse_known_args
+
+
+def _explicit_tls_verify(words: list[str]) -> list[str]:
+    """Each bare --tls-verify (or an abbreviation, as argparse takes them) before a `--`
+    made --tls-verify=true."""
+    made, options = [], True
+    for word in words:
+        options = options and word != "--"
+        bare = options and word.startswith("--t") and "--tls-verify".startswith(word)
+        made.append("--tls-verify=true" if bare else word)
+    return made
 
 
 def _no_stray_words(args) -> None:

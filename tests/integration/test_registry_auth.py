@@ -281,6 +281,9 @@ def test_tls_verify_takes_its_value_only_after_an_equals_sign(cli, config, priva
         result = cli("image", "import", *creds, "--tls-verify", "false", *words)
         assert one_line(result, InvalidInput.exit_code, "--tls-verify takes its value after "
                         "'=': --tls-verify=false"), result.err
+    with pytest.raises(SystemExit) as usage:  # argparse's usage error
+        cli("image", "import", "--tls-verify=maybe", source, "maybe")
+    assert usage.value.code == 2
     result = cli("image", "import", source, "x", "y")
     assert one_line(result, InvalidInput.exit_code, "takes SOURCE NAME; unexpected: y"), \
         result.err
