@@ -53,10 +53,16 @@ class Context:
     def read_secret(what: str) -> str:
         """A value from stdin, never from argv: one line at a terminal (a hidden prompt),
         else all of stdin without its last line end (a key file piped in stays whole)."""
-        if sys.stdin.isatty():
-            value = getpass.getpass(f"{what}: ")
-        else:
-            value = sys.stdin.read(MAX_SECRET + 1).removesuffix("\n").removesuffix("\r")
+        try:
+            if sys.stdin.isatty():
+                value = getpass.getpass(f"{what}: ")
+            else:
+                value = sys.stdin.read(MAX_SECRET + 1).removesuffix("\n").removesuffix("\r")
+            value.encode()  # stdin read with surrogateescape (a C locale) keeps bad bytes
+        except (UnicodeDecodeError, UnicodeEncodeError):
+            raise InvalidInput(f"{what}: standard input is not valid UTF-8") from None
+        except EOFError:  # Ctrl-D at the prompt
+            raise InvalidInput(f"{what}: none given (end of input)") from None
         if not value:
             raise InvalidInput(f"{what}: read an empty value from stdin")
         if len(value) > MAX_SECRET:

@@ -197,20 +197,8 @@ def _credentials(args, ctx) -> Credentials | None:
         raise InvalidInput(f"no password for {username}: give --creds {username}:PASSWORD, "
                            "--password-stdin, or run on a terminal")
     if password is None:
-        password = _read_password(ctx, username)
+        password = ctx.read_secret(f"password of {username}")
     return Credentials(username, password)
-
-
-def _read_password(ctx, username: str) -> str:
-    """The password from stdin or the terminal; bytes that are not UTF-8 (stdin read in a
-    UTF-8 locale) or Ctrl-D at the prompt are one line."""
-    try:
-        return ctx.read_secret(f"password of {username}")
-    except UnicodeDecodeError:
-        raise InvalidInput(f"password of {username}: standard input is not valid UTF-8") \
-            from None
-    except EOFError:
-        raise InvalidInput(f"password of {username}: none given (end of input)") from None
 
 
 def cmd_shell(args, ctx) -> int:

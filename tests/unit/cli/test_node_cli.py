@@ -146,6 +146,23 @@ def test_empty_bmc_password_adds_nothing(cluster, config, monkeypatch):
     assert not config.secrets_path.exists()
 
 
+@pytest.mark.parametrize("stdin", ["\udcff\udcfe\n", EOFError])
+def test_a_bmc_password_that_is_not_text_is_one_line(cluster, config, monkeypatch, stdin):
+    """stdin read in a C locale keeps bytes that are not UTF-8 as surrogates (they made a
+    UnicodeEncodeError traceback in the YAML writer); Ctrl-D at the prompt is EOFError."""
+    import io
+
+    class Closed(io.StringIO):
+        def read(self, *_):
+            raise EOFError
+    monkeypatch.setattr("sys.stdin", Closed() if stdin is EOFError else io.StringIO(stdin))
+    before = config.inventory_path.read_bytes()
+    result = cluster("node", "set", "n001", "--bmc-password-stdin")
+    expected = "standard input is not valid UTF-8" if stdin is not EOFError else "none given (end of input)"
+    assert result.code != 0 and f"BMC password: {expected}" in result.err, result.err
+    assert config.inventory_path.read_bytes() == before
+
+
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE2VKIJgSg1BQBvSU0hrcOMnjwkiRUAX6JcU/3rHVLmv a@b"
 
 

@@ -812,10 +812,10 @@ def test_no_home_directory_is_one_line(basic_registry, state_dir):
     (b"", True, "strict", "password of bob: read an empty value from stdin"),
     (b"", False, "strict", "password of bob: read an empty value from stdin"),
     # stdin decoded strictly (UnicodeDecodeError), or keeping bytes as surrogates (what
-    # Python does in the C and C.UTF-8 locales: UnicodeEncodeError in the header)
+    # Python does in the C and C.UTF-8 locales: the CLI's read_secret refuses both)
     (b"\xff\xfe\n", False, "strict", "password of bob: standard input is not valid UTF-8"),
     (b"\xff\xfe\n", False, "surrogateescape",
-     "the password of the registry login for bob is not valid UTF-8"),
+     "password of bob: standard input is not valid UTF-8"),
 ])
 def test_a_password_stdin_that_cannot_serve_is_one_line(basic_registry, state_dir, stdin,
                                                         close, errors, message):
