@@ -555,7 +555,8 @@ TLS_FAILURES = {
                     "signed by a CA of its --trusted-ca-file (store_tls.cert_file, key_file)",
     "unknown ca": "TLS: the member refused the client certificate (not signed by a CA of "
                   "its --trusted-ca-file)",
-    "bad certificate": "TLS: the member refused the client certificate ({})",
+    "bad certificate": "TLS: the member refused the client certificate: not signed by a CA "
+                       "of its --trusted-ca-file, or expired ({})",
     "WRONG_VERSION_NUMBER": "TLS: the member does not speak TLS (an etcd:// store?)",
 }
 """OpenSSL's words in a failed handshake, and what they mean here."""
