@@ -132,10 +132,11 @@ def store_access(args, uses_tls: bool) -> dict:
         auth = {"user": args.store_user,
                 "password_file": str(Path(args.store_password_file).absolute())}
         try:
-            read_password(StoreAuthSettings(**auth))
-        except ValueError as exc:  # pydantic's, of the user name
+            checked = StoreAuthSettings(**auth)
+        except ValueError:  # pydantic's, of the user name
             raise InvalidInput(f"--store-user: {args.store_user!r}: 1-256 characters, no "
                                "control characters") from None
+        read_password(checked)
         settings["store_auth"] = auth
     return settings
 

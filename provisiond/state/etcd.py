@@ -15,11 +15,12 @@ failed the TLS handshake (a wrong CA, a client certificate missing or refused).
 `etcds://` speaks TLS to the members (store_tls: the CA, the client certificate); with
 store_auth, requests carry the token of an etcd user (`/v3/auth/authenticate`), one per
 member (etcd's simple tokens are known to the member that gave them only), renewed when the
-member no longer knows it (expired after --auth-token-ttl, or the member restarted). A compare-and-swap whose answer was lost (the member died after taking it)
-must not be sent again blindly: it carries a receipt, a key of its own under
-`ROOT.receipts/` written in the same transaction on a short lease, and a retry first asks
-whether the receipt exists (then the write was applied, and its revision is the
-receipt's).
+member no longer knows it (expired after --auth-token-ttl, or the member restarted).
+
+A compare-and-swap whose answer was lost (the member died after taking it) must not be
+sent again blindly: it carries a receipt, a key of its own under `ROOT.receipts/` written
+in the same transaction on a short lease, and a retry first asks whether the receipt
+exists (then the write was applied, and its revision is the receipt's).
 """
 
 from __future__ import annotations
@@ -485,8 +486,8 @@ def _post(client, path: str, body: dict, what: str = "") -> Reply:
         raise _Retry(message) from None
     except requests.exceptions.RequestException as exc:  # not turned into etcd3gw's errors
         raise _failed_connection(exc) from None
-    except OSError as exc:  # requests: a certificate file went missing since the start
-        raise _Unreachable(f"TLS: {exc}", settled=True) from None
+    except OSError as exc:  # requests: "Could not find the TLS certificate file..." (gone
+        raise _Unreachable(_short(exc), settled=True) from None  # since the store opened)
     except etcd_errors.InternalServerError as exc:
         message = _message(exc)
         if LEASE_GONE in message:
@@ -537,7 +538,8 @@ def _failed_connection(exc: requests.exceptions.RequestException) -> _Retry:
     made (refused, connect timeout, no such host, a TLS handshake failed)."""
     text = str(exc)
     if isinstance(exc, requests.exceptions.SSLError) or "SSLError" in text:
-        return _Unreachable(_tls_failure(text), settled=True)
+        # a connection ended mid-handshake may be a member stopping: not settled
+        return _Unreachable(_tls_failure(text), settled="EOF occurred" not in text)
     if isinstance(exc, requests.exceptions.ConnectTimeout) or any(
             words in text for words in ("NewConnectionError", "NameResolutionError")):
         return _Unreachable(_short(exc))
@@ -548,7 +550,8 @@ def _failed_connection(exc: requests.exceptions.RequestException) -> _Retry:
 
 TLS_FAILURES = {
     "CERTIFICATE_VERIFY_FAILED": "TLS: the member's certificate does not verify against "
-                                 "store_tls.ca_file ({})",
+                                 "store_tls.ca_file, or does not name the address the URL "
+                                 "gives ({})",
     "certificate required": "TLS: the member requires a client certificate "
                             "(store_tls.cert_file and key_file)",
     "EOF occurred": "TLS: the member ended the handshake: it requires a client certificate "
