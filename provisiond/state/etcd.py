@@ -122,7 +122,10 @@ class EtcdStore(Store):
         self.auth = auth
         self._password = read_password(auth) if auth else None
         verify, cert = tls_files(tls or StoreTlsSettings()) if uses_tls else (True, None)
-        self.clients = [etcd3gw.client(host=host, port=port, timeout=timeout, api_path="/v3/",
+        # connect within CONNECT_TIMEOUT: a member whose host is down (no answer, not even
+        # a refusal) costs 3 s, not the whole request timeout
+        self.clients = [etcd3gw.client(host=host, port=port, api_path="/v3/",
+                                       timeout=(min(CONNECT_TIMEOUT, timeout), timeout),
                                        protocol="https" if uses_tls else "http",
                                        session=_session(verify, cert))
                         for host, port in endpoints]

@@ -4,6 +4,7 @@ provisiond.yaml and as `provisiond init` flags, their files checked in one line 
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -196,3 +197,25 @@ def test_init_refuses_bad_store_access_flags_writing_nothing(
     assert code == 2 and err.count("\n") == 1, err
     assert re.search(message, err), err
     assert not (tmp_path / "s" / "provisiond.yaml").exists()
+
+
+def test_a_member_whose_host_does_not_answer_costs_the_connect_timeout(tmp_path, monkeypatch):
+    """A listener whose accept queue is full drops new connections without a refusal (as
+    a host that is down does): each attempt ends at CONNECT_TIMEOUT, not the request
+    timeout, so the unreachable bound, not RETRY_FOR, ends the call."""
+    monkeypatch.setattr(etcd, "UNREACHABLE_FOR", 0.5)
+    monkeypatch.setattr(etcd, "RETRY_FOR", 8.0)
+    monkeypatch.setattr(etcd, "CONNECT_TIMEOUT", 1.0)
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        queued = [socket.create_connection(full.getsockname(), timeout=5)]  # fills it
+        try:
+            store = EtcdStore(f"etcd://127.0.0.1:{full.getsockname()[1]}", tmp_path / "k",
+                              timeout=30.0)
+            with pytest.raises(Unavailable, match=r"no member took a connection for 0.5 s "
+                                                  r"\(127.0.0.1:\d+: timed out\)"):
+                store.get("inventory.yaml")
+        finally:
+            for sock in queued:
+                sock.close()
