@@ -556,13 +556,14 @@ TLS_FAILURES = {
                                  "store_tls.ca_file, or does not name the address the URL "
                                  "gives ({})",
     "certificate required": "TLS: the member requires a client certificate "
-                            "(store_tls.cert_file and key_file)",
-    "EOF occurred": "TLS: the member ended the handshake: it requires a client certificate "
+                            "(store_tls.cert_file, key_file)",
+    "EOF occurred": "TLS: the member ended the handshake: it wants a client certificate "
                     "signed by a CA of its --trusted-ca-file (store_tls.cert_file, key_file)",
-    "unknown ca": "TLS: the member refused the client certificate (not signed by a CA of "
-                  "its --trusted-ca-file)",
-    "bad certificate": "TLS: the member refused the client certificate: not signed by a CA "
-                       "of its --trusted-ca-file, or expired ({})",
+    "unknown ca": "TLS: the member refused the client certificate: not signed by a CA of "
+                  "its --trusted-ca-file",
+    "bad certificate": "TLS: the member refused the client certificate, or wants one: "
+                       "store_tls.cert_file and key_file, signed by a CA of its "
+                       "--trusted-ca-file, not expired ({})",
     "WRONG_VERSION_NUMBER": "TLS: the member does not speak TLS (an etcd:// store?)",
 }
 """OpenSSL's words in a failed handshake, and what they mean here."""
