@@ -14,7 +14,7 @@ import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
@@ -120,14 +120,24 @@ def parse_upstream(text: str, default_port: int | None = 53) -> tuple[str, int]:
 
 STORE_ROOT_RE = re.compile(r"(/[A-Za-z0-9._-]+)+/?")
 DEFAULT_STORE_ROOT = "/provisiond/"
+STORE_SCHEMES = {"etcd://": False, "etcds://": True}
+"""The etcd store URL schemes and whether each speaks TLS to the members."""
 
 
-def parse_store_url(url: str) -> tuple[list[tuple[str, int]], str]:
-    """(endpoints, key root) of an `etcd://HOST:PORT[,HOST:PORT...][/ROOT]` store URL; the
-    root defaults to /provisiond/ and always ends with '/'."""
-    if not url.startswith("etcd://"):
-        raise ValueError(f"{url!r}: etcd://HOST:PORT[,HOST:PORT...] (null: the state dir)")
-    hosts, slash, root = url.removeprefix("etcd://").partition("/")
+class StoreUrl(NamedTuple):
+    endpoints: list[tuple[str, int]]
+    root: str
+    tls: bool
+
+
+def parse_store_url(url: str) -> StoreUrl:
+    """(endpoints, key root, TLS) of an `etcd[s]://HOST:PORT[,HOST:PORT...][/ROOT]` store
+    URL; the root defaults to /provisiond/ and always ends with '/'."""
+    scheme = next((scheme for scheme in STORE_SCHEMES if url.startswith(scheme)), None)
+    if scheme is None:
+        raise ValueError(f"{url!r}: etcd://HOST:PORT[,HOST:PORT...] or etcds://... with TLS "
+                         "(null: the state dir)")
+    hosts, slash, root = url.removeprefix(scheme).partition("/")
     root = f"/{root}" if slash and root else DEFAULT_STORE_ROOT
     if not STORE_ROOT_RE.fullmatch(root):
         raise ValueError(f"{url!r}: the key root {root!r} is not /NAME[/NAME...] of letters, "
@@ -138,7 +148,7 @@ def parse_store_url(url: str) -> tuple[list[tuple[str, int]], str]:
         raise ValueError(f"{url!r}: {exc} (etcd://HOST:PORT[,HOST:PORT...])") from None
     if len(set(endpoints)) != len(endpoints):
         raise ValueError(f"{url!r}: an endpoint is named twice")
-    return endpoints, root.removesuffix("/") + "/"
+    return StoreUrl(endpoints, root.removesuffix("/") + "/", STORE_SCHEMES[scheme])
 
 
 def store_url(value: str | None) -> str | None:
@@ -512,13 +522,51 @@ class SlurmSettings(_Section):
         return value
 
 
+def absolute_path(value: Path | None) -> Path | None:
+    if value is not None and not value.is_absolute():
+        raise ValueError(f"{str(value)!r}: an absolute path")
+    return value
+
+
+AbsolutePath = Annotated[Path, AfterValidator(absolute_path)]
+
+
+class StoreTlsSettings(_Section):
+    """TLS to the members of an `etcds://` store (docs/store.md)."""
+
+    ca_file: AbsolutePath | None = None
+    """The CA certificates (PEM) the members' certificates are checked against; None: the
+    system's."""
+    cert_file: AbsolutePath | None = None
+    """The client certificate (PEM) for members run with --client-cert-auth."""
+    key_file: AbsolutePath | None = None
+    """Its key (PEM, not encrypted)."""
+
+    @model_validator(mode="after")
+    def _pair(self) -> "StoreTlsSettings":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (the client certificate "
+                             "and its key)")
+        return self
+
+
+class StoreAuthSettings(_Section):
+    """The etcd user a store's requests are made as (etcd `auth enable`; docs/store.md)."""
+
+    user: Annotated[str, Field(min_length=1, max_length=256), AfterValidator(no_control_chars)]
+    password_file: AbsolutePath
+    """The file holding the password (one line; readable by its owner only, mode 0600)."""
+
+
 class Config(_Section):
     """All of provisiond's settings plus where its state lives."""
 
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     store: Annotated[str | None, AfterValidator(store_url)] = None
     """Where the shared documents live: None, files in state_dir; `etcd://...`, an etcd
-    cluster several servers share (provisiond.state.open)."""
+    cluster several servers share, `etcds://...` the same over TLS (provisiond.state.open)."""
+    store_tls: StoreTlsSettings | None = None
+    store_auth: StoreAuthSettings | None = None
     server: ServerSettings = ServerSettings()
     http: HttpSettings = HttpSettings()
     api: ApiSettings = ApiSettings()
@@ -537,6 +585,15 @@ class Config(_Section):
     """Extra overlay search dirs, searched before the state dir's and the shipped ones."""
     image_dirs: list[Path] = []
     """Extra recipe dirs, searched before the state dir's and the shipped ones."""
+
+    @model_validator(mode="after")
+    def _store_access(self) -> "Config":
+        """store_tls only with an etcds:// store, store_auth only with an etcd one."""
+        if self.store_tls is not None and not (self.store or "").startswith("etcds://"):
+            raise ValueError(f"store_tls: for an etcds:// store (store: {self.store})")
+        if self.store_auth is not None and self.store is None:
+            raise ValueError("store_auth: for an etcd store (store: null)")
+        return self
 
     @model_validator(mode="after")
     def _listeners_apart(self) -> "Config":
@@ -702,7 +759,16 @@ schema: {SETTINGS_SCHEMA.current}
 # files in this state directory. etcd://HOST:PORT[,HOST:PORT...][/ROOT]: an etcd v3
 # cluster shared by several boot servers (every member listed; keys under ROOT, default
 # /provisiond/). Secret values are encrypted there with <state>/store.key, which each
-# server keeps and etcd never sees: copy it to every server.
+# server keeps and etcd never sees: copy it to every server. etcds://...: the same
+# over TLS (docs/store.md), checked against store_tls:
+#   store_tls:
+#     ca_file: /etc/provisiond/etcd-ca.pem       # absent: the system's CAs
+#     cert_file: /etc/provisiond/etcd-client.pem # for members with --client-cert-auth
+#     key_file: /etc/provisiond/etcd-client.key
+# With etcd's authentication enabled, the user and the file of its password (0600):
+#   store_auth:
+#     user: provisiond
+#     password_file: /etc/provisiond/etcd-password
 store: null
 
 server:

@@ -3,7 +3,8 @@
 
 Members can be stopped, restarted and the leader killed; `close()` (also run at exit, and
 the kernel kills a member whose parent dies: PR_SET_PDEATHSIG) stops every member it
-started, by PID.
+started, by PID. With `tls` (make_tls: a CA, the members' certificate, a client's) members
+serve clients over TLS and require a client certificate (--client-cert-auth).
 
     with EtcdCluster(tmp_path) as cluster:
         store = open_url(cluster.url("/test"), key_path)
@@ -13,15 +14,23 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import datetime
+import ipaddress
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import pytest
 
@@ -33,6 +42,77 @@ with one interface and no tags each (bench_storm's), several MiB for real ones: 
 with --max-request-bytes 16 MiB (docs/store.md)."""
 HEALTHY_WITHIN = 60.0  # seconds for a member to join and the cluster to elect a leader
 PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class ClusterTls:
+    """PEM files in one folder: a CA, the members' certificate (for 127.0.0.1) and two
+    clients' (without and with a Common Name), all signed by it."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    client_cert: Path
+    client_key: Path
+    named_client_cert: Path  # a client's with a Common Name
+    named_client_key: Path
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+
+def make_tls(folder: Path, name: str = "etcd test") -> ClusterTls:
+    """A new CA (its name: `name`) and certificates signed by it, written under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name(NameOID.COMMON_NAME, f"{name} CA")
+    ca = (_builder(ca_name, ca_name, ca_key)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    files = ClusterTls(folder / "ca.pem", folder / "member.pem", folder / "member.key",
+                       folder / "client.pem", folder / "client.key",
+                       folder / "named-client.pem", folder / "named-client.key")
+    files.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _issue(ca, ca_key, _name(NameOID.COMMON_NAME, "etcd member"), files.cert_file,
+           files.key_file)
+    # no Common Name: with authentication on, etcd's gateway refuses a client certificate
+    # that has one (it would name a user the gateway cannot pass on)
+    _issue(ca, ca_key, _name(NameOID.ORGANIZATION_NAME, "provisiond"), files.client_cert,
+           files.client_key)
+    _issue(ca, ca_key, _name(NameOID.COMMON_NAME, "provisiond"), files.named_client_cert,
+           files.named_client_key)
+    return files
+
+
+def _name(oid, value: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(oid, value)])
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, key) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=2)))
+
+
+def _issue(ca: x509.Certificate, ca_key, subject: x509.Name, cert_path: Path,
+           key_path: Path) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    # both usages: a member's gateway connects to its own gRPC server with the member's
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    cert = (_builder(subject, ca.subject, key)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    key_path.chmod(0o600)
 
 
 @dataclass
@@ -53,11 +133,16 @@ class Member:
 
 
 class EtcdCluster:
-    def __init__(self, base: Path, size: int = 3, max_request_bytes: int = MAX_REQUEST_BYTES):
+    def __init__(self, base: Path, size: int = 3, max_request_bytes: int = MAX_REQUEST_BYTES,
+                 tls: ClusterTls | None = None, flags: tuple[str, ...] = ()):
+        """`flags`: more etcd flags for every member (--auth-token-ttl...)."""
         if not ETCD.is_file():
             raise FileNotFoundError(f"{ETCD}: install Debian's etcd-server (.ci/install-deps.sh)")
         self.base = Path(base)
         self.max_request_bytes = max_request_bytes
+        self.tls = tls
+        self.flags = list(flags)
+        self.ctl_user: str | None = None  # etcdctl's --user NAME:PASSWORD, once auth is on
         ports = free_ports(2 * size)
         self.members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], self.base / f"m{i}")
                         for i in range(size)]
@@ -74,10 +159,15 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [member.endpoint for member in self.members]
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
     def url(self, root: str = "/provisiond", order: list[int] | None = None) -> str:
         """The store URL naming every member (in `order`, by index) and a key root."""
         order = order if order is not None else list(range(len(self.members)))
-        return "etcd://" + ",".join(self.members[i].endpoint for i in order) + root
+        scheme = "etcds" if self.tls else "etcd"
+        return f"{scheme}://" + ",".join(self.members[i].endpoint for i in order) + root
 
     def start(self) -> None:
         for index in range(len(self.members)):
@@ -142,7 +232,14 @@ class EtcdCluster:
 
     def etcdctl(self, *args: str) -> bytes:
         env = {"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}
-        return subprocess.run([str(ETCDCTL), "--endpoints", ",".join(self.endpoints), *args],
+        endpoints = ",".join(f"{self.scheme}://{endpoint}" for endpoint in self.endpoints)
+        flags = ["--endpoints", endpoints]
+        if self.tls:
+            flags += ["--cacert", str(self.tls.ca_file), "--cert", str(self.tls.client_cert),
+                      "--key", str(self.tls.client_key)]
+        if self.ctl_user:
+            flags += ["--user", self.ctl_user]
+        return subprocess.run([str(ETCDCTL), *flags, *args],
                               env=env, check=True, capture_output=True, timeout=60).stdout
 
     def close(self) -> None:
@@ -151,8 +248,12 @@ class EtcdCluster:
 
     def _flags(self, member: Member, state: str) -> list[str]:
         cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        client = f"http://127.0.0.1:{member.client_port}"
-        return ["--name", member.name, "--data-dir", str(member.data_dir),
+        client = f"{self.scheme}://127.0.0.1:{member.client_port}"
+        tls = []
+        if self.tls:
+            tls = ["--cert-file", str(self.tls.cert_file), "--key-file", str(self.tls.key_file),
+                   "--trusted-ca-file", str(self.tls.ca_file), "--client-cert-auth"]
+        return [*tls, *self.flags, "--name", member.name, "--data-dir", str(member.data_dir),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", member.peer_url,
                 "--initial-advertise-peer-urls", member.peer_url,
@@ -165,19 +266,24 @@ class EtcdCluster:
 
     def _healthy(self, member: Member) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{member.endpoint}/health", timeout=2) as reply:
+            with self._open(f"{self.scheme}://{member.endpoint}/health") as reply:
                 return json.loads(reply.read()).get("health") == "true"
         except (OSError, ValueError):
             return False
 
     def _status(self, member: Member) -> dict | None:
-        request = urllib.request.Request(f"http://{member.endpoint}/v3/maintenance/status",
-                                         data=b"{}", method="POST")
+        request = urllib.request.Request(
+            f"{self.scheme}://{member.endpoint}/v3/maintenance/status", data=b"{}",
+            method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=2) as reply:
+            with self._open(request) as reply:
                 return json.loads(reply.read())
         except (OSError, ValueError):
             return None
+
+    def _open(self, request):
+        context = self.tls.context() if self.tls else None
+        return urllib.request.urlopen(request, timeout=2, context=context)
 
 
 def cluster_fixture(scope: str = "module"):

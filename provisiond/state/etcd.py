@@ -8,17 +8,28 @@ with `<state>/store.key`, whose id (never the key) sits at `ROOT.key-id`.
 
 Each call tries the members in turn (the one that answered last first) until one serves
 it, for at most RETRY_FOR seconds: a stopped member or a leader election costs a retry, not
-a failed call. A compare-and-swap whose answer was lost (the member died after taking it)
-must not be sent again blindly: it carries a receipt, a key of its own under
-`ROOT.receipts/` written in the same transaction on a short lease, and a retry first asks
-whether the receipt exists (then the write was applied, and its revision is the
-receipt's).
+a failed call. When no member takes a connection at all for UNREACHABLE_FOR seconds (the
+cluster is down, or the URL is wrong), the call fails then, and at once when every member
+failed the TLS handshake (a wrong CA, a client certificate missing or refused).
+
+`etcds://` speaks TLS to the members (store_tls: the CA, the client certificate); with
+store_auth, requests carry the token of an etcd user (`/v3/auth/authenticate`), one per
+member (etcd's simple tokens are known to the member that gave them only), renewed when the
+member no longer knows it (expired after --auth-token-ttl, or the member restarted).
+
+A compare-and-swap whose answer was lost (the member died after taking it) must not be
+sent again blindly: it carries a receipt, a key of its own under `ROOT.receipts/` written
+in the same transaction on a short lease, and a retry first asks whether the receipt
+exists (then the write was applied, and its revision is the receipt's).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
+import ssl
+import stat
 import threading
 import time
 import uuid
@@ -30,7 +41,7 @@ import requests
 import urllib3
 from etcd3gw import exceptions as etcd_errors
 
-from provisiond.config import parse_store_url
+from provisiond.config import StoreAuthSettings, StoreTlsSettings, parse_store_url
 from provisiond.errors import InvalidConfig, ProvisiondError, StaleRevision, TooLarge, Unavailable
 from provisiond.state import crypt
 from provisiond.state.keys import check_expect, check_key, check_prefix, is_secret
@@ -39,52 +50,103 @@ from provisiond.state.store import ABSENT, Change, Compacted, Entry, Store
 REQUEST_TIMEOUT = 10.0  # seconds for one member to answer one request
 CONNECT_TIMEOUT = 3.0
 RETRY_FOR = 30.0  # seconds a call keeps trying members (an election takes a few)
+UNREACHABLE_FOR = 5.0
+"""Seconds a call keeps trying when no member takes a connection: a member restarted (by
+hand or by systemd) listens again within 1-2 s, and one stopped member never counts (the
+others answer); a cluster that is entirely down or a wrong URL fails in 5 s, not 30."""
 RECEIPT_TTL = 60  # seconds a receipt lives; a lease serves receipts for RECEIPT_RENEW
 RECEIPT_RENEW = 20.0
 TOO_LARGE = ("request is too large", "received message larger than max")
 """etcd's answers to a value over --max-request-bytes (the second when it is also over the
 gRPC limit, 512 KiB more)."""
 LEASE_GONE = "requested lease not found"
+TOKEN_GONE = ("invalid auth token", "user name is empty")
+"""etcd's answers to a request whose token it does not know (expired, or given by another
+member or before a restart) or that carries none (authentication enabled since)."""
+DENIED = "permission denied"
+AUTH_FAILED = "authentication failed"
+AUTH_OFF = "authentication is not enabled"
+MAX_PASSWORD = 4096
+COMMON_NAME = "CommonName of client sending a request against gateway"
 
 
 class _Retry(Exception):
     """A member failed a request another member may serve."""
 
 
+class _Unreachable(_Retry):
+    """No connection to a member: refused, timed out, no such host, or a TLS handshake
+    failed (`settled`: not something a retry mends)."""
+
+    def __init__(self, message: str, settled: bool = False):
+        super().__init__(message)
+        self.settled = settled
+        self.at = time.monotonic()
+
+
 class _LeaseGone(Exception):
     pass
+
+
+class _TokenGone(Exception):
+    """The member does not know the request's token (or it carried none)."""
+
+
+class _Denied(Exception):
+    """etcd refused the user: a wrong password, or a permission its role lacks."""
+
+
+class StoreDenied(ProvisiondError):
+    """etcd refused the store's user: a wrong password, a role without the permission, or
+    authentication required and no user set."""
+
+    code = "store_denied"
+    http_status = 503
 
 
 Reply = dict
 
 
 class EtcdStore(Store):
-    def __init__(self, url: str, key_path: Path, timeout: float = REQUEST_TIMEOUT):
+    def __init__(self, url: str, key_path: Path, timeout: float = REQUEST_TIMEOUT,
+                 tls: StoreTlsSettings | None = None, auth: StoreAuthSettings | None = None):
         try:
-            endpoints, root = parse_store_url(url)
+            endpoints, root, uses_tls = parse_store_url(url)
         except ValueError as exc:
             raise InvalidConfig(f"store: {exc}") from None
+        if tls is not None and not uses_tls:
+            raise InvalidConfig(f"store_tls: for an etcds:// store, not {url}")
         self.url = url
         self.root = root.encode()
         self.key_path = Path(key_path)
-        self.clients = [etcd3gw.client(host=host, port=port, timeout=timeout, api_path="/v3/")
+        self.auth = auth
+        self._password = read_password(auth) if auth else None
+        verify, cert = tls_files(tls or StoreTlsSettings()) if uses_tls else (True, None)
+        # connect within CONNECT_TIMEOUT: a member whose host is down (no answer, not even
+        # a refusal) costs 3 s, not the whole request timeout
+        self.clients = [etcd3gw.client(host=host, port=port, api_path="/v3/",
+                                       timeout=(min(CONNECT_TIMEOUT, timeout), timeout),
+                                       protocol="https" if uses_tls else "http",
+                                       session=_session(verify, cert))
                         for host, port in endpoints]
         self._preferred = 0
         self._lease: tuple[int, float] | None = None
         self._box: crypt.SecretBox | None = None
+        self._tokens: dict[object, str | None] = {}  # etcd3gw client: its member's token
         self._lock = threading.Lock()
 
     # reads
 
     def get(self, key: str) -> Entry | None:
-        reply = self._call("kv/range", {"key": _b64(self._key(check_key(key)))})
+        reply = self._call("kv/range", {"key": _b64(self._key(check_key(key)))}, what=key)
         kvs = reply.get("kvs")
         return self._entry(kvs[0]) if kvs else None
 
     def list(self, prefix: str) -> list[Entry]:
         start = self._key(check_prefix(prefix))
         reply = self._call("kv/range", {"key": _b64(start), "range_end": _b64(_end(start)),
-                                        "sort_order": "ASCEND", "sort_target": "KEY"})
+                                        "sort_order": "ASCEND", "sort_target": "KEY"},
+                           what=f"the keys under {prefix or '/'}")
         return [self._entry(kv) for kv in reply.get("kvs", [])]
 
     def revision(self) -> int:
@@ -98,7 +160,8 @@ class EtcdStore(Store):
         if self._put_since(start, since):  # etcd hands them over in 0.1 s, not at once
             timeout = max(timeout, REQUEST_TIMEOUT)
         deadline = time.monotonic() + timeout
-        return self._each_member(lambda client: self._watch_on(client, body, deadline))
+        return self._each_member(lambda client: self._as_user(
+            client, lambda: self._watch_on(client, body, deadline), f"a watch of {prefix}"))
 
     def _put_since(self, start: bytes, since: int) -> bool:
         """Whether a key under `start` was written after `since` (and is still there)."""
@@ -182,7 +245,7 @@ class EtcdStore(Store):
 
     def _receipt(self, client, receipt: str) -> Reply | None:
         """A reply as of a successful write when the receipt exists, else None."""
-        reply = _post(client, "kv/range", {"key": receipt})
+        reply = self._send(client, "kv/range", {"key": receipt})
         kvs = reply.get("kvs")
         if not kvs:
             return None
@@ -212,13 +275,14 @@ class EtcdStore(Store):
                 if found is not None:
                     return found
             attempts.append(client)
-            return _post(client, path, body, what)
+            return self._send(client, path, body, what)
 
         return self._each_member(request)
 
     def _each_member(self, request: Callable[[object], Reply]):
         deadline = time.monotonic() + RETRY_FOR
         failures: list[str] = []
+        unreachable: list[_Unreachable] = []  # the failures since a member last answered
         count = len(self.clients)
         for attempt in range(10_000):
             index = (self._preferred + attempt) % count
@@ -227,15 +291,84 @@ class EtcdStore(Store):
                 reply = request(client)
             except _Retry as exc:
                 failures.append(f"{client.host}:{client.port}: {exc}")
+                unreachable = unreachable + [exc] if isinstance(exc, _Unreachable) else []
             else:
                 self._preferred = index
                 return reply
-            if time.monotonic() > deadline:
-                break
+            failed = self._none_reachable(unreachable)
+            if failed is None and time.monotonic() > deadline:
+                failed = f"no member served the request within {RETRY_FOR:g} s"
+            if failed is not None:
+                raise Unavailable(f"etcd {self.url}: {failed} ({'; '.join(failures[-count:])})")
             if (attempt + 1) % count == 0:  # every member failed this round
                 time.sleep(min(0.05 * 2 ** ((attempt + 1) // count), 1.0))
-        raise Unavailable(f"etcd {self.url}: no member served the request within "
-                          f"{RETRY_FOR:g} s ({'; '.join(failures[-count:])})")
+        raise Unavailable(f"etcd {self.url}: no member served the request")
+
+    def _none_reachable(self, unreachable: list[_Unreachable]) -> str | None:
+        """Why to give up, if so: every member failed its TLS handshake in the last round,
+        or none took a connection for UNREACHABLE_FOR seconds."""
+        count = len(self.clients)
+        if len(unreachable) < count:
+            return None
+        if all(exc.settled for exc in unreachable[-count:]):
+            return "no member completed the TLS handshake"
+        if time.monotonic() - unreachable[0].at <= UNREACHABLE_FOR:
+            return None
+        hint = ""
+        if self.url.startswith("etcd://") and all(str(exc) == CLOSED for exc in unreachable):
+            hint = " (members that speak TLS close plain connections: etcds://?)"
+        return f"no member took a connection for {UNREACHABLE_FOR:g} s{hint}"
+
+    # as the store's etcd user
+
+    def _send(self, client, path: str, body: dict, what: str = "") -> Reply:
+        """One request to one member, as the store's user."""
+        return self._as_user(client, lambda: _post(client, path, body, what), what or path)
+
+    def _as_user(self, client, send: Callable[[], Reply], what: str):
+        """`send()` with the member's token for the store's user, renewed once when the
+        member no longer knows it; StoreDenied when etcd refuses the user."""
+        if self.auth is not None and client not in self._tokens:
+            self._authenticate(client)
+        try:
+            return send()
+        except _TokenGone as exc:
+            if self.auth is None:
+                raise StoreDenied(f"etcd {self.url} requires a user ({exc}): set store_auth "
+                                  "(docs/store.md)") from None
+        except _Denied:
+            raise self._denied(what) from None
+        self._authenticate(client)
+        try:
+            return send()
+        except (_TokenGone, _Denied):
+            raise self._denied(what) from None
+
+    def _authenticate(self, client) -> None:
+        """Take a token for the store's user from `client`'s member (none when etcd has
+        authentication off: what etcd's own client does)."""
+        client.session.headers.pop("Authorization", None)
+        body = {"name": self.auth.user, "password": self._password}
+        try:
+            reply = _post(client, "auth/authenticate", body)
+        except _Denied:
+            raise StoreDenied(f"etcd {self.url}: user {self.auth.user!r} was refused: a wrong "
+                              "user name or password (store_auth.password_file "
+                              f"{self.auth.password_file})") from None
+        except (ProvisiondError, _TokenGone) as exc:
+            if AUTH_OFF not in str(exc):
+                raise
+            self._tokens[client] = None
+            return
+        client.session.headers["Authorization"] = reply["token"]
+        self._tokens[client] = reply["token"]
+
+    def _denied(self, what: str) -> StoreDenied:
+        who = f"user {self.auth.user!r}" if self.auth else "no user (store_auth)"
+        prefix = self.root.rstrip(b"/").decode()
+        return StoreDenied(f"etcd {self.url}: permission denied to {who} for {what}: its role "
+                           f"needs readwrite on the keys starting with {prefix} "
+                           "(docs/store.md)")
 
     def _watch_on(self, client, body: dict, deadline: float) -> list[Change]:
         """The first changes the member streams; [] at the deadline."""
@@ -244,6 +377,7 @@ class EtcdStore(Store):
             with client.session.post(client.get_url("watch"), json=body, stream=True,
                                      timeout=(CONNECT_TIMEOUT, left)) as reply:
                 if reply.status_code != 200:
+                    _refusal(_message_of(reply.text))
                     raise _Retry(f"HTTP {reply.status_code}: {reply.text[:200]}")
                 for line in reply.iter_lines():
                     changes = self._watch_message(line)
@@ -251,7 +385,7 @@ class EtcdStore(Store):
                         return changes
         except requests.exceptions.RequestException as exc:
             if not _timed_out(exc):
-                raise _Retry(_short(exc)) from None
+                raise _failed_connection(exc) from None
             return []
         raise _Retry("the watch stream ended")
 
@@ -260,13 +394,17 @@ class EtcdStore(Store):
             return []
         message = json.loads(line)
         if "error" in message:
+            _refusal(message["error"].get("message", ""))
             raise _Retry(message["error"].get("message", "watch failed"))
         result = message["result"]
         if int(result.get("compact_revision", 0)):
             raise Compacted(f"{self.url}: changes before revision "
                             f"{result['compact_revision']} were compacted")
         if result.get("canceled"):
-            raise _Retry(result.get("cancel_reason") or "watch canceled")
+            reason = result.get("cancel_reason") or "watch canceled"
+            if DENIED in reason:  # also what a watch with a token etcd forgot gets (3.4)
+                raise _TokenGone(reason)
+            raise _Retry(reason)
         return [self._change(event) for event in result.get("events", [])]
 
     # keys and values
@@ -341,8 +479,19 @@ def _post(client, path: str, body: dict, what: str = "") -> Reply:
     """One request to one member; _Retry when another member may serve it."""
     try:
         return client.post(client.get_url(path), json=body)
-    except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
-            etcd_errors.InternalServerError) as exc:
+    except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError) as exc:
+        cause = exc.__context__
+        if isinstance(cause, requests.exceptions.RequestException) and not _timed_out(cause):
+            raise _failed_connection(cause) from None  # no HTTP answer
+        message = _message(exc)
+        if LEASE_GONE in message:
+            raise _LeaseGone() from None
+        raise _Retry(message) from None
+    except requests.exceptions.RequestException as exc:  # not turned into etcd3gw's errors
+        raise _failed_connection(exc) from None
+    except OSError as exc:  # requests: "Could not find the TLS certificate file..." (gone
+        raise _Unreachable(_short(exc), settled=True) from None  # since the store opened)
+    except etcd_errors.InternalServerError as exc:
         message = _message(exc)
         if LEASE_GONE in message:
             raise _LeaseGone() from None
@@ -357,18 +506,145 @@ def _post(client, path: str, body: dict, what: str = "") -> Reply:
             raise _LeaseGone() from None
         if "compacted" in message:
             raise Compacted(f"etcd: {message}") from None
+        _refusal(message)
         raise ProvisiondError(f"etcd refused a request{f' for {what}' if what else ''}: "
                               f"{message}") from None
 
 
+def _refusal(message: str) -> None:
+    """Raise what an authentication refusal in etcd's `message` means, if it is one."""
+    if COMMON_NAME in message:
+        raise StoreDenied("etcd refuses a client certificate with a Common Name when its "
+                          "authentication is on (its gateway cannot pass the name on): use "
+                          "one without (store_tls.cert_file; docs/store.md)")
+    if any(words in message for words in TOKEN_GONE):
+        raise _TokenGone(message)
+    if DENIED in message or AUTH_FAILED in message:
+        raise _Denied(message)
+
+
 def _message(exc: etcd_errors.Etcd3Exception) -> str:
     """etcd's own message from an etcd3gw error (the gateway's JSON body)."""
-    text = exc.detail_text or ""
+    return _message_of(exc.detail_text or "") or type(exc).__name__
+
+
+def _message_of(text: str) -> str:
     try:
         body = json.loads(text)
         return str(body.get("message") or body.get("error") or text)
     except (ValueError, AttributeError):
-        return _short(text) or type(exc).__name__
+        return _short(text)
+
+
+def _failed_connection(exc: requests.exceptions.RequestException) -> _Retry:
+    """What a request that got no HTTP answer means: _Unreachable when no connection was
+    made (refused, connect timeout, no such host, a TLS handshake failed)."""
+    text = str(exc)
+    if isinstance(exc, requests.exceptions.SSLError) or "SSLError" in text:
+        # a connection ended mid-handshake may be a member stopping: not settled
+        return _Unreachable(_tls_failure(text), settled="EOF occurred" not in text)
+    if isinstance(exc, requests.exceptions.ConnectTimeout) or any(
+            words in text for words in ("NewConnectionError", "NameResolutionError")):
+        return _Unreachable(_short(exc))
+    if isinstance(exc, requests.exceptions.ConnectionError) and _short(exc) == CLOSED:
+        return _Unreachable(CLOSED)  # also what a member that speaks TLS does to plain HTTP
+    return _Retry(_short(exc))
+
+
+TLS_FAILURES = {
+    "CERTIFICATE_VERIFY_FAILED": "TLS: the member's certificate does not verify against "
+                                 "store_tls.ca_file, or does not name the address the URL "
+                                 "gives ({})",
+    "certificate required": "TLS: the member requires a client certificate "
+                            "(store_tls.cert_file, key_file)",
+    "EOF occurred": "TLS: the member ended the handshake: it wants a client certificate "
+                    "signed by a CA of its --trusted-ca-file (store_tls.cert_file, key_file)",
+    "unknown ca": "TLS: the member refused the client certificate: not signed by a CA of "
+                  "its --trusted-ca-file",
+    "bad certificate": "TLS: the member refused the client certificate, or wants one: "
+                       "store_tls.cert_file and key_file, signed by a CA of its "
+                       "--trusted-ca-file, not expired ({})",
+    "WRONG_VERSION_NUMBER": "TLS: the member does not speak TLS (an etcd:// store?)",
+}
+"""OpenSSL's words in a failed handshake, and what they mean here."""
+
+
+def _tls_failure(text: str) -> str:
+    detail = re.search(r"\] ([^(']+)", text)
+    detail = detail.group(1).strip() if detail else text.splitlines()[0][:200]
+    for words, meaning in TLS_FAILURES.items():
+        if words in text:
+            return meaning.format(detail)
+    return f"TLS: {detail}"
+
+
+def _session(verify: str | bool, cert: tuple[str, str] | None) -> requests.Session:
+    """A session of one member's client that the environment does not steer: requests
+    would let $REQUESTS_CA_BUNDLE replace store_tls.ca_file, ~/.netrc the token, and
+    $https_proxy send the store's traffic through a web proxy."""
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = verify
+    session.cert = cert
+    return session
+
+
+def tls_files(settings: StoreTlsSettings) -> tuple[str | bool, tuple[str, str] | None]:
+    """requests' `verify` and `cert` for `settings`, whose files are read and checked now
+    (one line naming the setting at fault; requests reads them again per connection)."""
+    context = ssl.create_default_context()
+    verify: str | bool = True  # the system's CAs
+    if settings.ca_file is not None:
+        _readable("store_tls.ca_file", settings.ca_file)
+        try:
+            context.load_verify_locations(cafile=str(settings.ca_file))
+        except ssl.SSLError as exc:
+            raise InvalidConfig(f"store_tls.ca_file: {settings.ca_file}: no PEM certificate "
+                                f"in it ({exc.reason or exc})") from None
+        verify = str(settings.ca_file)
+    if settings.cert_file is None:
+        return verify, None
+    _readable("store_tls.cert_file", settings.cert_file)
+    _readable("store_tls.key_file", settings.key_file)
+    try:
+        context.load_cert_chain(settings.cert_file, settings.key_file, password=_no_passphrase)
+    except (ssl.SSLError, ValueError) as exc:
+        raise InvalidConfig(
+            f"store_tls.cert_file, key_file: {settings.cert_file}, {settings.key_file}: not "
+            f"a PEM certificate and its unencrypted key ({getattr(exc, 'reason', None) or exc})"
+        ) from None
+    return verify, (str(settings.cert_file), str(settings.key_file))
+
+
+def _no_passphrase() -> bytes:
+    raise ValueError("the key is encrypted: provisiond takes an unencrypted key, mode 0600")
+
+
+def _readable(setting: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InvalidConfig(f"{setting}: {path}: {exc.strerror or exc}") from None
+
+
+def read_password(settings: StoreAuthSettings) -> str:
+    """The etcd user's password: the first line of its file, which only its owner may read
+    (the way ssh treats a private key)."""
+    path = settings.password_file
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise InvalidConfig(f"store_auth.password_file: {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise InvalidConfig(f"store_auth.password_file: {path}: not a regular file")
+    if mode & 0o077:
+        raise InvalidConfig(f"store_auth.password_file: {path} is mode {mode & 0o777:04o}: "
+                            f"others may read it; chmod 600 {path}")
+    text = _readable("store_auth.password_file", path)[:MAX_PASSWORD]
+    password = text.decode("utf-8", "replace").partition("\n")[0].rstrip("\r")
+    if not password:
+        raise InvalidConfig(f"store_auth.password_file: {path}: empty")
+    return password
 
 
 def _timed_out(exc: Exception) -> bool:
@@ -378,10 +654,11 @@ def _timed_out(exc: Exception) -> bool:
     return isinstance(cause, urllib3.exceptions.ReadTimeoutError)
 
 
+CLOSED = "connection closed"
 CONNECTION_FAILURES = {"NewConnectionError": "connection refused",
-                       "timed out": "timed out", "RemoteDisconnected": "connection closed",
+                       "timed out": "timed out", "RemoteDisconnected": CLOSED,
                        "Connection reset": "connection reset",
-                       "Connection aborted": "connection closed"}
+                       "Connection aborted": CLOSED}
 """requests' long texts (the pool, the URL, the cause) as a few words."""
 
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
 from provisiond.errors import TooLarge
 from provisiond.state.crypt import StoreKeyError, create_key
 from provisiond.state.etcd import EtcdStore
-from tests.etcd_cluster import ETCD, EtcdCluster, cluster_fixture
+from tests.etcd_cluster import ETCD, EtcdCluster, cluster_fixture, free_ports
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not ETCD.is_file(), reason="needs Debian's etcd-server")]
@@ -134,6 +137,23 @@ def test_a_value_beyond_the_request_limit_is_one_clear_error(tmp_path):
                                                    r"the etcd cluster takes.*max-request-bytes"):
                     store.put("inventory.yaml", b"y" * size, expect=expect)
         assert store.get("inventory.yaml").value == b"x" * (900 << 10)
+
+
+def test_a_cli_command_against_a_cluster_that_is_down_fails_in_one_line_at_once(tmp_path):
+    """No member takes a connection: one line naming the endpoints, well before the 30 s
+    a call keeps retrying members that answer (an election)."""
+    ports = free_ports(2)  # nothing listens there
+    url = f"etcd://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/down"
+    (tmp_path / "provisiond.yaml").write_text(f"store: {url}\n")
+    provisiond = Path(sys.executable).parent / "provisiond"
+    done = subprocess.run([str(provisiond), "--state-dir", str(tmp_path), "node", "list"],
+                          capture_output=True, text=True, timeout=20)  # RETRY_FOR is 30 s
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"provisiond: error: etcd {url}: no member took a "
+                                  "connection for 5 s (")
+    assert done.stderr.count("\n") == 1
+    for port in ports:  # in the order the last round tried them
+        assert f"127.0.0.1:{port}: connection refused" in done.stderr
 
 
 def _append(value: bytes | None, token: str) -> bytes:
