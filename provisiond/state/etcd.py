@@ -70,6 +70,10 @@ MAX_PASSWORD = 4096
 COMMON_NAME = "CommonName of client sending a request against gateway"
 
 
+_UNSET = object()
+"""No token taken from the member yet."""
+
+
 class _Retry(Exception):
     """A member failed a request another member may serve."""
 
@@ -133,6 +137,7 @@ class EtcdStore(Store):
         self._lease: tuple[int, float] | None = None
         self._box: crypt.SecretBox | None = None
         self._tokens: dict[object, str | None] = {}  # etcd3gw client: its member's token
+        self._renewing = {client: threading.Lock() for client in self.clients}
         self._lock = threading.Lock()
 
     # reads
@@ -161,7 +166,8 @@ class EtcdStore(Store):
             timeout = max(timeout, REQUEST_TIMEOUT)
         deadline = time.monotonic() + timeout
         return self._each_member(lambda client: self._as_user(
-            client, lambda: self._watch_on(client, body, deadline), f"a watch of {prefix}"))
+            client, lambda token: self._watch_on(client, body, deadline, token),
+            f"a watch of {prefix}"))
 
     def _put_since(self, start: bytes, since: int) -> bool:
         """Whether a key under `start` was written after `since` (and is still there)."""
@@ -323,31 +329,42 @@ class EtcdStore(Store):
 
     def _send(self, client, path: str, body: dict, what: str = "") -> Reply:
         """One request to one member, as the store's user."""
-        return self._as_user(client, lambda: _post(client, path, body, what), what or path)
+        return self._as_user(client, lambda token: _post(client, path, body, what, token),
+                             what or path)
 
-    def _as_user(self, client, send: Callable[[], Reply], what: str):
-        """`send()` with the member's token for the store's user, renewed once when the
-        member no longer knows it; StoreDenied when etcd refuses the user."""
-        if self.auth is not None and client not in self._tokens:
-            self._authenticate(client)
+    def _as_user(self, client, send: Callable[[str | None], Reply], what: str):
+        """`send(token)` with the member's token for the store's user, renewed once when
+        the member no longer knows it; StoreDenied when etcd refuses the user."""
+        token = self._token(client, stale=_UNSET)
         try:
-            return send()
+            return send(token)
         except _TokenGone as exc:
             if self.auth is None:
                 raise StoreDenied(f"etcd {self.url} requires a user ({exc}): set store_auth "
                                   "(docs/store.md)") from None
         except _Denied:
             raise self._denied(what) from None
-        self._authenticate(client)
+        token = self._token(client, stale=token)
         try:
-            return send()
+            return send(token)
         except (_TokenGone, _Denied):
             raise self._denied(what) from None
+
+    def _token(self, client, stale) -> str | None:
+        """The member's token, a new one when it is still `stale` (the one it refused; one
+        renewal however many threads found out at once: each is a bcrypt and a raft write
+        in etcd). Each request carries its token: none ever goes without while another
+        thread renews."""
+        if self.auth is None:
+            return None
+        with self._renewing[client]:
+            if self._tokens.get(client, _UNSET) is stale:
+                self._authenticate(client)
+            return self._tokens[client]
 
     def _authenticate(self, client) -> None:
         """Take a token for the store's user from `client`'s member (none when etcd has
         authentication off: what etcd's own client does)."""
-        client.session.headers.pop("Authorization", None)
         body = {"name": self.auth.user, "password": self._password}
         try:
             reply = _post(client, "auth/authenticate", body)
@@ -360,7 +377,6 @@ class EtcdStore(Store):
                 raise
             self._tokens[client] = None
             return
-        client.session.headers["Authorization"] = reply["token"]
         self._tokens[client] = reply["token"]
 
     def _denied(self, what: str) -> StoreDenied:
@@ -370,11 +386,13 @@ class EtcdStore(Store):
                            f"needs readwrite on the keys starting with {prefix} "
                            "(docs/store.md)")
 
-    def _watch_on(self, client, body: dict, deadline: float) -> list[Change]:
+    def _watch_on(self, client, body: dict, deadline: float,
+                  token: str | None) -> list[Change]:
         """The first changes the member streams; [] at the deadline."""
         left = max(deadline - time.monotonic(), 0.01)
         try:
             with client.session.post(client.get_url("watch"), json=body, stream=True,
+                                     headers=_authorization(token),
                                      timeout=(CONNECT_TIMEOUT, left)) as reply:
                 if reply.status_code != 200:
                     _refusal(_message_of(reply.text))
@@ -475,10 +493,10 @@ class EtcdStore(Store):
         return self.root.rstrip(b"/") + b".key-id"
 
 
-def _post(client, path: str, body: dict, what: str = "") -> Reply:
-    """One request to one member; _Retry when another member may serve it."""
+def _post(client, path: str, body: dict, what: str = "", token: str | None = None) -> Reply:
+    """One request to one member (with `token`); _Retry when another member may serve it."""
     try:
-        return client.post(client.get_url(path), json=body)
+        return client.post(client.get_url(path), json=body, headers=_authorization(token))
     except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError) as exc:
         cause = exc.__context__
         if isinstance(cause, requests.exceptions.RequestException) and not _timed_out(cause):
@@ -509,6 +527,10 @@ def _post(client, path: str, body: dict, what: str = "") -> Reply:
         _refusal(message)
         raise ProvisiondError(f"etcd refused a request{f' for {what}' if what else ''}: "
                               f"{message}") from None
+
+
+def _authorization(token: str | None) -> dict:
+    return {"Authorization": token} if token else {}
 
 
 def _refusal(message: str) -> None:

@@ -6,6 +6,7 @@ the CLI."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 
@@ -243,3 +244,42 @@ def _wait_forgotten(client, token: str) -> None:
         return "invalid auth token" in reply.text
 
     wait_until(forgotten, 60, f"etcd forgetting the token after {TOKEN_TTL} s")
+
+
+
+def test_threads_renewing_tokens_at_once_all_succeed(auth_cluster, tls, password, tmp_path):
+    """serve's threads share one store: when a member forgets the token (expired, or the
+    member restarted), the threads that find out at once must each get their answer (a
+    renewal clearing the member's token under the others' requests made them fail as 'user
+    name is empty', then StoreDenied), and take one new token, not one each."""
+    auth = StoreAuthSettings(user="provisiond", password_file=password)
+    store = EtcdStore(_site(auth_cluster), tmp_path / "store.key", tls=_client_tls(tls),
+                      auth=auth)
+    store.put("status/n1.json", b"up")
+    client = store.clients[store._preferred]
+    threads_count, rounds = 8, 3
+    start = threading.Barrier(threads_count + 1, timeout=60)
+    errors, renewals = [], []
+    authenticate = store._authenticate
+    store._authenticate = lambda member: renewals.append(member) or authenticate(member)
+
+    def reader() -> None:
+        for _ in range(rounds):
+            start.wait()
+            try:
+                assert store.get("status/n1.json").value == b"up"
+            except Exception as exc:  # noqa: BLE001 (collected for the assertion below)
+                errors.append(repr(exc))
+            start.wait()
+
+    threads = [threading.Thread(target=reader) for _ in range(threads_count)]
+    for thread in threads:
+        thread.start()
+    for _ in range(rounds):
+        _wait_forgotten(client, store._tokens[client])
+        start.wait()
+        start.wait()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert len(renewals) == rounds  # one a round (each is a bcrypt and a raft write in etcd)
