@@ -296,7 +296,7 @@ class EtcdStore(Store):
             try:
                 reply = request(client)
             except _Retry as exc:
-                failures.append(f"{client.host}:{client.port}: {exc}")
+                failures.append(f"{_member(client)}: {exc}")
                 unreachable = unreachable + [exc] if isinstance(exc, _Unreachable) else []
             else:
                 self._preferred = index
@@ -527,6 +527,11 @@ def _post(client, path: str, body: dict, what: str = "", token: str | None = Non
         _refusal(message)
         raise ProvisiondError(f"etcd refused a request{f' for {what}' if what else ''}: "
                               f"{message}") from None
+
+
+def _member(client) -> str:
+    """A member's HOST:PORT as in the URL ([::1]:2379, not ::1:2379)."""
+    return client.base_url.partition("://")[2]
 
 
 def _authorization(token: str | None) -> dict:

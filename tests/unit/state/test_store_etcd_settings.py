@@ -141,11 +141,12 @@ def test_no_member_taking_connections_fails_in_unreachable_for_not_retry_for(
     monkeypatch.setattr(etcd, "UNREACHABLE_FOR", 0.5)
     monkeypatch.setattr(etcd, "RETRY_FOR", 20.0)  # (its own failure names the 20 s)
     ports = free_ports(2)
-    store = EtcdStore(f"etcd://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", tmp_path / "k")
+    members = [f"127.0.0.1:{ports[0]}", f"[::1]:{ports[1]}"]  # named as in the URL
+    store = EtcdStore(f"etcd://{','.join(members)}", tmp_path / "k")
     with pytest.raises(Unavailable, match=r"no member took a connection for 0.5 s") as caught:
         store.get("inventory.yaml")
-    for port in ports:
-        assert f"127.0.0.1:{port}: connection refused" in str(caught.value)
+    for member in members:
+        assert f"{member}: connection refused" in str(caught.value)
 
 
 # provisiond init
