@@ -667,8 +667,11 @@ def read_password(settings: StoreAuthSettings) -> str:
     if mode & 0o077:
         raise InvalidConfig(f"store_auth.password_file: {path} is mode {mode & 0o777:04o}: "
                             f"others may read it; chmod 600 {path}")
-    text = _readable("store_auth.password_file", path)[:MAX_PASSWORD]
-    password = text.decode("utf-8", "replace").partition("\n")[0].rstrip("\r")
+    line = _readable("store_auth.password_file", path)[:MAX_PASSWORD].partition(b"\n")[0]
+    try:  # etcd takes the password in JSON: text (a replaced byte: a wrong password)
+        password = line.decode("utf-8").removesuffix("\r")
+    except UnicodeDecodeError:
+        raise InvalidConfig(f"store_auth.password_file: {path}: not UTF-8 text") from None
     if not password:
         raise InvalidConfig(f"store_auth.password_file: {path}: empty")
     return password

@@ -101,6 +101,11 @@ def test_the_password_is_the_first_line_of_a_file_only_its_owner_reads(password)
                                             rf"0640: others may read it; chmod 600"):
         read_password(settings)
     password.chmod(0o600)
+    password.write_bytes(b"s3cret words \r\n")  # written on Windows; its spaces are its own
+    assert read_password(settings) == "s3cret words "
+    password.write_bytes(b"s3cret w\xf6rds\n")  # Latin-1: replaced, it was a wrong password
+    with pytest.raises(InvalidConfig, match=rf"password_file: {password}: not UTF-8 text$"):
+        read_password(settings)
     password.write_text("\n")
     with pytest.raises(InvalidConfig, match="empty"):
         read_password(settings)
