@@ -138,6 +138,7 @@ class EtcdStore(Store):
         self._box: crypt.SecretBox | None = None
         self._tokens: dict[object, str | None] = {}  # etcd3gw client: its member's token
         self._renewing = {client: threading.Lock() for client in self.clients}
+        self._renewal_failed: dict[object, tuple[float, _Retry]] = {}
         self._lock = threading.Lock()
 
     # reads
@@ -353,13 +354,23 @@ class EtcdStore(Store):
     def _token(self, client, stale) -> str | None:
         """The member's token, a new one when it is still `stale` (the one it refused; one
         renewal however many threads found out at once: each is a bcrypt and a raft write
-        in etcd). Each request carries its token: none ever goes without while another
-        thread renews."""
+        in etcd; a renewal that failed, the member away, fails the threads that waited for
+        it: they try the next member, not the same one in turn). Each request carries its
+        token: none ever goes without while another thread renews."""
         if self.auth is None:
             return None
+        waited_from = time.monotonic()
         with self._renewing[client]:
-            if self._tokens.get(client, _UNSET) is stale:
+            if self._tokens.get(client, _UNSET) is not stale:
+                return self._tokens[client]
+            failed = self._renewal_failed.get(client)
+            if failed is not None and failed[0] >= waited_from:
+                raise failed[1]  # the renewal this thread waited for: the member is away
+            try:
                 self._authenticate(client)
+            except _Retry as exc:
+                self._renewal_failed[client] = (time.monotonic(), exc)
+                raise
             return self._tokens[client]
 
     def _authenticate(self, client) -> None:

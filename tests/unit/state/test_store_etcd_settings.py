@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -225,3 +226,38 @@ def test_a_member_whose_host_does_not_answer_costs_the_connect_timeout(tmp_path,
         finally:
             for sock in queued:
                 sock.close()
+
+
+def test_threads_waiting_on_a_token_from_a_member_that_does_not_answer_share_its_failure(
+        tmp_path, monkeypatch, password):
+    """A token is taken by one thread at a time per member; when that member's host does
+    not answer, the threads that waited take the failure and try the next member, instead
+    of each trying again after the other (8 threads: 8 connect timeouts in a row)."""
+    monkeypatch.setattr(etcd, "UNREACHABLE_FOR", 0.5)
+    monkeypatch.setattr(etcd, "CONNECT_TIMEOUT", 1.0)
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        queued = [socket.create_connection(full.getsockname(), timeout=5)]  # fills it
+        try:
+            store = EtcdStore(f"etcd://127.0.0.1:{full.getsockname()[1]}", tmp_path / "k",
+                              auth=StoreAuthSettings(user="u", password_file=password))
+            attempts, failures = [], []
+            authenticate = store._authenticate
+            store._authenticate = lambda member: attempts.append(1) or authenticate(member)
+
+            def get() -> None:
+                with pytest.raises(Unavailable, match="no member took a connection") as caught:
+                    store.get("inventory.yaml")
+                failures.append(caught.value)
+
+            threads = [threading.Thread(target=get) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+        finally:
+            for sock in queued:
+                sock.close()
+    assert len(failures) == 8
+    assert len(attempts) < 8, attempts  # about one per UNREACHABLE_FOR round, not per thread
