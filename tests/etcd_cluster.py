@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import datetime
-import ipaddress
 import json
 import os
 import signal
@@ -29,10 +27,11 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import pytest
+
+from tests import certs
 
 ETCD = Path("/usr/bin/etcd")
 ETCDCTL = Path("/usr/bin/etcdctl")
@@ -66,53 +65,35 @@ class ClusterTls:
 def make_tls(folder: Path, name: str = "etcd test") -> ClusterTls:
     """A new CA (its name: `name`) and certificates signed by it, written under `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(NameOID.COMMON_NAME, f"{name} CA")
-    ca = (_builder(ca_name, ca_name, ca_key)
+    ca_key = certs.new_key()
+    ca_name = certs.name(f"{name} CA")
+    ca = (certs.builder(ca_name, ca_name, ca_key)
           .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
           .sign(ca_key, hashes.SHA256()))
     files = ClusterTls(folder / "ca.pem", folder / "member.pem", folder / "member.key",
                        folder / "client.pem", folder / "client.key",
                        folder / "named-client.pem", folder / "named-client.key")
     files.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    _issue(ca, ca_key, _name(NameOID.COMMON_NAME, "etcd member"), files.cert_file,
-           files.key_file)
+    _issue(ca, ca_key, certs.name("etcd member"), files.cert_file, files.key_file)
     # no Common Name: with authentication on, etcd's gateway refuses a client certificate
     # that has one (it would name a user the gateway cannot pass on)
-    _issue(ca, ca_key, _name(NameOID.ORGANIZATION_NAME, "provisiond"), files.client_cert,
+    _issue(ca, ca_key, certs.name("provisiond", NameOID.ORGANIZATION_NAME), files.client_cert,
            files.client_key)
-    _issue(ca, ca_key, _name(NameOID.COMMON_NAME, "provisiond"), files.named_client_cert,
+    _issue(ca, ca_key, certs.name("provisiond"), files.named_client_cert,
            files.named_client_key)
     return files
 
 
-def _name(oid, value: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(oid, value)])
-
-
-def _builder(subject: x509.Name, issuer: x509.Name, key) -> x509.CertificateBuilder:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2)))
-
-
 def _issue(ca: x509.Certificate, ca_key, subject: x509.Name, cert_path: Path,
            key_path: Path) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = certs.new_key()
     # both usages: a member's gateway connects to its own gRPC server with the member's
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-    cert = (_builder(subject, ca.subject, key)
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    cert = (certs.builder(subject, ca.subject, key)
+            .add_extension(certs.addresses(), critical=False)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    key_path.chmod(0o600)
+    certs.write(cert, key, cert_path, key_path)
 
 
 @dataclass

@@ -24,6 +24,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from tests.certs import self_signed
+
 USER, PASSWORD = "admin", "redfish-pw"
 EMULATOR = [sys.executable, "-c", "from sushy_tools.emulator.main import main; main()"]
 
@@ -32,15 +34,6 @@ def free_tcp_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def make_tls(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (it is its own CA) and its key."""
-    cert, key = directory / "bmc.pem", directory / "bmc.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
 
 
 def start_emulator(directory: Path, settings: dict, tls: bool = False
@@ -54,7 +47,7 @@ def start_emulator(directory: Path, settings: dict, tls: bool = False
                 "SUSHY_EMULATOR_STATE_DIR": str(directory / "state"), **settings}
     cert = None
     if tls:
-        cert, key = make_tls(directory)
+        cert, key = self_signed(directory, stem="bmc")
         settings |= {"SUSHY_EMULATOR_SSL_CERT": str(cert), "SUSHY_EMULATOR_SSL_KEY": str(key)}
     config = directory / "emulator.conf"
     config.write_text("".join(f"{k} = {v!r}\n" for k, v in settings.items()))

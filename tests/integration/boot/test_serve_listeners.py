@@ -4,9 +4,7 @@ is a self-signed one made here with `cryptography`."""
 
 from __future__ import annotations
 
-import datetime
 import http.client
-import ipaddress
 import json
 import os
 import socket
@@ -19,38 +17,15 @@ import urllib.request
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from bootdata import add_blob, add_image, add_nodes, mac_of
 from provisiond.config import load_config
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
 from servers import REPO, free_port, start_serve, stop_serve, wait_http, write_config
+from tests.certs import self_signed
 
 TOKEN = "pvd_Zq8t3XkVw0aBcDeF1234567890secret"
 BMC_SECRET = "bmc-pw-Kx81nQ"
-
-
-def self_signed(folder, host: str = "127.0.0.1") -> tuple[str, str]:
-    """(cert path, key path): an EC key and a certificate for `host` signed by itself."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provisiond test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = folder / "api.crt", folder / "api.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    key_path.chmod(0o600)
-    return str(cert_path), str(key_path)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +34,7 @@ def apart(tmp_path_factory):
     DEBUG; yields the URLs, the TLS context trusting the certificate, and the log path."""
     root = tmp_path_factory.mktemp("listeners")
     state = root / "state"
-    cert, key = self_signed(root)
+    cert, key = map(str, self_signed(root, stem="api"))
     ports = {"http": free_port(), "api": free_port()}
     (state).mkdir()
     (state / "provisiond.yaml").write_text("{}\n")
@@ -198,7 +173,7 @@ def test_every_log_line_is_json_with_a_level_and_none_holds_a_secret(apart):
     ({"tls_cert": "__garbage__", "tls_key": "__key__"}, "not a PEM certificate"),
 ])
 def test_bad_tls_settings_stop_serve_in_one_line_before_it_starts(tmp_path, change, words):
-    cert, key = self_signed(tmp_path)
+    cert, key = map(str, self_signed(tmp_path, stem="api"))
     garbage = tmp_path / "garbage.crt"
     garbage.write_text("not a certificate\n")
     change = {k: {"__garbage__": str(garbage), "__key__": key}.get(v, v)
