@@ -17,6 +17,7 @@ from provisiond.cli import main
 from provisiond.boot.table import TableWatcher
 from provisiond.config import Config, StoreAuthSettings, StoreTlsSettings
 from provisiond.state.etcd import EtcdStore, StoreDenied
+from provisiond.state.store import Entry
 from tests.etcd_cluster import ETCD, EtcdCluster, make_tls
 from tests.waits import wait_until
 
@@ -283,3 +284,27 @@ def test_threads_renewing_tokens_at_once_all_succeed(auth_cluster, tls, password
         thread.join(60)
     assert errors == []
     assert len(renewals) == rounds  # one a round (each is a bcrypt and a raft write in etcd)
+
+
+def test_a_user_store_goes_on_while_a_member_is_stopped_and_after_it_restarts(
+        auth_cluster, tls, password, tmp_path):
+    """One member of three stopped costs a retry, not a failed call, with a user as
+    without; restarted, it has forgotten the token it gave: renewed there."""
+    auth = StoreAuthSettings(user="provisiond", password_file=password)
+    store = EtcdStore(_site(auth_cluster), tmp_path / "store.key", tls=_client_tls(tls),
+                      auth=auth)
+    first = store.clients[0]
+    store.put("status/n1.json", b"up")
+    assert store._preferred == 0 and store._tokens[first]
+    token = store._tokens[first]
+    auth_cluster.stop_member(0)
+    try:
+        for value in (b"a", b"b", b"c"):
+            revision = store.put("status/n1.json", value, expect=store.get(
+                "status/n1.json").revision)
+            assert store.get("status/n1.json") == Entry("status/n1.json", value, revision)
+    finally:
+        auth_cluster.start_member(0)
+    store._preferred = 0  # the restarted member first again
+    assert store.get("status/n1.json").value == b"c"
+    assert store._preferred == 0 and store._tokens[first] not in (None, token)
