@@ -3,9 +3,11 @@ provisiond.yaml and as `provisiond init` flags, their files checked in one line 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
+from collections.abc import Iterator
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -213,19 +215,22 @@ def test_a_member_whose_host_does_not_answer_costs_the_connect_timeout(tmp_path,
     monkeypatch.setattr(etcd, "UNREACHABLE_FOR", 0.5)
     monkeypatch.setattr(etcd, "RETRY_FOR", 8.0)
     monkeypatch.setattr(etcd, "CONNECT_TIMEOUT", 1.0)
+    with silent_member() as port:
+        store = EtcdStore(f"etcd://127.0.0.1:{port}", tmp_path / "k", timeout=30.0)
+        with pytest.raises(Unavailable, match=r"no member took a connection for 0.5 s "
+                                              r"\(127.0.0.1:\d+: timed out\)"):
+            store.get("inventory.yaml")
+
+
+@contextlib.contextmanager
+def silent_member() -> Iterator[int]:
+    """The port of a listener whose accept queue is full: new connections are dropped
+    without a refusal, as by a host that is down."""
     with socket.socket() as full:
         full.bind(("127.0.0.1", 0))
         full.listen(0)
-        queued = [socket.create_connection(full.getsockname(), timeout=5)]  # fills it
-        try:
-            store = EtcdStore(f"etcd://127.0.0.1:{full.getsockname()[1]}", tmp_path / "k",
-                              timeout=30.0)
-            with pytest.raises(Unavailable, match=r"no member took a connection for 0.5 s "
-                                                  r"\(127.0.0.1:\d+: timed out\)"):
-                store.get("inventory.yaml")
-        finally:
-            for sock in queued:
-                sock.close()
+        with socket.create_connection(full.getsockname(), timeout=5):  # fills the queue
+            yield full.getsockname()[1]
 
 
 def test_threads_waiting_on_a_token_from_a_member_that_does_not_answer_share_its_failure(
@@ -235,29 +240,22 @@ def test_threads_waiting_on_a_token_from_a_member_that_does_not_answer_share_its
     of each trying again after the other (8 threads: 8 connect timeouts in a row)."""
     monkeypatch.setattr(etcd, "UNREACHABLE_FOR", 0.5)
     monkeypatch.setattr(etcd, "CONNECT_TIMEOUT", 1.0)
-    with socket.socket() as full:
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        queued = [socket.create_connection(full.getsockname(), timeout=5)]  # fills it
-        try:
-            store = EtcdStore(f"etcd://127.0.0.1:{full.getsockname()[1]}", tmp_path / "k",
-                              auth=StoreAuthSettings(user="u", password_file=password))
-            attempts, failures = [], []
-            authenticate = store._authenticate
-            store._authenticate = lambda member: attempts.append(1) or authenticate(member)
+    with silent_member() as port:
+        store = EtcdStore(f"etcd://127.0.0.1:{port}", tmp_path / "k",
+                          auth=StoreAuthSettings(user="u", password_file=password))
+        attempts, failures = [], []
+        authenticate = store._authenticate
+        store._authenticate = lambda member: attempts.append(1) or authenticate(member)
 
-            def get() -> None:
-                with pytest.raises(Unavailable, match="no member took a connection") as caught:
-                    store.get("inventory.yaml")
-                failures.append(caught.value)
+        def get() -> None:
+            with pytest.raises(Unavailable, match="no member took a connection") as caught:
+                store.get("inventory.yaml")
+            failures.append(caught.value)
 
-            threads = [threading.Thread(target=get) for _ in range(8)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(60)
-        finally:
-            for sock in queued:
-                sock.close()
+        threads = [threading.Thread(target=get) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
     assert len(failures) == 8
     assert len(attempts) < 8, attempts  # about one per UNREACHABLE_FOR round, not per thread
