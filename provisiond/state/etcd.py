@@ -421,7 +421,13 @@ class EtcdStore(Store):
     def _watch_message(self, line: bytes) -> list[Change]:
         if not line.strip():
             return []
-        message = json.loads(line)
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            raise _Retry(f"the watch answered what is not JSON: {line[:80]!r}") from None
+        if not (isinstance(message, dict)
+                and isinstance(message.get("error", message.get("result")), dict)):
+            raise _Retry(f"the watch answered JSON that is not etcd's: {line[:80]!r}")
         if "error" in message:
             _refusal(message["error"].get("message", ""))
             raise _Retry(message["error"].get("message", "watch failed"))

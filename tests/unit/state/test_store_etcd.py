@@ -107,3 +107,16 @@ def _lose_first_answer(store: EtcdStore, path: str) -> None:
         return reply
 
     client.post = post_then_lose
+
+
+@pytest.mark.parametrize("line", [b"<html>proxy error</html>", b"[" * 100_000, b"[1, 2]",
+                                  b'{"result": "x"}', b'{"other": {}}'])
+def test_a_watch_answer_that_is_not_etcds_is_a_member_failure(tmp_path, line):
+    """A gateway that is not etcd's (a proxy's page, JSON of another shape) fails that
+    member, which the call rides out like any other, never a ValueError or KeyError that
+    would end the thread following the store (the boot table's watcher catches only the
+    store's errors)."""
+    store = EtcdStore("etcd://127.0.0.1:1", tmp_path / "k")
+    with pytest.raises(etcd._Retry, match="the watch answered"):
+        store._watch_message(line)
+    assert store._watch_message(b'{"result": {"events": []}}') == []
