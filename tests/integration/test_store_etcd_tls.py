@@ -138,10 +138,7 @@ def test_tls_refusals_are_one_line_each(tls_cluster, tls, tmp_path, capsys):
          "no member took a connection for 5 s \\(members that speak TLS close plain "
          "connections: etcds://\\?\\)"),
     ]
-    for settings, message in cases:
-        code, out, err = _cli(tmp_path, capsys, settings, "node", "list")
-        assert code != 0 and out == "" and err.count("\n") == 1, (settings, err)
-        assert re.search(f"^provisiond: error: .*{message}", err), err
+    _each_one_line(tmp_path, capsys, cases)
 
 
 # an etcd user
@@ -208,10 +205,7 @@ def test_user_refusals_are_one_line_each_and_never_show_the_password(
          "etcd refuses a client certificate with a Common Name when its authentication "
          "is on"),
     ]
-    for settings, message in cases:
-        code, out, err = _cli(tmp_path, capsys, settings, "node", "list")
-        assert code != 0 and out == "" and err.count("\n") == 1, (settings, err)
-        assert re.search(f"^provisiond: error: .*{message}", err), err
+    for err in _each_one_line(tmp_path, capsys, cases):
         assert PASSWORD not in err and "not the password" not in err
     code, out, err = _cli(tmp_path, capsys, _settings(url, **files, user="provisiond",
                                                       password=password), "node", "list")
@@ -308,3 +302,15 @@ def test_a_user_store_goes_on_while_a_member_is_stopped_and_after_it_restarts(
     store._preferred = 0  # the restarted member first again
     assert store.get("status/n1.json").value == b"c"
     assert store._preferred == 0 and store._tokens[first] not in (None, token)
+
+
+def _each_one_line(tmp_path, capsys, cases) -> list[str]:
+    """`node list` under each case's settings: a non-zero exit, nothing on stdout, one
+    error line matching the case's message. The lines, for more checks."""
+    lines = []
+    for settings, message in cases:
+        code, out, err = _cli(tmp_path, capsys, settings, "node", "list")
+        assert code != 0 and out == "" and err.count("\n") == 1, (settings, err)
+        assert re.search(f"^provisiond: error: .*{message}", err), err
+        lines.append(err)
+    return lines
