@@ -58,11 +58,18 @@ def test_one_address_cannot_lock_others_out(tftp, tmp_path):
 
 
 def test_a_real_client_over_its_limit_is_refused_then_served(tftp, tmp_path):
+    """PER_CLIENT transfers open from 127.0.0.1: tftp-hpa and atftp from there are refused
+    with the server's message, and served once those end. They are opened while another one
+    from 127.0.0.1 still counts, its client gone unnoticed (until its resend in 1 s), as the
+    last real client's transfer does until the server reads its last ACK, which may come
+    after the flood's requests (this test failed so: 3 opened, the client served)."""
     port, _, expected = tftp
-    flood = Flood(port, PER_CLIENT, source="127.0.0.1").send(rrq(FILE, timeout=255))
+    finishing = Flood(port, 1, source="127.0.0.1").hold(rrq(FILE, timeout=1))
+    finishing.close()
+    flood = Flood(port, PER_CLIENT, source="127.0.0.1")
     out = tmp_path / "out"
     try:
-        flood.collect(lambda f: f.transfers() == PER_CLIENT)
+        flood.hold(rrq(FILE, timeout=255))
         output = tftp_get(port, FILE, out)
         assert "Error code 0: too many transfers" in output
         assert not out.exists() or out.stat().st_size == 0  # tftp-hpa creates it first
@@ -70,9 +77,7 @@ def test_a_real_client_over_its_limit_is_refused_then_served(tftp, tmp_path):
                                   str(port)], capture_output=True, text=True, timeout=30)
         assert refused.returncode != 0 and "too many transfers" in refused.stderr
     finally:
-        for sock in flood.socks:  # the flood gives up: its transfers end, the limit frees
-            for _, session_port in flood.answers.get(sock.fileno(), []):
-                sock.sendto(b"\0\5\0\0gone\0", ("127.0.0.1", session_port))
+        flood.end()  # the flood gives up: its transfers end, the limit frees
         flood.close()
     wait_until_served(port, FILE, expected, out)
 

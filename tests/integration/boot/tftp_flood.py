@@ -29,14 +29,36 @@ class Flood:
     socks: list[socket.socket] = field(default_factory=list)
     answers: dict[int, list[tuple[bytes, int]]] = field(default_factory=dict)  # by socket
 
-    def send(self, packet: bytes) -> "Flood":
-        for _ in range(self.count):
+    def send(self, packet: bytes, count: int | None = None) -> "Flood":
+        """Send `packet` from `count` new sockets (the flood's count if not given)."""
+        for _ in range(self.count if count is None else count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind((self.source, 0))
             sock.setblocking(False)
             sock.sendto(packet, ("127.0.0.1", self.port))
             self.socks.append(sock)
         return self
+
+    def hold(self, packet: bytes, timeout: float = 20) -> "Flood":
+        """Open `count` transfers with `packet` (a read request the server takes), asking
+        again from a new socket for each request refused, until `count` are open (bounded).
+
+        A request from an address at its limit is refused while a transfer whose client is
+        done still counts: until the server has read the client's last ACK, which another
+        of its loops may read after a request sent later (a real client that just finished)."""
+        deadline = time.monotonic() + timeout
+        self.send(packet)
+        while True:
+            self.collect(lambda f: f.answered() == len(f.socks), deadline - time.monotonic())
+            missing = self.count - self.transfers()
+            if missing <= 0:
+                return self
+            assert time.monotonic() < deadline, (
+                f"{self.transfers()} of {self.count} transfers opened from {self.source} in "
+                f"{timeout} s; {len(self.socks) - self.answered()} requests unanswered, "
+                f"{self.refusals()} refused")
+            self.collect(lambda f: False, timeout=0.1)  # a pace between asks, not a wait
+            self.send(packet, missing)
 
     def collect(self, until, timeout: float = 20) -> None:
         """Read answers until `until(self)` holds or `timeout` s have passed."""
@@ -59,6 +81,13 @@ class Flood:
 
     def answered(self) -> int:
         return len(self.answers)
+
+    def end(self) -> None:
+        """Give up the open transfers (an ERROR to each one's port): the server ends them."""
+        for sock in self.socks:
+            for _, port in self.answers.get(sock.fileno(), []):
+                if port != self.port:
+                    sock.sendto(b"\0\5\0\0gone\0", ("127.0.0.1", port))
 
     def close(self) -> None:
         for sock in self.socks:
