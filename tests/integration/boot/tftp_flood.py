@@ -120,3 +120,12 @@ def wait_until_served(port: int, name: str, expected: bytes, out: Path,
             return
         time.sleep(0.2)
     raise TimeoutError(f"no TFTP server answered on port {port} within {timeout} s")
+
+
+def wait_logged(log_path: Path, text: bytes, count: int, timeout: float = 30) -> None:
+    """Wait (bounded) until the server's log holds `text` `count` times (it is flushed once a
+    second; a transfer's line is written once its slot is free)."""
+    deadline = time.monotonic() + timeout
+    while log_path.read_bytes().count(text) < count:
+        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+        time.sleep(0.2)
