@@ -614,3 +614,55 @@ def test_a_refresh_restarts_only_the_services_whose_files_changed(tmp_path, serv
     assert refresh({key: b"m" * 32, conf: b"ClusterName=b\n", "etc/motd": b"hi\n"}) == [
         "try-reload-or-restart ssh.service"]
     assert (tmp_path / "root" / key).read_bytes() == b"m" * 32
+
+
+@pytest.mark.parametrize("timeout", ["coreutils", "busybox"])
+def test_a_configure_run_that_ignores_term_is_killed_after_the_grace(tmp_path, server,
+                                                                     timeout):
+    """PROVISIOND_CONFIGURE_TIMEOUT ends a run with TERM; a run that traps it (a playbook's
+    command that ignores it) is killed PROVISIOND_AGENT_KILL_AFTER s later, and reported
+    failed as timed out, with coreutils' timeout and busybox's (the tiny image's: -k since
+    1.35). Without the KILL it ran on to its end (here 20 s, then 'survived')."""
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    log = tmp_path / "configure.out"
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text(f"#!/bin/sh\ntrap 'echo TERM ignored >>{log}' TERM\n"
+                         f"echo $$ >{log}\nn=0\nwhile [ $n -lt 40 ]; do sleep 0.5; "
+                         f"n=$((n + 1)); done\necho survived >>{log}\n")
+    configure.chmod(0o755)
+    extra = {"PROVISIOND_AGENT_CONFIGURE": str(configure), "PROVISIOND_AGENT_TRIES": "1",
+             "PROVISIOND_CONFIGURE_TIMEOUT": "1", "PROVISIOND_AGENT_KILL_AFTER": "1"}
+    if timeout == "busybox":
+        if not tool("busybox"):
+            pytest.skip("busybox-static is not installed")
+        extra.update(busybox_agent(tmp_path))
+    assert run_agent(tmp_path, url, extra, "boot-start").returncode == 0
+    finished = run_agent(tmp_path, url, extra, "boot-finish")
+    assert finished.returncode == 1, finished.stderr
+    said = log.read_text().splitlines()
+    assert said[1:] == ["TERM ignored"], said  # TERM came, was ignored, KILL ended it
+    assert server.phases[-1][0] == "failed"
+    assert server.phases[-1][1].startswith("provisiond-configure timed out after 1 s"), \
+        server.phases[-1]
+
+
+def test_with_a_timeout_without_kill_the_agent_still_bounds_its_commands(tmp_path, server):
+    """An older busybox's timeout has no -k (usage, exit 1, the command not run): the agent
+    then bounds with TERM only, as before, rather than run nothing."""
+    bin_dir = tmp_path / "old-timeout"
+    bin_dir.mkdir()
+    (bin_dir / "timeout").write_text(
+        f'#!/bin/sh\ncase "$1" in -k) echo "usage: timeout SECS PROG" >&2; exit 1 ;; esac\n'
+        f'exec {tool("timeout")} "$@"\n')
+    (bin_dir / "timeout").chmod(0o755)
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text("#!/bin/sh\nexec sleep 30\n")
+    configure.chmod(0o755)
+    extra = {"PROVISIOND_AGENT_CONFIGURE": str(configure), "PROVISIOND_AGENT_TRIES": "1",
+             "PROVISIOND_CONFIGURE_TIMEOUT": "1", "PATH": f"{bin_dir}:{SYSTEM_PATH}"}
+    assert run_agent(tmp_path, url := f"http://127.0.0.1:{server.server_address[1]}", extra,
+                     "boot-start").returncode == 0
+    finished = run_agent(tmp_path, url, extra, "boot-finish")
+    assert finished.returncode == 1, finished.stderr
+    assert server.phases[-1][1].startswith("provisiond-configure timed out after 1 s"), \
+        server.phases[-1]
