@@ -585,35 +585,93 @@ def _runtime_body(files: dict[str, bytes]) -> bytes:
                     "gzip")
 
 
+class Systemctl:
+    """A recording stand-in for systemctl (PROVISIOND_SYSTEMCTL): the agent's own choice of
+    what to tell systemd is what is tested. `show -p RequiredBy` of the finish unit answers
+    `required_by`, `is-enabled UNIT` answers `enabled` (UNIT: its state, else disabled)."""
+
+    def __init__(self, tmp_path: Path, required_by: str = "", enabled: dict | None = None):
+        self.calls = tmp_path / "systemctl.calls"
+        self.path = tmp_path / "systemctl"
+        answers = "".join(f"    *'is-enabled {unit}') echo {state} ;;\n"
+                          for unit, state in (enabled or {}).items())
+        self.path.write_text(
+            f'#!/bin/sh\necho "$*" >>{self.calls}\ncase "$*" in\n'
+            f"    'show -p RequiredBy --value provisiond-agent-finish.service') "
+            f"echo {required_by} ;;\n{answers}"
+            f"    'is-enabled '*) echo disabled; exit 1 ;;\nesac\n")
+        self.path.chmod(0o755)
+        self.env = {"PROVISIOND_SYSTEMCTL": str(self.path)}
+
+    def taken(self) -> list[str]:
+        """The calls since the last, and forget them."""
+        if not self.calls.exists():
+            return []
+        calls = self.calls.read_text().splitlines()
+        self.calls.unlink()
+        return calls
+
+
+def serve_runtime(server: NodeServer, files: dict[str, bytes]) -> None:
+    server.body = _runtime_body(files)
+    server.etag = f'"{hashlib.sha256(server.body).hexdigest()[:32]}"'
+
+
+KEY, CONF, HOST_KEY = "etc/munge/munge.key", "etc/slurm/slurm.conf", "etc/ssh/ssh_host_ed25519_key"
+SSH_RELOAD = "--no-block try-reload-or-restart ssh.service"
+MUNGE_RESTART = "--no-block try-restart munge.service"
+SLURMD_RELOAD = "--no-block try-reload-or-restart slurmd.service"
+
+
 def test_a_refresh_restarts_only_the_services_whose_files_changed(tmp_path, server):
-    """munged reads its key only at start and slurmd rereads slurm.conf on a reload: a
-    refresh that changed one of them tells systemd (here a recording stand-in for
-    systemctl: the agent's own choice is what is tested), one that changed neither does not."""
-    calls = tmp_path / "systemctl.calls"
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text(f'#!/bin/sh\necho "$*" >>{calls}\n')
-    systemctl.chmod(0o755)
+    """sshd rereads its host keys on a reload, munged reads its key only at start and slurmd
+    rereads slurm.conf on a reload: a refresh that changed some of them tells systemd, one
+    that changed none of them does not (queued: --no-block)."""
+    systemctl = Systemctl(tmp_path)
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    env = {"PROVISIOND_SYSTEMCTL": str(systemctl)}
 
     def refresh(files: dict[str, bytes], verb: str = "refresh") -> list[str]:
-        server.body = _runtime_body(files)
-        server.etag = f'"{hashlib.sha256(server.body).hexdigest()[:32]}"'
-        calls.unlink(missing_ok=True)
-        result = run_agent(tmp_path, url, env, verb)
+        serve_runtime(server, files)
+        result = run_agent(tmp_path, url, systemctl.env, verb)
         assert result.returncode == 0, result.stderr
-        return calls.read_text().splitlines() if calls.exists() else []
+        return systemctl.taken()
 
-    key, conf = "etc/munge/munge.key", "etc/slurm/slurm.conf"
-    # the boot installs them before munged and slurmd start (they are ordered after it)
-    assert refresh({key: b"k" * 32, conf: b"ClusterName=a\n"}, "boot") == []
-    assert refresh({key: b"k" * 32, conf: b"ClusterName=b\n"}) == [
-        "try-reload-or-restart ssh.service", "try-reload-or-restart slurmd.service"]
-    assert refresh({key: b"m" * 32, conf: b"ClusterName=b\n"}) == [
-        "try-reload-or-restart ssh.service", "try-restart munge.service"]
-    assert refresh({key: b"m" * 32, conf: b"ClusterName=b\n", "etc/motd": b"hi\n"}) == [
-        "try-reload-or-restart ssh.service"]
-    assert (tmp_path / "root" / key).read_bytes() == b"m" * 32
+    ssh = {HOST_KEY: b"h1"}
+    # the boot installs them before sshd, munged and slurmd start (they are ordered after it)
+    assert refresh({**ssh, KEY: b"k" * 32, CONF: b"ClusterName=a\n"}, "boot") == []
+    assert refresh({**ssh, KEY: b"k" * 32, CONF: b"ClusterName=b\n"}) == [SLURMD_RELOAD]
+    assert refresh({**ssh, KEY: b"m" * 32, CONF: b"ClusterName=b\n"}) == [MUNGE_RESTART]
+    assert refresh({HOST_KEY: b"h2", KEY: b"m" * 32, CONF: b"ClusterName=b\n"}) == [SSH_RELOAD]
+    assert refresh({HOST_KEY: b"h2", KEY: b"m" * 32, CONF: b"ClusterName=b\n",
+                    "etc/motd": b"hi\n"}) == []
+    assert (tmp_path / "root" / KEY).read_bytes() == b"m" * 32
+
+
+def test_boot_start_run_again_has_the_running_services_pick_up_changed_files(tmp_path, server):
+    """`systemctl restart provisiond-agent` (or any later boot-start of the same boot) that
+    installs changed host keys, munge key, slurm.conf does what a refresh does (try-: only
+    services already running); the boot's first boot-start asks systemd nothing (nothing
+    reading them runs yet: sshd, munged and slurmd are ordered after it). Queued
+    (--no-block): a job of sshd or munged waits for provisiond-agent.service, whose
+    boot-start would wait for systemctl."""
+    systemctl = Systemctl(tmp_path)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def boot_start(files: dict[str, bytes]) -> list[str]:
+        serve_runtime(server, files)
+        result = run_agent(tmp_path, url, systemctl.env, "boot-start")
+        assert result.returncode == 0, result.stderr
+        return systemctl.taken()
+
+    first = {HOST_KEY: b"h1", KEY: b"k" * 32, CONF: b"ClusterName=a\n"}
+    assert boot_start(first) == []  # the boot's first: every file new, nothing asked
+    assert boot_start(first) == []  # again, unchanged (304)
+    assert boot_start({**first, HOST_KEY: b"h2", KEY: b"m" * 32, CONF: b"ClusterName=b\n"}) \
+        == [SSH_RELOAD, MUNGE_RESTART, SLURMD_RELOAD]
+    assert boot_start({HOST_KEY: b"h2", KEY: b"m" * 32, CONF: b"ClusterName=c\n"}) == \
+        [SLURMD_RELOAD]
+    assert (tmp_path / "root" / CONF).read_bytes() == b"ClusterName=c\n"
+    assert [p for p, _ in server.phases] == ["booted", "runtime"] * 4
 
 
 @pytest.mark.parametrize("timeout", ["coreutils", "busybox"])
