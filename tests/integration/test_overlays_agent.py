@@ -724,3 +724,70 @@ def test_with_a_timeout_without_kill_the_agent_still_bounds_its_commands(tmp_pat
     assert finished.returncode == 1, finished.stderr
     assert server.phases[-1][1].startswith("provisiond-configure timed out after 1 s"), \
         server.phases[-1]
+
+
+@pytest.mark.parametrize("slurmd", ["enabled", "disabled"])
+def test_a_configure_run_that_goes_well_after_the_boots_failed_starts_what_it_held(
+        tmp_path, server, slurmd):
+    """slurmd Requires= provisiond-agent-finish.service: after the boot's configure run
+    failed it did not start, and a later run of the timer that went well reported ready
+    with slurmd down until a reboot. Starting slurmd alone would start the failed finish
+    unit again first, and so the whole configure run: the later run records its success
+    (boot-finish then ends at once, reporting nothing) and has systemd start the finish unit
+    with the enabled units requiring it (queued). Never while the runs fail, never once the
+    finish unit went well."""
+    systemctl = Systemctl(tmp_path, required_by="slurmd.service",
+                          enabled={"slurmd.service": slurmd})
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    runs = tmp_path / "configure-runs"
+    configure = tmp_path / "provisiond-configure"
+
+    def configure_exits(status: int) -> None:
+        configure.write_text(f"#!/bin/sh\necho run >>{runs}\necho 'PLAY RECAP'\nexit {status}\n")
+        configure.chmod(0o755)
+
+    extra = {**systemctl.env, "PROVISIOND_AGENT_CONFIGURE": str(configure),
+             "PROVISIOND_AGENT_TRIES": "1"}
+    finish_start = ["show -p RequiredBy --value provisiond-agent-finish.service",
+                    "is-enabled slurmd.service",
+                    "--no-block start provisiond-agent-finish.service"
+                    + (" slurmd.service" if slurmd == "enabled" else "")]
+
+    def phases() -> list[str]:
+        taken = [p for p, _ in server.phases]
+        server.phases.clear()
+        return taken
+
+    configure_exits(2)
+    assert run_agent(tmp_path, url, extra, "boot-start").returncode == 0
+    assert run_agent(tmp_path, url, extra, "boot-finish").returncode == 1
+    assert run_agent(tmp_path, url, extra, "configure", "--only-if-changed").returncode == 1
+    assert phases() == ["booted", "runtime", "failed", "failed"]
+    assert systemctl.taken() == []  # a node whose runs fail: slurmd stays down
+    configure_exits(0)
+    fixed = run_agent(tmp_path, url, extra, "configure", "--only-if-changed")
+    assert fixed.returncode == 0, fixed.stderr
+    assert phases() == ["configured", "ready"]
+    assert systemctl.taken() == finish_start
+    assert runs.read_text().count("run") == 3
+    finished = run_agent(tmp_path, url, extra, "boot-finish")  # as systemd starts it now
+    assert finished.returncode == 0, finished.stderr
+    assert runs.read_text().count("run") == 3 and phases() == []  # no second run, no report
+    again = run_agent(tmp_path, url, extra, "configure")
+    assert again.returncode == 0 and phases() == ["configured", "ready"]
+    assert systemctl.taken() == []  # the finish unit went well: nothing held back
+
+
+def test_a_boot_whose_configure_run_went_well_starts_nothing_later(tmp_path, server):
+    systemctl = Systemctl(tmp_path, required_by="slurmd.service",
+                          enabled={"slurmd.service": "enabled"})
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    configure = tmp_path / "provisiond-configure"
+    configure.write_text("#!/bin/sh\necho 'PLAY RECAP'\n")
+    configure.chmod(0o755)
+    extra = {**systemctl.env, "PROVISIOND_AGENT_CONFIGURE": str(configure)}
+    for command in (["boot-start"], ["boot-finish"], ["configure"]):
+        assert run_agent(tmp_path, url, extra, *command).returncode == 0
+    assert [p for p, _ in server.phases] == ["booted", "runtime", "configured", "ready",
+                                             "configured", "ready"]
+    assert systemctl.taken() == []

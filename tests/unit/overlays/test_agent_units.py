@@ -54,6 +54,15 @@ def test_slurmd_does_not_start_when_the_boots_configure_run_failed():
     assert FINISH in slurmd["Requires"] and FINISH in slurmd["After"]
 
 
+def test_the_timers_configure_run_still_runs_after_a_failed_finish_unit():
+    """What brings a node whose boot run failed back to service: the ansible-pull timer's
+    unit is only ordered after the finish unit (a Requires= would skip it as slurmd is), and
+    its run that goes well starts the finish unit with the units requiring it (slurmd)."""
+    pull = unit_settings(PULL_UNITS / "provisiond-ansible-pull.service")
+    assert FINISH in pull["After"] and FINISH not in pull.get("Requires", set())
+    assert FINISH not in pull.get("Requisite", set()) | pull.get("BindsTo", set())
+
+
 @pytest.mark.skipif(tool("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_analyze_verifies_the_boot_units(tmp_path):
     stub = tmp_path / "provisiond-agent"
