@@ -127,6 +127,23 @@ def test_ensure_overlay_builds_when_stale_and_is_stable(cfg, state_dir):
     assert b"10.0.0.77" in files_of(ensure_overlay(cfg, "n1", "shared"))["etc/hosts"]
 
 
+def test_a_static_link_is_online_without_waiting_for_an_ipv6_router(state_dir):
+    """networkd 252 keeps a link 'configuring' until an IPv6 Router Advertisement or its
+    solicitations' timeout (~10 s on a network without IPv6 routers), so wait-online and the
+    agent waited for it: a static link is configured at once; a DHCP link keeps waiting for
+    its lease as before."""
+    write_inventory(state_dir, count=2)
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    del data["nodes"]["n2"]["netdevs"]["eth0"]["ipaddr"]
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(state_dir)
+    network = "etc/systemd/network/10-provisiond-eth0.network"
+    static, dhcp = (files_of(ensure_overlay(cfg, n, "system"))[network].decode().splitlines()
+                    for n in ("n1", "n2"))
+    assert "Address=10.0.0.11/24" in static and "ConfigureWithoutCarrier=yes" in static
+    assert "DHCP=ipv4" in dhcp and not any("WithoutCarrier" in line for line in dhcp)
+
+
 def test_builds_are_deterministic(cfg):
     data = [ensure_overlay(cfg, "n1", kind).read_bytes() for kind in ("shared", "system")]
     shutil.rmtree(Layout.of(cfg).overlay_builds)
