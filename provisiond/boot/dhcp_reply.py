@@ -62,6 +62,8 @@ def boot_parts(config: Config, proxy: bool) -> dict[ClientKind, BootPart]:
             opts.append((p.OPT_VENDOR_CLASS, b"HTTPClient"))
         elif proxy:
             opts += [(p.OPT_VENDOR_CLASS, b"PXEClient"), (p.OPT_VENDOR_INFO, b"\x06\x01\x08\xff")]
+        elif kind is ClientKind.IPXE:  # our offer has it all: iPXE need not wait 2 s for
+            opts.append((p.OPT_IPXE, bytes((p.IPXE_NO_PXEDHCP, 1, 1))))  # ProxyDHCP offers
         parts[kind] = BootPart(name.encode(), p.encode_options(opts))
     return parts
 

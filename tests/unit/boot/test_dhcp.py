@@ -59,6 +59,30 @@ def test_offer_and_ack_through_a_relay(server, client_sock):
     assert server.leases[mac_of(1)][0] == ip_of(1)
 
 
+@pytest.mark.parametrize("proxy", [False, True])
+def test_ipxe_is_told_not_to_wait_for_proxy_offers_unless_we_are_the_proxy(
+        state_dir, client_sock, proxy):
+    """iPXE waits 2 s after a DHCP offer for ProxyDHCP offers unless told not to (its
+    encapsulated option 175.176, no-pxedhcp): our full offer carries the boot file already.
+    As the ProxyDHCP ourselves, another server gives the address: its offer must not stop
+    iPXE from waiting for ours. Other clients are not iPXE and get no option 175."""
+    (state_dir / "provisiond.yaml").write_text(f"dhcp:\n  proxy: {str(proxy).lower()}\n")
+    config = load_config(state_dir)
+    add_nodes(config, 1)
+    server = start(config, client_sock)
+    try:
+        _, _, bootfile, ipxe = exchange(server, client_sock, relayed(
+            mac_of(1), p.DISCOVER, (p.OPT_USER_CLASS, b"iPXE"),
+            (p.OPT_VENDOR_CLASS, b"PXEClient:Arch:00000")))
+        _, _, _, bios = exchange(server, client_sock, relayed(
+            mac_of(1), p.DISCOVER, (p.OPT_VENDOR_CLASS, b"PXEClient:Arch:00000")))
+    finally:
+        server.close()
+    assert bootfile.endswith(b"/boot/ipxe")
+    assert ipxe.get(p.OPT_IPXE) == (None if proxy else b"\xb0\x01\x01")
+    assert p.OPT_IPXE not in bios
+
+
 def test_wrong_address_gets_nak_and_other_server_is_ignored(server, client_sock):
     wrong = relayed(mac_of(2), p.REQUEST, (p.OPT_REQUESTED_IP, socket.inet_aton("10.1.1.1")))
     assert exchange(server, client_sock, wrong)[3][p.OPT_MSG_TYPE] == bytes((p.NAK,))
