@@ -35,7 +35,7 @@ from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import is_opaque
-from provisiond.images.manifests import gc_lock, load_manifest
+from provisiond.images.manifests import gc_lock, load_manifest, manifest_entry
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
 from provisiond.images.steps import no_services
 from provisiond.state.layout import Layout, lock_of
@@ -66,6 +66,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
                 progress=None) -> dict | None:
     """Run the session; returns the new manifest, or None when nothing changed."""
     chroot.require_build_privileges("an image shell")
+    manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
     with _only_shell(config, name):
         with _session(config, name) as (lowers, upper, work):
             code = _run(lowers, upper, work, command)

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from provisiond.errors import BuildFailed
+from provisiond.errors import BuildFailed, ExitCode
 from provisiond.images import shell
 from provisiond.images.shell import write_layer
 from provisiond.state.layout import Layout
@@ -70,3 +70,15 @@ def test_the_rollback_keeps_a_tarball_an_earlier_entry_lists(config, monkeypatch
     with pytest.raises(BuildFailed):
         shell._add_layer(config, "img", tar, None, None)
     assert listed(config, "img") == ["shell/same.tar"] and tar.exists()
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "a/b", "nothere"])
+def test_a_bad_or_unknown_image_name_writes_nothing(cli, config, tmp_path, name):
+    """The shell lock was taken before the name was checked: `image shell ../../x` made
+    folders and a lock file outside the state dir (as root), `a/b` a folder under
+    images/.locks, and an image never built left its lock file behind."""
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = cli("image", "shell", name, "--command", "true")
+    assert result.code == (ExitCode.NOT_FOUND if name == "nothere"
+                           else ExitCode.INVALID_INPUT), result
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
