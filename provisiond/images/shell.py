@@ -67,7 +67,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
     """Run the session; returns the new manifest, or None when nothing changed."""
     chroot.require_build_privileges("an image shell")
     manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
-    with _only_shell(config, name):
+    with _hangup_interrupts(), _only_shell(config, name):
         with _session(config, name) as (lowers, upper, work):
             code = _run(lowers, upper, work, command)
             if code == -signal.SIGINT:
@@ -80,6 +80,25 @@ def image_shell(config: Config, name: str, command: str | None = None,
                 return None
             tar = _save_layer(config, name, upper)
         return _add_layer(config, name, tar, command, progress)
+
+
+@contextlib.contextmanager
+def _hangup_interrupts() -> Iterator[None]:
+    """A hangup (a dropped ssh session) ends the session as Ctrl-C does, its mounts undone:
+    SIGHUP's default ended this process at once, leaving the host's /dev mounted in the
+    session folder. In a thread other than the main one, signals are not ours to set."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGHUP, interrupt)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 @contextlib.contextmanager
@@ -117,22 +136,35 @@ def _holder(fd: int, wait: float) -> str:
 @contextlib.contextmanager
 def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path]]:
     """The image's layer trees (top first) and a fresh upper and work dir, removed after;
-    gc is held off meanwhile (it would take the trees from under the mount)."""
+    gc is held off meanwhile (it would take the trees from under the mount). Called under
+    the image's shell lock: a session folder of the image's found here is a killed
+    shell's (SIGKILL, the OOM killer), and is cleared first."""
     manifest = load_manifest(config, name)
     with locked(gc_lock(config), shared=True):
         layout = Layout.of(config)
+        prefix = f"shell-{name}."
+        for stale in layout.layers.glob(f"{prefix}*"):
+            if "." not in stale.name[len(prefix):]:  # not `shell-a.b.*` of an older name
+                _clear_session(stale)
         lowers = [layout.layer_tree(layer["key"]) for layer in reversed(manifest["layers"])]
         missing = [path.name[:12] for path in lowers if not path.is_dir()]
         if missing:
             raise BuildFailed(f"image {name}: cached layer trees are gone ({', '.join(missing)}"
                               f"): run `provisiond image build {name}` first")
-        folder = Path(tempfile.mkdtemp(prefix=f"shell-{name}.", dir=layout.layers))
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=layout.layers))
         try:
             (folder / "upper").mkdir()
             yield lowers, folder / "upper", folder / "work"
         finally:
-            chroot.unmount_below(folder)
-            shutil.rmtree(folder, ignore_errors=True)
+            _clear_session(folder)
+
+
+def _clear_session(folder: Path) -> None:
+    """End what still runs in a session's chroot, undo its mounts, remove its folder (in
+    that order: removing it with /dev still mounted in it would reach the host's /dev)."""
+    chroot.end_processes_in(folder)
+    chroot.unmount_below(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> int:

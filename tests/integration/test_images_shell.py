@@ -17,7 +17,7 @@ import pytest
 
 from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
-from provisiond.images import build_image, load_manifest
+from provisiond.images import build_image, chroot, load_manifest
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
 from tests.tools import private_deb_cache
 
@@ -138,6 +138,76 @@ def test_ctrl_c_keeps_the_image_as_it_was(tiny):
     assert load_manifest(config, "tiny") == before
     assert not (config.images_dir / "tiny/shell").exists()
     assert left_behind(config) == []
+
+
+def clear_sessions(config) -> None:
+    """What a test's failure left: processes rooted in a session, its mounts, its folder."""
+    for folder in (config.state_dir / "cache/layers").glob("shell-*"):
+        chroot.end_processes_in(folder)
+        chroot.unmount_below(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sleep_token() -> str:
+    """An argument for this test's own `sleep` (found by it in /proc)."""
+    return str(87000 + os.getpid() % 400)
+
+
+def start_shell(config, command: str) -> subprocess.Popen:
+    """`image shell tiny --command CMD` in a session of its own (as from a terminal that
+    can go away), once CMD has printed `started` (then it sleeps for sleep_token())."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", f"{command}; echo started; sleep {sleep_token()}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "started\n"
+    return proc
+
+
+def test_a_dropped_terminal_keeps_the_image_and_leaves_no_mount(tiny):
+    """SIGHUP to the process group, as a dropped ssh session sends it: its default ended
+    provisiond at once, leaving the overlay, /proc, /sys, the host's /dev and resolv.conf
+    mounted in the session folder (an `rm -r` of it would have reached the host's /dev)."""
+    config, before = tiny
+    proc = start_shell(config, "touch /etc/marker")
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == ExitCode.INTERRUPTED, err
+        assert load_manifest(config, "tiny") == before
+        assert not (config.images_dir / "tiny/shell").exists()
+        assert left_behind(config) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        clear_sessions(config)
+
+
+def test_a_killed_shell_s_session_is_cleared_by_the_next(tiny):
+    """SIGKILL (the OOM killer, kill -9) leaves the session's mounts and its command
+    running in them: the next shell on the image clears them (it holds the image's shell
+    lock, so no live shell owns them) and ends the processes still rooted there."""
+    config, before = tiny
+    proc = start_shell(config, "touch /etc/first")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert left_behind(config) != []  # what this test is about
+        code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                               "touch /etc/marker")
+        assert code == 0, output
+        assert left_behind(config) == []
+        assert _running(sleep_token()) == []
+        tar = next((config.images_dir / "tiny/shell").glob("*.tar"))
+        with tarfile.open(tar) as layer:
+            assert layer.getnames() == ["etc", "etc/marker"]
+    finally:
+        clear_sessions(config)
+        for pid in _running(sleep_token()):
+            os.kill(pid, signal.SIGKILL)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def test_an_image_not_built_is_one_line(tiny):
