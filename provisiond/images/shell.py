@@ -42,6 +42,9 @@ from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
+# The session's own environment: no history file (bash wrote what the admin typed, a
+# password given to chpasswd too, to /root/.bash_history: into the layer), none for less.
+SESSION_ENV = {"PS1": "(image shell) # ", "HISTFILE": "", "LESSHISTFILE": "-"}
 
 
 class ShellAborted(ProvisiondError):
@@ -177,8 +180,7 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> in
         if shell is None:
             raise BuildFailed("the image has neither /bin/bash nor /bin/sh")
         argv = ["chroot", str(root), shell] + (["-c", command] if command else ["-i"])
-        env = {**chroot.chroot_env(), "TERM": os.environ.get("TERM", "dumb"),
-               "PS1": "(image shell) # "}
+        env = {**chroot.chroot_env(), **SESSION_ENV, "TERM": os.environ.get("TERM", "dumb")}
         previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
         try:
             proc = subprocess.Popen(argv, env=env, cwd="/")

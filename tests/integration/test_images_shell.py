@@ -210,6 +210,45 @@ def test_a_killed_shell_s_session_is_cleared_by_the_next(tiny):
         proc.stderr.close()
 
 
+def with_bash(config) -> str:
+    """tinybash: tiny with the host's bash and the libraries it loads (the shell `image
+    shell` prefers, as in a Debian image), built on tiny's cached layers."""
+    recipe = config.state_dir / "recipes/tinybash"
+    files = recipe / "files"
+    shutil.rmtree(recipe, ignore_errors=True)
+    ldd = subprocess.run(["/usr/bin/ldd", "/bin/bash"], capture_output=True, text=True,
+                         check=True).stdout
+    needed = ["/bin/bash"] + [word for line in ldd.splitlines() for word in line.split()
+                              if word.startswith("/")]
+    for path in needed:
+        (files / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, files / path.lstrip("/"))
+    (recipe / "image.yaml").write_text(
+        "description: tiny with bash\nlayers:\n  - {kind: image, name: tiny}\n"
+        "  - kind: copy\n    files:\n      - {src: files, dest: /}\n")
+    (config.images_dir / "tinybash/shell.json").unlink(missing_ok=True)
+    shutil.rmtree(config.images_dir / "tinybash/shell", ignore_errors=True)
+    build_image(config, "tinybash")
+    return "tinybash"
+
+
+def test_an_interactive_bash_leaves_no_history_in_the_image(tiny):
+    """An interactive bash wrote what the admin typed (a password given to chpasswd too)
+    to /root/.bash_history as it exited: every session added a layer holding it, and
+    `nothing changed` was never said after one."""
+    config, _ = tiny
+    name = with_bash(config)
+    before = load_manifest(config, name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", name], input="echo typed-by-the-admin\nexit 0\n",
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "typed-by-the-admin" in proc.stdout, proc.stdout  # bash ran it
+    assert f"{name}: nothing changed, no layer added" in proc.stdout, proc.stdout
+    assert load_manifest(config, name) == before
+
+
 def test_an_image_not_built_is_one_line(tiny):
     config, _ = tiny
     code, output = run_cli(config, "image", "shell", "nothere", "--command", "true")
