@@ -29,7 +29,8 @@ from pathlib import Path
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import BuildFailed, Conflict, ExitCode, ProvisiondError
+from provisiond.errors import (BuildFailed, Conflict, ExitCode, InvalidInput,
+                               ProvisiondError)
 from provisiond.images import chroot
 from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
@@ -68,6 +69,9 @@ class ShellBusy(Conflict):
 def image_shell(config: Config, name: str, command: str | None = None,
                 progress=None) -> dict | None:
     """Run the session; returns the new manifest, or None when nothing changed."""
+    if command is not None and not command.strip():
+        raise InvalidInput("--command is empty: give a command, or leave --command out for "
+                           "an interactive shell")
     chroot.require_build_privileges("an image shell")
     manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
     with _hangup_interrupts(), _only_shell(config, name):
@@ -179,7 +183,7 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> in
                                                      os.X_OK)), None)
         if shell is None:
             raise BuildFailed("the image has neither /bin/bash nor /bin/sh")
-        argv = ["chroot", str(root), shell] + (["-c", command] if command else ["-i"])
+        argv = ["chroot", str(root), shell] + (["-i"] if command is None else ["-c", command])
         env = {**chroot.chroot_env(), **SESSION_ENV, "TERM": os.environ.get("TERM", "dumb")}
         previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
         try:

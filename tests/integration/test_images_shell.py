@@ -249,6 +249,21 @@ def test_an_interactive_bash_leaves_no_history_in_the_image(tiny):
     assert load_manifest(config, name) == before
 
 
+def test_an_empty_command_is_refused_not_an_interactive_shell(tiny):
+    """`--command "$CMD"` with CMD empty (a script's unset variable) ran an interactive
+    shell instead, reading commands from the script's stdin, and kept what they did."""
+    config, before = tiny
+    proc = subprocess.run(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", ""], input="touch /etc/from-stdin\nexit 0\n",
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == ExitCode.INVALID_INPUT, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        "provisiond: error: --command is empty: give a command, or leave --command out "
+        "for an interactive shell"], proc.stderr
+    assert load_manifest(config, "tiny") == before
+
+
 def test_an_image_not_built_is_one_line(tiny):
     config, _ = tiny
     code, output = run_cli(config, "image", "shell", "nothere", "--command", "true")
