@@ -43,6 +43,7 @@ from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
+OVERLAY_XATTRS = "trusted.overlay."
 # The session's own environment: no history file (bash wrote what the admin typed, a
 # password given to chpasswd too, to /root/.bash_history: into the layer), none for less.
 SESSION_ENV = {"PS1": "(image shell) # ", "HISTFILE": "", "LESSHISTFILE": "-"}
@@ -236,8 +237,9 @@ def _save_layer(config: Config, name: str, upper: Path) -> Path:
 
 def write_layer(upper: Path, out) -> None:
     """An overlayfs upper dir as an OCI layer tarball, the inverse of oci.apply_layer:
-    whiteout devices as `.wh.NAME`, opaque dirs with `.wh..wh..opq`; sorted, owners by
-    number, mtimes clamped as in our layers, so the same changes give the same bytes."""
+    whiteout devices as `.wh.NAME`, opaque dirs with `.wh..wh..opq`, xattrs (file
+    capabilities) as `SCHILY.xattr.NAME` records; sorted, owners by number, mtimes clamped
+    as in our layers, so the same changes give the same bytes."""
     clamp = source_date_epoch()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for rel, st in walk_tree(upper):
@@ -250,6 +252,7 @@ def write_layer(upper: Path, out) -> None:
                 continue
             info.uname = info.gname = ""
             info.mtime = min(int(info.mtime), clamp)
+            info.pax_headers.update(_xattr_records(upper / rel))
             if info.isreg():
                 with open(upper / rel, "rb") as data:
                     tar.addfile(info, data)
@@ -257,6 +260,16 @@ def write_layer(upper: Path, out) -> None:
                 tar.addfile(info)
             if info.isdir() and is_opaque(upper / rel):
                 tar.addfile(_plain(os.path.join(rel, WH_OPAQUE), clamp))
+
+
+def _xattr_records(path: Path) -> dict[str, str]:
+    """The file's xattrs as PAX records (values as tarfile takes bytes), sorted; less
+    overlayfs's own bookkeeping (its opaque mark is the `.wh..wh..opq` entry) and the
+    host's SELinux label."""
+    names = sorted(n for n in os.listxattr(path, follow_symlinks=False)
+                   if not n.startswith(OVERLAY_XATTRS) and n != "security.selinux")
+    return {f"SCHILY.xattr.{n}": os.getxattr(path, n, follow_symlinks=False).decode(
+        "utf-8", "surrogateescape") for n in names}
 
 
 def _plain(name: str, mtime: int) -> tarfile.TarInfo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import tarfile
 
@@ -82,3 +83,28 @@ def test_a_bad_or_unknown_image_name_writes_nothing(cli, config, tmp_path, name)
     assert result.code == (ExitCode.NOT_FOUND if name == "nothere"
                            else ExitCode.INVALID_INPUT), result
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_file_capabilities_and_user_xattrs_are_kept_in_the_layer(tmp_path):
+    """`setcap cap_net_raw+ep /bin/ping` in the session (ping as a user) was lost: the
+    tarball carried no xattrs. Now as PAX `SCHILY.xattr.NAME` records (docker's and GNU
+    tar's), not overlayfs's own `trusted.overlay.*` bookkeeping."""
+    upper = tmp_path / "upper"
+    (upper / "bin").mkdir(parents=True)
+    ping = upper / "bin/ping"
+    ping.write_bytes(b"\x7fELF")
+    capability = bytes.fromhex("0100000200200000000000000000000000000000")  # cap_net_raw+ep
+    os.setxattr(ping, "security.capability", capability)
+    os.setxattr(ping, "user.note", b"kept")
+    os.setxattr(upper / "bin", "trusted.overlay.origin", b"\x00\xfb")
+    out = io.BytesIO()
+    write_layer(upper, out)
+    out.seek(0)
+    with tarfile.open(fileobj=out) as layer:
+        members = {m.name: m for m in layer.getmembers()}
+    xattrs = {key: value.encode("utf-8", "surrogateescape")
+              for key, value in members["bin/ping"].pax_headers.items()
+              if key.startswith("SCHILY.xattr.")}
+    assert xattrs == {"SCHILY.xattr.security.capability": capability,
+                      "SCHILY.xattr.user.note": b"kept"}
+    assert not any(k.startswith("SCHILY.xattr.") for k in members["bin"].pax_headers)
