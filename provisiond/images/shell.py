@@ -36,7 +36,8 @@ from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import is_opaque
-from provisiond.images.manifests import gc_lock, load_manifest, manifest_entry
+from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
+                                          manifest_entry)
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
 from provisiond.images.steps import no_services
 from provisiond.state.layout import Layout, lock_of
@@ -50,7 +51,8 @@ SESSION_ENV = {"PS1": "(image shell) # ", "HISTFILE": "", "LESSHISTFILE": "-"}
 
 
 class ShellAborted(ProvisiondError):
-    """The shell or command did not exit 0: the image stays as it was."""
+    """The shell or command did not exit 0, or the image went meanwhile: the session's
+    changes are not kept."""
 
     exit_code = BuildFailed.exit_code
 
@@ -86,6 +88,9 @@ def image_shell(config: Config, name: str, command: str | None = None,
             _prune_copied_up(upper, lowers)
             if not any(upper.iterdir()):
                 return None
+            if not image_exists(config, name):  # the rebuild would bring it back
+                raise ShellAborted(f"image {name} was deleted during the session: its "
+                                   "changes are dropped")
             tar = _save_layer(config, name, upper)
         return _add_layer(config, name, tar, command, progress)
 

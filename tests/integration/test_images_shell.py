@@ -18,6 +18,7 @@ import pytest
 from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
 from provisiond.images import build_image, chroot, load_manifest
+from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
 from tests.tools import private_deb_cache
 
@@ -262,6 +263,33 @@ def test_an_empty_command_is_refused_not_an_interactive_shell(tiny):
         "provisiond: error: --command is empty: give a command, or leave --command out "
         "for an interactive shell"], proc.stderr
     assert load_manifest(config, "tiny") == before
+
+
+def test_an_image_deleted_during_the_session_stays_deleted(tiny):
+    """`image delete` while a shell ran on the image: the shell's clean exit listed its
+    layer and rebuilt the image from its recipe, so the deleted image came back."""
+    config, _ = tiny
+    first = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", "touch /etc/marker && read -t 300 line"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        layers = config.state_dir / "cache/layers"
+        wait_for(lambda: any(layers.glob("shell-tiny.*/upper/etc/marker")), "the shell")
+        code, output = run_cli(config, "image", "delete", "tiny")
+        assert code == 0, output
+        out, err = first.communicate("go\n", timeout=300)
+    finally:
+        if first.poll() is None:
+            first.stdin.close()
+            first.wait(timeout=120)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    assert err.strip().splitlines()[-1] == (
+        "provisiond: error: image tiny was deleted during the session: its changes are "
+        "dropped"), err
+    assert not image_exists(config, "tiny")
+    assert not (config.images_dir / "tiny").exists()
+    assert left_behind(config) == []
 
 
 def test_an_image_not_built_is_one_line(tiny):
