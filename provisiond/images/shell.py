@@ -2,8 +2,9 @@
 exit its changes become one new top layer.
 
 The image's cached layer trees are mounted read-only under an overlayfs upper dir of the
-session's own. Exit 0: the upper dir is written as an OCI layer tarball (`.wh.` whiteouts
-for deletions) to `images/<name>/shell/`, listed in `images/<name>/shell.json` as a `tar`
+session's own. Exit 0: the upper dir, less the logs and caches package tools leave (as
+in a recipe's `run` layer), is written as an OCI layer tarball (`.wh.` whiteouts for
+deletions) to `images/<name>/shell/`, listed in `images/<name>/shell.json` as a `tar`
 layer after the recipe's, and the image is rebuilt: every other layer is cached, so only
 that one is new. Any other exit, a signal or Ctrl-C: the upper dir is thrown away.
 
@@ -39,7 +40,7 @@ from provisiond.images.layers import is_opaque
 from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
                                           manifest_entry)
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
-from provisiond.images.steps import no_services
+from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
@@ -85,6 +86,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
             if code != 0:
                 how = f"signal {-code}" if code < 0 else f"status {code}"
                 raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
+            drop_volatile(upper)  # as from a recipe's `run` layer: apt's lists, logs...
             _prune_copied_up(upper, lowers)
             if not any(upper.iterdir()):
                 return None

@@ -98,6 +98,24 @@ def test_deletions_become_whiteouts(tiny, tmp_path):
     assert (root / "etc/passwd").is_file()
 
 
+def test_package_tool_logs_and_caches_stay_out_of_the_layer(tiny):
+    """`apt-get install` in the session put apt's lists and caches, its logs and dpkg's
+    into the layer (tens of MB in every node's RAM, and a different digest every time),
+    where a recipe's `run` or `packages` layer drops them (steps.drop_volatile)."""
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command", " && ".join([
+        "mkdir -p /var/log/apt /var/lib/apt/lists /var/cache/apt/archives",
+        "echo when > /var/log/apt/history.log", "echo when > /var/log/dpkg.log",
+        "echo list > /var/lib/apt/lists/deb.debian.org_Packages",
+        "echo deb > /var/cache/apt/archives/htop.deb", "echo 1234 > /etc/machine-id",
+        "touch /etc/marker"]))
+    assert code == 0, output
+    tar = next((config.images_dir / "tiny/shell").glob("*.tar"))
+    with tarfile.open(tar) as layer:
+        files = {m.name: m.size for m in layer.getmembers() if m.isfile()}
+    assert files == {"etc/marker": 0, "etc/machine-id": 0}
+
+
 def test_no_change_adds_no_layer(tiny):
     config, before = tiny
     code, output = run_cli(config, "image", "shell", "tiny", "--command", "cat /etc/hostname")
