@@ -84,11 +84,15 @@ def register(subparsers) -> None:
         "shell", help="a shell in a writable copy of an image; changes become a new layer",
         description="Run a shell (or --command) as root in a chroot of the built image, "
                     "over an overlayfs of its layers. If it exits 0 (leave with `exit 0`), "
-                    "what it changed becomes one new top layer (deletions as whiteouts) "
-                    "and the image is rebuilt, reusing every other layer; any other exit or "
-                    "Ctrl-C keeps the image as it was. The layer is kept under "
-                    "<state>/images/NAME/shell/ and stays on top through later builds "
-                    "until the image is deleted.")
+                    "what it changed becomes one new top layer (deletions as whiteouts; "
+                    "package tools' logs and caches left out, as in a recipe's run layer) "
+                    "and the image is rebuilt, reusing every other layer; any other exit, "
+                    "Ctrl-C or a hangup keeps the image as it was (an interactive shell on "
+                    "a terminal that ends with another status asks first). The host's "
+                    "/proc, /sys, /dev and, read-only, /etc/resolv.conf are mounted in "
+                    "the chroot: set the image's resolv.conf in its recipe. The layer is "
+                    "kept under <state>/images/NAME/shell/ and stays on top through later "
+                    "builds until the image is deleted.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",
                        help="run CMD (bash -c, else sh -c) instead of an interactive shell")
@@ -202,13 +206,23 @@ def _credentials(args, ctx) -> Credentials | None:
 
 
 def cmd_shell(args, ctx) -> int:
+    keep = _ask_yes if args.command is None and sys.stdin.isatty() else None
     with interrupt_on_term(), Progress(sys.stderr) as progress:
-        manifest = image_shell(ctx.config, args.name, args.command, progress)
+        manifest = image_shell(ctx.config, args.name, args.command, progress, keep)
     if manifest is None:
         ctx.print_line(f"{args.name}: nothing changed, no layer added")
         return 0
     _summary(ctx, manifest, False)
     return 0
+
+
+def _ask_yes(question: str) -> bool:
+    """A 'y' or 'yes' typed at the terminal; anything else, or Ctrl-D, is a no."""
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        print(file=sys.stderr)
+        return False
 
 
 def _summary(ctx, manifest: dict, as_json: bool) -> None:

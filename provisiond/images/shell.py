@@ -71,8 +71,12 @@ class ShellBusy(Conflict):
 
 
 def image_shell(config: Config, name: str, command: str | None = None,
-                progress=None) -> dict | None:
-    """Run the session; returns the new manifest, or None when nothing changed."""
+                progress=None, keep=None) -> dict | None:
+    """Run the session; returns the new manifest, or None when nothing changed.
+
+    `keep(question)`, when given, is asked whether to keep the changes of an interactive
+    shell that ended with a non-zero status (`exit` after a failed command gives its
+    status); without it, or on a no, they are dropped."""
     if command is not None and not command.strip():
         raise InvalidInput("--command is empty: give a command, or leave --command out for "
                            "an interactive shell")
@@ -83,12 +87,15 @@ def image_shell(config: Config, name: str, command: str | None = None,
             code = _run(lowers, upper, work, command)
             if code == -signal.SIGINT:
                 raise ShellInterrupted(f"image {name} unchanged: interrupted (Ctrl-C)")
-            if code != 0:
-                how = f"signal {-code}" if code < 0 else f"status {code}"
-                raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
             drop_volatile(upper)  # as from a recipe's `run` layer: apt's lists, logs...
             _prune_copied_up(upper, lowers)
-            if not any(upper.iterdir()):
+            changed = any(upper.iterdir())
+            if code != 0 and not (changed and command is None and keep and code > 0 and keep(
+                    f"the shell ended with status {code}: keep its changes as a new layer "
+                    f"of {name}?")):
+                how = f"signal {-code}" if code < 0 else f"status {code}"
+                raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
+            if not changed:
                 return None
             if not image_exists(config, name):  # the rebuild would bring it back
                 raise ShellAborted(f"image {name} was deleted during the session: its "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -307,6 +308,53 @@ def test_an_image_deleted_during_the_session_stays_deleted(tiny):
         "dropped"), err
     assert not image_exists(config, "tiny")
     assert not (config.images_dir / "tiny").exists()
+    assert left_behind(config) == []
+
+
+def read_until(fd: int, text: str, seen: bytearray, seconds: float = 120) -> None:
+    """Read the terminal's output into `seen` until it holds `text`, bounded."""
+    deadline = time.monotonic() + seconds
+    while text.encode() not in seen:
+        assert time.monotonic() < deadline, f"no {text!r} in {bytes(seen)!r}"
+        ready, _, _ = select.select([fd], [], [], 1)
+        if ready:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:  # the terminal's other end closed: provisiond ended
+                assert text.encode() in seen, f"no {text!r} in {bytes(seen)!r}"
+
+
+@pytest.mark.parametrize("answer", ["y", "n"])
+def test_an_interactive_shell_left_with_a_failed_status_asks(tiny, answer):
+    """`exit` (or Ctrl-D) after a command that failed ends an interactive shell with that
+    command's status: the whole session's work was thrown away without a word of warning.
+    On a terminal, provisiond now asks whether to keep it."""
+    config, before = tiny
+    main_fd, other = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny"], stdin=other, stdout=other, stderr=other, start_new_session=True)
+    os.close(other)
+    seen = bytearray()
+    try:
+        read_until(main_fd, "(image shell) # ", seen)
+        os.write(main_fd, b"touch /etc/kept; false\n")
+        os.write(main_fd, b"exit\n")
+        read_until(main_fd, "[y/N] ", seen)
+        os.write(main_fd, f"{answer}\n".encode())
+        assert proc.wait(timeout=120) == (0 if answer == "y" else BuildFailed.exit_code), seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main_fd)
+    assert b"the shell ended with status 1: keep its changes as a new layer of tiny?" in seen
+    if answer == "y":
+        tar = next((config.images_dir / "tiny/shell").glob("*.tar"))
+        with tarfile.open(tar) as layer:
+            assert layer.getnames() == ["etc", "etc/kept"]
+    else:
+        assert load_manifest(config, "tiny") == before
     assert left_behind(config) == []
 
 
