@@ -46,9 +46,6 @@ from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
 OVERLAY_XATTRS = "trusted.overlay."
-# The session's own environment: no history file (bash wrote what the admin typed, a
-# password given to chpasswd too, to /root/.bash_history: into the layer), none for less.
-SESSION_ENV = {"PS1": "(image shell) # ", "HISTFILE": "", "LESSHISTFILE": "-"}
 
 
 class ShellAborted(ProvisiondError):
@@ -84,7 +81,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
     manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
     with _hangup_interrupts(), _only_shell(config, name):
         with _session(config, name) as (lowers, upper, work):
-            code = _run(lowers, upper, work, command)
+            code = _run(lowers, upper, work, command, name)
             if code == -signal.SIGINT:
                 raise ShellInterrupted(f"image {name} unchanged: interrupted (Ctrl-C)")
             drop_volatile(upper)  # as from a recipe's `run` layer: apt's lists, logs...
@@ -189,7 +186,8 @@ def _clear_session(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> int:
+def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
+         name: str) -> int:
     """The shell's exit status (negative: the signal that ended it). This process waits
     through Ctrl-C as system(3) does: the terminal's SIGINT ends the command, not us."""
     with chroot.overlay(lowers, upper, work / "w", work / "merged") as root, \
@@ -199,7 +197,7 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> in
         if shell is None:
             raise BuildFailed("the image has neither /bin/bash nor /bin/sh")
         argv = ["chroot", str(root), shell] + (["-i"] if command is None else ["-c", command])
-        env = {**chroot.chroot_env(), **SESSION_ENV, "TERM": os.environ.get("TERM", "dumb")}
+        env = {**chroot.chroot_env(), **_session_env(name)}
         previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
         try:
             proc = subprocess.Popen(argv, env=env, cwd="/")
@@ -213,6 +211,15 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None) -> in
                 chroot.end_processes_in(root)  # what it left running (`daemon &`)
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _session_env(name: str) -> dict[str, str]:
+    """The prompt says which image's shell this is (Debian's bash.bashrc sets its own PS1,
+    `root@HOST:/# ` as on the host, led by $debian_chroot); no history file (bash wrote
+    what the admin typed, a password given to chpasswd too, into /root/.bash_history: the
+    layer), none for less; the terminal's TERM."""
+    return {"PS1": f"(image shell {name}) # ", "debian_chroot": f"image shell {name}",
+            "HISTFILE": "", "LESSHISTFILE": "-", "TERM": os.environ.get("TERM", "dumb")}
 
 
 def _prune_copied_up(upper: Path, lowers: list[Path]) -> None:

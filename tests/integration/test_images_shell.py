@@ -232,7 +232,7 @@ def test_a_killed_shell_s_session_is_cleared_by_the_next(tiny):
 
 def with_bash(config) -> str:
     """tinybash: tiny with the host's bash and the libraries it loads (the shell `image
-    shell` prefers, as in a Debian image), built on tiny's cached layers."""
+    shell` prefers) and Debian's bash.bashrc prompt, built on tiny's cached layers."""
     recipe = config.state_dir / "recipes/tinybash"
     files = recipe / "files"
     shutil.rmtree(recipe, ignore_errors=True)
@@ -243,6 +243,9 @@ def with_bash(config) -> str:
     for path in needed:
         (files / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, files / path.lstrip("/"))
+    (files / "etc").mkdir(exist_ok=True)  # Debian's prompt, as its /etc/bash.bashrc sets it
+    (files / "etc/bash.bashrc").write_text(
+        "[ -z \"$PS1\" ] && return\nPS1='${debian_chroot:+($debian_chroot)}\\u@\\h:\\w\\$ '\n")
     (recipe / "image.yaml").write_text(
         "description: tiny with bash\nlayers:\n  - {kind: image, name: tiny}\n"
         "  - kind: copy\n    files:\n      - {src: files, dest: /}\n")
@@ -267,6 +270,18 @@ def test_an_interactive_bash_leaves_no_history_in_the_image(tiny):
     assert "typed-by-the-admin" in proc.stdout, proc.stdout  # bash ran it
     assert f"{name}: nothing changed, no layer added" in proc.stdout, proc.stdout
     assert load_manifest(config, name) == before
+
+
+def test_a_debian_bash_prompt_says_it_is_the_image_shell(tiny):
+    """Debian's /etc/bash.bashrc sets PS1 over ours: the session's prompt was
+    `root@HOST:/# `, the host's own root prompt. debian_chroot is what it shows first."""
+    config, _ = tiny
+    name = with_bash(config)
+    proc = subprocess.run(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", name], input="exit 0\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"(image shell {name})root@" in proc.stderr, proc.stderr
 
 
 def test_an_empty_command_is_refused_not_an_interactive_shell(tiny):
@@ -337,7 +352,7 @@ def test_an_interactive_shell_left_with_a_failed_status_asks(tiny, answer):
     os.close(other)
     seen = bytearray()
     try:
-        read_until(main_fd, "(image shell) # ", seen)
+        read_until(main_fd, "(image shell tiny) # ", seen)
         os.write(main_fd, b"touch /etc/kept; false\n")
         os.write(main_fd, b"exit\n")
         read_until(main_fd, "[y/N] ", seen)
