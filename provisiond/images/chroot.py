@@ -85,21 +85,46 @@ def overlay(lowers: list[Path], upper: Path | None, work: Path, merged: Path
         umount(merged)
 
 
+# the chroot's own /dev (a tmpfs): what packages' scripts and a shell session use, and
+# nothing of the host's to remove or write over (the host's /dev bound in, `rm /dev/null` in
+# an image shell removed the host's)
+DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
+           "urandom": (1, 9), "tty": (5, 0)}
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+
+
 @contextlib.contextmanager
 def system_mounts(root: Path) -> Iterator[None]:
-    """/proc, /sys, /dev (bind) and a resolv.conf for apt inside root, undone after."""
+    """/proc, /sys, a /dev of its own (the host's terminals in /dev/pts) and a resolv.conf
+    for apt inside root, undone after."""
     done: list[Path] = []
+    dev = root / "dev"
     try:
         for target, argv in (("proc", ["-t", "proc", "proc"]), ("sys", ["-t", "sysfs", "sys"]),
-                             ("dev", ["--bind", "/dev"])):
+                             ("dev", ["-t", "tmpfs", "-o", "mode=0755,size=16m,nosuid",
+                                      "provisiond-dev"]),
+                             ("dev/pts", ["--bind", "/dev/pts"]),
+                             ("dev/shm", ["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev",
+                                          "shm"])):
             (root / target).mkdir(exist_ok=True)
             mount(*argv, str(root / target))
             done.append(root / target)
+            if target == "dev":
+                _make_devices(dev)
         with _host_resolv_conf(root):
             yield
     finally:
         for path in reversed(done):
             umount(path)
+
+
+def _make_devices(dev: Path) -> None:
+    for name, (major, minor) in DEVICES.items():
+        os.mknod(dev / name, 0o20666, os.makedev(major, minor))
+        os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, dev / name)
 
 
 @contextlib.contextmanager

@@ -179,6 +179,28 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
                 _clear(root / rel, member)
                 member.name = rel
                 layer.extract(member, root, **TRUSTED)
+                _set_xattrs(root / rel, member)
+
+
+XATTR_RECORD = "SCHILY.xattr."
+# not carried into a layer: overlayfs's own bookkeeping (an opaque dir is `.wh..wh..opq`) and
+# the building host's SELinux label (the node's policy labels its files)
+XATTRS_LEFT_OUT = ("trusted.overlay.", "security.selinux")
+
+
+def _set_xattrs(path: Path, member: tarfile.TarInfo) -> None:
+    """The entry's xattrs from its PAX `SCHILY.xattr.NAME` records (file capabilities such as
+    ping's cap_net_raw, user.* attributes), as GNU tar and image shell write them."""
+    for key, value in sorted(member.pax_headers.items()):
+        name = key[len(XATTR_RECORD):]
+        if not key.startswith(XATTR_RECORD) or name.startswith(XATTRS_LEFT_OUT):
+            continue
+        try:
+            os.setxattr(path, name, value.encode("utf-8", "surrogateescape"),
+                        follow_symlinks=False)
+        except OSError as exc:
+            raise BuildFailed(f"layer entry {member.name!r}: cannot set its xattr {name}: "
+                              f"{exc.strerror}") from None
 
 
 def _check_inside(root: Path, parent: str, member: tarfile.TarInfo) -> None:

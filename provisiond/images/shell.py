@@ -39,13 +39,12 @@ from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import is_opaque
 from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
                                           manifest_entry)
-from provisiond.images.oci import WH_OPAQUE, WH_PREFIX
+from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
-OVERLAY_XATTRS = "trusted.overlay."
 
 
 class ShellAborted(ProvisiondError):
@@ -285,11 +284,11 @@ def write_layer(upper: Path, out) -> None:
 
 def _xattr_records(path: Path) -> dict[str, str]:
     """The file's xattrs as PAX records (values as tarfile takes bytes), sorted; less
-    overlayfs's own bookkeeping (its opaque mark is the `.wh..wh..opq` entry) and the
-    host's SELinux label."""
+    those no layer carries (oci.XATTRS_LEFT_OUT: overlayfs's own bookkeeping, whose opaque
+    mark is the `.wh..wh..opq` entry, and the host's SELinux label)."""
     names = sorted(n for n in os.listxattr(path, follow_symlinks=False)
-                   if not n.startswith(OVERLAY_XATTRS) and n != "security.selinux")
-    return {f"SCHILY.xattr.{n}": os.getxattr(path, n, follow_symlinks=False).decode(
+                   if not n.startswith(XATTRS_LEFT_OUT))
+    return {f"{XATTR_RECORD}{n}": os.getxattr(path, n, follow_symlinks=False).decode(
         "utf-8", "surrogateescape") for n in names}
 
 

@@ -366,3 +366,46 @@ def test_an_archive_index_of_the_wrong_shape_is_one_line(cli, config, tmp_path, 
     result = cli("image", "import", str(archive), "odd")
     assert result.code == BuildFailed.exit_code and result.err.count("\n") == 1, result.err
     assert message in result.err
+
+
+# cap_net_raw+ep as setcap writes it (VFS_CAP_REVISION_2, effective; permitted bit 13)
+CAP_NET_RAW = bytes([0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+
+
+def xattr_layer(records: dict[str, bytes]) -> io.BytesIO:
+    """One file, bin/ping, carrying `records` as SCHILY.xattr PAX records."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("bin/ping")
+        info.size, info.mode = 4, 0o755
+        info.pax_headers = {f"SCHILY.xattr.{name}": value.decode("utf-8", "surrogateescape")
+                            for name, value in records.items()}
+        tar.addfile(info, io.BytesIO(b"ping"))
+    buffer.seek(0)
+    return buffer
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="file capabilities need root")
+def test_a_layers_xattrs_reach_the_layer_tree_less_overlay_and_selinux_ones(tmp_path):
+    """File capabilities (ping's cap_net_raw, set by setcap in an image shell or a registry
+    image) and user.* attributes are kept; overlayfs's bookkeeping and the SELinux label of
+    the host that made the layer are not."""
+    from provisiond.images.oci import apply_layer
+
+    apply_layer(xattr_layer({"security.capability": CAP_NET_RAW, "user.site": b"pvlab",
+                             "trusted.overlay.opaque": b"y",
+                             "security.selinux": b"system_u:object_r:bin_t:s0"}), tmp_path)
+    ping = str(tmp_path / "bin" / "ping")
+    assert os.getxattr(ping, "security.capability") == CAP_NET_RAW
+    assert os.getxattr(ping, "user.site") == b"pvlab"
+    assert not {"trusted.overlay.opaque", "security.selinux"} & set(os.listxattr(ping))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="file capabilities need root")
+def test_an_xattr_the_host_refuses_is_one_line(tmp_path):
+    from provisiond.images.oci import apply_layer
+
+    with pytest.raises(BuildFailed) as failed:
+        apply_layer(xattr_layer({"security.capability": b"\xff junk"}), tmp_path)
+    assert str(failed.value).splitlines() == [
+        "layer entry 'bin/ping': cannot set its xattr security.capability: Invalid argument"]

@@ -14,6 +14,8 @@ import sys
 import tarfile
 import time
 
+from pathlib import Path
+
 import pytest
 
 from provisiond.config import load_config, write_default_config
@@ -123,6 +125,30 @@ def test_no_change_adds_no_layer(tiny):
     assert code == 0 and "nothing changed, no layer added" in output, output
     assert load_manifest(config, "tiny") == before
     assert not (config.images_dir / "tiny/shell.json").exists()
+
+
+def test_the_sessions_dev_is_its_own_not_the_hosts(tiny):
+    """The chroot's /dev was the host's, bound in: what a session (or a package's script)
+    made or removed there, it made or removed on the host (`rm /dev/null`). It is a tmpfs of
+    its own now, with the usual devices and the host's terminals (/dev/pts)."""
+    config, before = tiny
+    marker = Path("/dev/pvtest-shell-marker")
+    marker.unlink(missing_ok=True)
+    try:
+        code, output = run_cli(config, "image", "shell", "tiny", "--command", " && ".join([
+            "touch /dev/pvtest-shell-marker", "echo x > /dev/null",
+            "head -c 4 /dev/urandom | wc -c > /etc/random-bytes", "test -c /dev/tty",
+            "test -d /dev/pts && test -L /dev/fd"]))
+        made_on_host = marker.exists()
+    finally:
+        marker.unlink(missing_ok=True)
+    assert code == 0, output
+    assert not made_on_host
+    tar = next((config.images_dir / "tiny/shell").glob("*.tar"))
+    with tarfile.open(tar) as layer:
+        assert layer.getnames() == ["etc", "etc/random-bytes"]
+        assert layer.extractfile("etc/random-bytes").read().strip() == b"4"
+    assert left_behind(config) == []
 
 
 def test_a_failing_command_keeps_the_image_as_it_was(tiny):
