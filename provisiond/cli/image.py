@@ -88,9 +88,10 @@ def register(subparsers) -> None:
                     "package tools' logs and caches left out, as in a recipe's run layer) "
                     "and the image is rebuilt, reusing every other layer; any other exit, "
                     "Ctrl-C or a hangup keeps the image as it was (an interactive shell on "
-                    "a terminal that ends with another status asks first). The host's "
-                    "/proc, /sys, /dev and, read-only, /etc/resolv.conf are mounted in "
-                    "the chroot: set the image's resolv.conf in its recipe. The layer is "
+                    "a terminal that ends with another status asks first). /proc, /sys, a "
+                    "/dev of its own (with the host's terminals) and, read-only, the "
+                    "host's /etc/resolv.conf are mounted in the chroot: set the image's "
+                    "resolv.conf in its recipe. The layer is "
                     "kept under <state>/images/NAME/shell/ and stays on top through later "
                     "builds until the image is deleted.")
     shell.add_argument("name")
