@@ -21,9 +21,11 @@ POLICY_RC = "usr/sbin/policy-rc.d"
 RESOLV = Path("/etc/resolv.conf")
 
 
-# Capability bits (linux/capability.h) a build needs: mounts (overlayfs, /proc, /sys, /dev)
-# and chroot; the unprivileged `provisiond serve` of the systemd unit has neither.
-BUILD_CAPABILITIES = {21: "CAP_SYS_ADMIN (mounts)", 18: "CAP_SYS_CHROOT"}
+# Capability bits (linux/capability.h) a build needs: mounts (overlayfs, /proc, /sys, /dev),
+# chroot and the chroot's device nodes; the unprivileged `provisiond serve` of the systemd
+# unit has none of them.
+BUILD_CAPABILITIES = {21: "CAP_SYS_ADMIN (mounts)", 18: "CAP_SYS_CHROOT",
+                      27: "CAP_MKNOD (the chroot's /dev)"}
 
 
 def require_build_privileges(what: str = "an image build") -> None:
@@ -120,11 +122,14 @@ def system_mounts(root: Path) -> Iterator[None]:
 
 
 def _make_devices(dev: Path) -> None:
-    for name, (major, minor) in DEVICES.items():
-        os.mknod(dev / name, 0o20666, os.makedev(major, minor))
-        os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
-    for name, target in DEV_LINKS.items():
-        os.symlink(target, dev / name)
+    try:
+        for name, (major, minor) in DEVICES.items():
+            os.mknod(dev / name, 0o20666, os.makedev(major, minor))
+            os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
+        for name, target in DEV_LINKS.items():
+            os.symlink(target, dev / name)
+    except OSError as exc:
+        raise BuildFailed(f"cannot make the chroot's {exc.filename}: {exc.strerror}") from None
 
 
 @contextlib.contextmanager
