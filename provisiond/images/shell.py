@@ -103,8 +103,8 @@ def image_shell(config: Config, name: str, command: str | None = None,
 @contextlib.contextmanager
 def _hangup_interrupts() -> Iterator[None]:
     """A hangup (a dropped ssh session) ends the session as Ctrl-C does, its mounts undone:
-    SIGHUP's default ended this process at once, leaving the host's /dev mounted in the
-    session folder. In a thread other than the main one, signals are not ours to set."""
+    SIGHUP's default ended this process at once, leaving the chroot's mounts (the host's
+    /proc, /sys and terminals among them) in the session folder. In a thread other than the main one, signals are not ours to set."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -179,7 +179,8 @@ def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path
 
 def _clear_session(folder: Path) -> None:
     """End what still runs in a session's chroot, undo its mounts, remove its folder (in
-    that order: removing it with /dev still mounted in it would reach the host's /dev)."""
+    that order: removing it with its mounts in place would reach the host's /proc, /sys
+    and /dev/pts)."""
     chroot.end_processes_in(folder)
     chroot.unmount_below(folder)
     shutil.rmtree(folder, ignore_errors=True)
