@@ -8,7 +8,8 @@
 - An unprivileged user on the VM (over ssh) reads no credential, fetches no runtime overlay,
   and cannot exchange a token of their own.
 - `secret rotate n4 ssh-host-keys`: after the agent's refresh (the unit its timer starts),
-  ssh-keyscan sees the new host key; the VM did not reboot.
+  ssh-keyscan sees the new host key; the VM did not reboot. Rotated again and
+  `systemctl restart provisiond-agent` by hand: sshd is reloaded and serves the newest key.
 """
 
 from __future__ import annotations
@@ -173,6 +174,40 @@ def test_secret_rotate_reaches_the_running_vm_without_a_reboot(lab):
     assert seen == key_of(new), "ssh-keyscan still sees the old host key"
     same = lab.ssh(NODE, "cat /proc/sys/kernel/random/boot_id")  # with the new key
     assert same.returncode == 0 and same.stdout.strip() == boot_id, same
+    _restart_by_hand_reloads_sshd(lab, node, keys, boot_id)
+
+
+def _restart_by_hand_reloads_sshd(lab, node, keys, boot_id: str) -> None:
+    """Rotated again, then `systemctl restart provisiond-agent` (the boot's boot-start run
+    again, as an administrator would): the new keys are installed and sshd, already
+    running, is reloaded by the agent (queued without waiting: the restart must not hang on
+    the services ordered after the agent), so ssh-keyscan sees the newest key; no reboot."""
+    old = keys.read_text()
+    done = process.run(provision.provisiond_cmd(lab.state, "secret", "rotate", NODE,
+                                                "ssh-host-keys"), timeout=300)
+    assert "rotated ssh-host-keys of 1 node(s)" in done.stdout
+    new = keys.read_text()
+    assert key_of(new) != key_of(old)
+    hups = "journalctl -u ssh.service -o cat --no-pager | grep -c 'Received SIGHUP'"
+    before = lab.ssh(NODE, hups, host_key=old)
+    assert before.returncode in (0, 1), before  # grep -c: 1 when it counts none
+    restart = lab.ssh(NODE, "timeout 120 systemctl restart provisiond-agent.service && "
+                            "systemctl is-active provisiond-agent.service",
+                      host_key=old, timeout=180)
+    assert restart.returncode == 0 and restart.stdout.strip() == "active", restart
+    # sshd's reload (a queued job, run once the restart is done) re-executes it: a
+    # connection in that second is refused, so ssh is retried
+    deadline = time.monotonic() + 60
+    while True:
+        after = ssh_until(lab, f"cat /proc/sys/kernel/random/boot_id; {hups}", seconds=60)
+        assert after.returncode in (0, 1), after
+        if int(after.stdout.split()[1]) > int(before.stdout.strip()) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert after.stdout.split()[0] == boot_id, after
+    assert int(after.stdout.split()[1]) > int(before.stdout.strip()), (before, after)
+    assert _keyscan(lab, node) == key_of(new), "after the restart, sshd serves the old key"
 
 
 def _keyscan(lab, node) -> str:
