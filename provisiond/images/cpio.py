@@ -56,25 +56,33 @@ def walk_tree(root: Path, skip: Callable[[str], bool] = lambda rel: False, _rel:
 
 def pack_tree(root: Path, out: BinaryIO, extra: dict[str, bytes] | None = None,
               exclude: Callable[[str], bool] = lambda rel: False,
-              mtime: int = MTIME_CLAMP) -> int:
+              mtime: int = MTIME_CLAMP, copies: dict[str, str] | None = None) -> int:
     """Pack a layer tree (skipping whiteouts and excluded paths) plus `extra` files.
 
-    `extra` maps paths such as ".provisiond/whiteouts" to contents; their parent dirs are
+    `extra` maps paths such as ".provisiond/whiteouts" to contents; `copies` maps more
+    paths to entries of the tree packed again under them; the parent dirs of both are
     added if the tree lacks them. Returns the number of entries written.
     """
     writer, count = Writer(out, mtime=mtime), 0
-    extra = dict(extra or {})
-    extra_dirs = sorted({os.path.dirname(p) for p in extra if os.path.dirname(p)})
+    extra, copies = dict(extra or {}), dict(copies or {})
+    dirs = _parents([*extra, *copies])
     for rel, st in walk_tree(root, exclude):
         if is_whiteout(st):
             continue
         writer.add_path(rel, root / rel, st)
         count += 1
-        if rel in extra_dirs:
-            extra_dirs.remove(rel)
-    for rel in extra_dirs:
+        dirs.discard(rel)
+    for rel in sorted(dirs):
         writer.add(dir_entry(rel))
+    for rel in sorted(copies):
+        writer.add_path(rel, root / copies[rel], os.lstat(root / copies[rel]))
     for rel in sorted(extra):
         writer.add(file_entry(rel, extra[rel]))
     writer.close(numbered=True)
-    return count + len(extra_dirs) + len(extra)
+    return count + len(dirs) + len(copies) + len(extra)
+
+
+def _parents(paths: list[str]) -> set[str]:
+    """Every parent directory of these relative paths ("a/b/c": "a" and "a/b")."""
+    parts = (path.split("/") for path in paths)
+    return {"/".join(p[:i]) for p in parts for i in range(1, len(p))}

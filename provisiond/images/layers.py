@@ -31,6 +31,11 @@ from provisiond.state.models import LayerRecord
 
 log = logging.getLogger("provisiond.images")
 WHITEOUTS = ".provisiond/whiteouts"
+# A layer's file or link where a lower layer has a directory is packed again under
+# REPLACING/<depth, 3 digits>/<path>; REPLACEMENTS lists those the node's /init moves into
+# place ("<depth>/<path>" a line). See replaced_dirs.
+REPLACEMENTS = ".provisiond/replacements"
+REPLACING = ".provisiond/replacements.d"
 OPAQUE = "trusted.overlay.opaque"
 
 
@@ -50,7 +55,7 @@ def layer_key(parent: str | None, kind: str, entry: dict, inputs: dict, compress
     """The cache key: a hash over the parent's key and everything the layer is made from
     (the mtime clamp too when SOURCE_DATE_EPOCH sets another one)."""
     doc = {"parent": parent, "kind": kind, "entry": entry, "inputs": inputs,
-           "compression": compression, "format": 3}
+           "compression": compression, "format": 4}
     if source_date_epoch() != MTIME_CLAMP:
         doc["epoch"] = source_date_epoch()
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -117,19 +122,24 @@ def _fill(plan: LayerPlan, upper: Path, work: Path, lowers: list[Path]) -> None:
 
 def _pack(config: Config, plan: LayerPlan, upper: Path, work: Path, parents: list[dict],
           compression: str) -> dict:
-    deletes = has_deletions(upper)
-    chain = [Layout.of(config).layer_tree(p["key"]) for p in parents] + [upper]
-    whiteouts = ""
+    trees = [Layout.of(config).layer_tree(p["key"]) for p in parents]
+    replaced = replaced_dirs(upper, trees)
+    deletes = bool(replaced) or has_deletions(upper)  # a replaced dir's files are deleted
+    lists = {WHITEOUTS: ""}
     if deletes or any(p.get("deletes") for p in parents):
-        whiteouts = final_whiteouts(chain, work / "view")
+        lists = final_lists(trees + [upper], [p.get("replaced", []) for p in parents]
+                            + [replaced], work / "view")
+    side = f"{REPLACING}/{len(parents):03d}"
     with open_blob(config) as blob:
         with compressed(blob.hashing, compression) as stream:
-            entries = pack_tree(upper, stream, {WHITEOUTS: whiteouts.encode()},
-                                exclude=is_kernel_file, mtime=source_date_epoch())
+            entries = pack_tree(upper, stream, {k: v.encode() for k, v in lists.items()},
+                                exclude=is_kernel_file, mtime=source_date_epoch(),
+                                copies={f"{side}/{rel}": rel for rel in replaced})
         digest = blob.commit()
     return {"key": plan.key, "digest": digest, "size": blob.size, "kind": plan.kind,
             "compression": compression, "description": plan.description,
-            "entries": entries, "deletes": deletes, "whiteouts": whiteouts.count("\n")}
+            "entries": entries, "deletes": deletes,
+            "whiteouts": lists[WHITEOUTS].count("\n"), "replaced": replaced}
 
 
 def has_deletions(tree: Path) -> bool:
@@ -149,25 +159,80 @@ def is_opaque(path: Path) -> bool:
         return False
 
 
-def final_whiteouts(chain: list[Path], view: Path) -> str:
+def replaced_dirs(upper: Path, lowers: list[Path]) -> list[str]:
+    """Paths where `upper` has a non-directory and a lower tree a directory, sorted.
+
+    The kernel's initramfs unpacking removes an entry of another type with rmdir, which
+    fails on a directory that is not empty (init/initramfs.c, clean_path), so the layer's
+    file or link would never be written there. Whiteouts or opaque dirs in between do not
+    matter: the kernel unpacks every layer. Only real directories count (none below a
+    symlink of the lower tree, which the kernel would not unpack either).
+    """
+    found: list[str] = []
+    real = {"": [(str(tree), _subdirs(str(tree))) for tree in lowers]}
+    for rel, st in walk_tree(upper, is_kernel_file):  # each directory before its contents
+        parent, name = os.path.split(rel)
+        holding = [path for path, subdirs in real.get(parent, ()) if name in subdirs]
+        if stat.S_ISDIR(st.st_mode):  # where rel is a real directory, and its subdirs
+            real[rel] = [(f"{path}/{name}", _subdirs(f"{path}/{name}")) for path in holding]
+        elif holding and not is_whiteout(st):
+            found.append(rel)
+    return found
+
+
+def _subdirs(path: str) -> set[str]:
+    """The names of the directories in `path` (not of symlinks to one)."""
+    try:
+        with os.scandir(path) as entries:
+            return {entry.name for entry in entries if entry.is_dir(follow_symlinks=False)}
+    except OSError:
+        return set()
+
+
+def final_lists(chain: list[Path], replaced: list[list[str]], view: Path) -> dict[str, str]:
+    """The files the top of `chain` carries for the node's /init: the image's whiteout
+    list and, when a layer of the chain replaced a directory (`replaced`: replaced_dirs of
+    each layer, bottom first), its replacement list."""
+    with chroot.overlay(list(reversed(chain)), None, view / "w", view / "merged") as merged:
+        present = dict(walk_tree(merged))
+    lists = {WHITEOUTS: whiteout_list(chain, present)}
+    if any(replaced):
+        lists[REPLACEMENTS] = replacement_list(replaced, present)
+    return lists
+
+
+def whiteout_list(chain: list[Path], present: dict[str, os.stat_result]) -> str:
     """Paths the kernel unpacks from these layers that the final image must not have.
 
-    The union of every layer's packed paths, minus what the merged overlay view shows;
-    a listed directory covers its children. One absolute path per line.
+    The union of every layer's packed paths, minus what the merged overlay view shows
+    (`present`); a listed directory covers its children. One absolute path per line.
     """
     unpacked: set[str] = set()
     for tree in chain:
         unpacked.update(rel for rel, st in walk_tree(tree, is_kernel_file)
                         if not is_whiteout(st))
-    with chroot.overlay(list(reversed(chain)), None, view / "w", view / "merged") as merged:
-        present = {rel for rel, _ in walk_tree(merged)}
-    gone = unpacked - present
+    gone = unpacked - present.keys()
     kept = [rel for rel in sorted(gone) if not _has_parent_in(rel, gone)]
-    for rel in kept:
-        if "\n" in rel:  # the list has one path a line: "x\n/etc" would list /etc
-            raise BuildFailed(f"the image deletes {'/' + rel!r}, whose name has a newline: "
-                              "the whiteout list cannot hold it")
-    return "".join(f"/{rel}\n" for rel in kept)
+    return "".join(f"/{_one_a_line(rel, 'deletes', 'whiteout')}\n" for rel in kept)
+
+
+def replacement_list(replaced: list[list[str]], present: dict[str, os.stat_result]) -> str:
+    """`<depth>/<path>` a line for each replaced path the final image (`present`) shows as
+    a non-directory: the entry of the highest layer that replaced it, the one the merged
+    view shows (a layer above with that path has it as a directory, or replaced it too).
+    The whiteouts have emptied the kernel's directory there when /init moves it in."""
+    top = {rel: depth for depth, paths in enumerate(replaced) for rel in paths}
+    kept = [rel for rel in sorted(top)
+            if rel in present and not stat.S_ISDIR(present[rel].st_mode)]
+    return "".join(f"{top[rel]:03d}/{_one_a_line(rel, 'replaces', 'replacement')}\n"
+                   for rel in kept)
+
+
+def _one_a_line(rel: str, verb: str, name: str) -> str:
+    if "\n" in rel:  # the lists have one path a line: "x\n/etc" would list /etc
+        raise BuildFailed(f"the image {verb} {'/' + rel!r}, whose name has a newline: "
+                          f"the {name} list cannot hold it")
+    return rel
 
 
 def _has_parent_in(rel: str, paths: set[str]) -> bool:

@@ -136,7 +136,8 @@ class ImageManifest(Document):
 
 class LayerRecord(Document):
     """A built layer in the layer cache: what the manifest lists, plus what the builder
-    needs to reuse it (entries packed, whether it deletes, its whiteout count)."""
+    needs to reuse it (entries packed, whether it deletes, its whiteout count, the
+    directories of lower layers it replaces by a file or link)."""
 
     FORMAT: ClassVar[dict[str, Any]] = {"indent": 1}
     NEWLINE: ClassVar[bool] = True
@@ -150,6 +151,9 @@ class LayerRecord(Document):
     entries: int = 0
     deletes: bool = False
     whiteouts: int = 0
+    replaced: list[str] = []
+    """paths (relative) where its file or link replaces a lower layer's directory
+    (provisiond.images.layers.replaced_dirs)"""
     build_seconds: Number = 0.0
     mounted: dict[str, Any] | None = None
     """its mounted form (provisiond.images.squash)"""

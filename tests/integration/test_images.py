@@ -197,6 +197,47 @@ def test_deletions_become_the_final_images_whiteouts(lab, tmp_path):
         "/etc/hostname", "/etc/hosts", "/usr/share/udhcpc"]
 
 
+def unpack_layer(config, layer: dict, dest: Path) -> Path:
+    """One layer's blob alone, unpacked with the real cpio tool."""
+    return unpack(config, {"layers": [layer]}, dest)
+
+
+def test_a_directory_replaced_by_a_link_or_file_is_packed_beside_its_layer(lab, tmp_path):
+    """The kernel cannot put a link or file over a directory with files (the node's side:
+    test_mounted_layers_boot.py): the layer that does carries it again under
+    .provisiond/replacements.d/<depth>/, and each image's top layer lists those its
+    final tree shows, for a layer shared by images that differ above it."""
+    add_recipe(lab, "replaced", {"layers": [
+        {"kind": "image", "name": "tiny"},
+        {"kind": "run", "commands": ["mkdir -p /opt/link /opt/file",
+                                     "echo a > /opt/link/a && echo a > /opt/file/a"]},
+        {"kind": "run", "commands": ["rm -rf /opt/link && ln -s /srv/x /opt/link",
+                                     "rm -rf /opt/file && echo file > /opt/file"]}]})
+    add_recipe(lab, "replaced-back", {"layers": [
+        {"kind": "image", "name": "replaced"},
+        {"kind": "run", "commands": ["rm /opt/link && mkdir /opt/link",
+                                     "echo new > /opt/link/new"]}]})
+    config = lab["config"]
+    replaced, back = build_image(config, "replaced"), build_image(config, "replaced-back")
+    assert back["layers"][:4] == replaced["layers"]
+    lower = unpack_layer(config, replaced["layers"][2], tmp_path / "lower")
+    assert not (lower / ".provisiond/replacements").exists()  # layers packed as before
+    top = unpack_layer(config, replaced["layers"][3], tmp_path / "top")
+    assert (top / ".provisiond/replacements").read_text() == "003/opt/file\n003/opt/link\n"
+    assert os.readlink(top / ".provisiond/replacements.d/003/opt/link") == "/srv/x"
+    assert (top / ".provisiond/replacements.d/003/opt/file").read_text() == "file\n"
+    assert (top / ".provisiond/whiteouts").read_text() == "/opt/file/a\n/opt/link/a\n"
+    above = unpack_layer(config, back["layers"][4], tmp_path / "above")
+    assert (above / ".provisiond/replacements").read_text() == "003/opt/file\n"
+    assert (above / ".provisiond/whiteouts").read_text() == "/opt/file/a\n/opt/link/a\n"
+    assert not (above / ".provisiond/replacements.d").exists()
+    fresh = tmp_path / "fresh"
+    write_default_config(fresh)
+    (fresh / "provisiond.yaml").write_text(yaml.safe_dump({"image_dirs": [str(lab["recipes"])]}))
+    again = build_image(load_config(fresh), "replaced-back")
+    assert [l["digest"] for l in again["layers"]] == [l["digest"] for l in back["layers"]]
+
+
 BAD_RECIPES = {
     "unknown kind": ({"kind": "frobnicate"}, "layer 2: unknown kind 'frobnicate'"),
     "missing file": ({"kind": "copy", "files": [{"src": "files/nope", "dest": "/x"}]},

@@ -1,9 +1,11 @@
 """Mounted layers boot for real, without network: an image on top of tiny that deletes a
 file (a whiteout), replaces a directory (an opaque dir), has a symlink an overlay
 replaces and a directory symlink (/var/run -> /run) where a site overlay has a directory,
-a file deleted by one layer and made again by the next, its kernel blob and initrds as
-the iPXE script orders them, handed to QEMU (TCG). The mounted boot must show the same
-root as the unpacked one, on an overlayfs root stacked from read-only squashfs layers."""
+a file deleted by one layer and made again by the next, non-empty directories a later layer
+replaces by a symlink or a file (one made a directory again, one inside a directory deleted
+in between), its kernel blob and initrds as the iPXE script orders them, handed to QEMU
+(TCG). The mounted boot must show the same root as the unpacked one, on an overlayfs root
+stacked from read-only squashfs layers."""
 
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ echo "CHECK: link to $(readlink /etc/systemd/system/multi-user.target.wants/syst
 echo "CHECK: old mtime $(stat -c %Y /etc/old)"
 [ -d /var/run ] && [ ! -L /var/run ] && echo "CHECK: var/run is the overlay's dir: $(ls /var/run)"
 echo "CHECK: remade: $(cat /etc/remade)"
+[ -e /var/run/old ] && echo "CHECK: var/run old content shows"
+echo "CHECK: opt/link -> $(readlink /opt/link)"
+[ -f /opt/file ] && echo "CHECK: opt/file is a file: $(cat /opt/file) $(stat -c %a /opt/file)"
+[ -d /opt/back ] && [ ! -L /opt/back ] && echo "CHECK: opt/back is a dir:" $(ls /opt/back)
+echo "CHECK: opt/gone holds" $(ls /opt/gone) "-> $(readlink /opt/gone/inner)"
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
@@ -44,6 +51,18 @@ WANTS = "/etc/systemd/system/multi-user.target.wants"
 RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args":
           ["console=ttyS0"], "layers": [
               {"kind": "image", "name": "tiny"},
+              {"kind": "run", "commands": [  # non-empty directories the next layers replace
+                  "mkdir -p /opt/link /opt/file /opt/back/sub /opt/gone/inner",
+                  "for d in var/run opt/link opt/file opt/back/sub opt/gone/inner; do "
+                  "echo old > /$d/old; done"]},
+              {"kind": "run", "commands": [
+                  "rm -rf /opt/link && ln -s /srv/x /opt/link",
+                  "rm -rf /opt/file && echo file > /opt/file && chmod 640 /opt/file",
+                  "rm -rf /opt/back && ln -s /srv/back /opt/back",
+                  "rm -rf /opt/gone"]},
+              {"kind": "run", "commands": [
+                  "rm /opt/back && mkdir /opt/back && echo new > /opt/back/new",
+                  "mkdir /opt/gone && ln -s /srv/inner /opt/gone/inner"]},
               {"kind": "run", "commands": [
                   "rm /etc/os-release",
                   "touch -t 202005050000 /etc/old",  # older than the clamp: kept
@@ -135,6 +154,13 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     # directory") and the node got a shell instead of its init
     assert "CHECK: var/run is the overlay's dir: marker" in log, log[-3000:]
     assert "CHECK: remade: new" in log
+    # directories with files a later layer replaces: the kernel's unpacking cannot put a
+    # link or file over them (its rmdir fails), the unpacked boot ended with empty dirs
+    assert "CHECK: opt/link -> /srv/x" in log, log[-3000:]
+    assert "CHECK: opt/file is a file: file 640" in log
+    assert "CHECK: opt/back is a dir: new" in log  # a link again replaced by a dir
+    assert "CHECK: opt/gone holds inner -> /srv/inner" in log  # in a dir deleted between
+    assert "CHECK: var/run old content shows" not in log  # the overlay's dir wins whole
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]
