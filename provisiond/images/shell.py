@@ -12,6 +12,8 @@ One shell at a time per image: a second is refused naming the first's PID (both 
 list their layer on the same top, and the later one's rebuild would carry changes made
 without seeing the other's). shell.json is changed under its lock, read then written, so
 shells of different images and a failed rebuild taking its entry back lose nobody's entry.
+
+gc does not wait for a session: it keeps the layer trees the session's `lowers` file names.
 """
 
 from __future__ import annotations
@@ -153,27 +155,35 @@ def _holder(fd: int, wait: float) -> str:
 
 @contextlib.contextmanager
 def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path]]:
-    """The image's layer trees (top first) and a fresh upper and work dir, removed after;
-    gc is held off meanwhile (it would take the trees from under the mount). Called under
-    the image's shell lock: a session folder of the image's found here is a killed
-    shell's (SIGKILL, the OOM killer), and is cleared first."""
-    manifest = load_manifest(config, name)
-    with locked(gc_lock(config), shared=True):
-        layout = Layout.of(config)
-        prefix = f"shell-{name}."
-        for stale in layout.layers.glob(f"{prefix}*"):
-            if "." not in stale.name[len(prefix):]:  # not `shell-a.b.*` of an older name
-                _clear_session(stale)
-        lowers = [layout.layer_tree(layer["key"]) for layer in reversed(manifest["layers"])]
-        missing = [path.name[:12] for path in lowers if not path.is_dir()]
-        if missing:
-            raise BuildFailed(f"image {name}: cached layer trees are gone ({', '.join(missing)}"
-                              f"): run `provisiond image build {name}` first")
-        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=layout.layers))
-        try:
-            (folder / "upper").mkdir()
-            yield lowers, folder / "upper", folder / "work"
-        finally:
+    """The image's layer trees (top first) and a fresh upper and work dir, removed after.
+    The trees' keys go in the session's `lowers` file, gc held off until they are there:
+    gc keeps what it names (it would take the trees from under the mount), and no longer
+    waits for the session to end (`image gc` waited silently while a shell was open).
+    Called under the image's shell lock: a session folder of the image's found here is a
+    killed shell's (SIGKILL, the OOM killer), and is cleared first."""
+    layout = Layout.of(config)
+    prefix = layout.shell_session(name, "").name
+    folder = None
+    try:
+        with locked(gc_lock(config), shared=True):
+            manifest = load_manifest(config, name)
+            for stale in layout.layers.glob(f"{prefix}*"):
+                if "." not in stale.name[len(prefix):]:  # not `shell-a.b.*` of an older name
+                    _clear_session(stale)
+            keys = [layer["key"] for layer in reversed(manifest["layers"])]
+            lowers = [layout.layer_tree(key) for key in keys]
+            missing = [path.name[:12] for path in lowers if not path.is_dir()]
+            if missing:
+                raise BuildFailed(f"image {name}: cached layer trees are gone "
+                                  f"({', '.join(missing)}): run `provisiond image build "
+                                  f"{name}` first")
+            folder = Path(tempfile.mkdtemp(prefix=prefix, dir=layout.layers))
+            write_atomic(folder / "lowers", "".join(f"{key}\n" for key in keys),
+                         durable=False)
+        (folder / "upper").mkdir()
+        yield lowers, folder / "upper", folder / "work"
+    finally:
+        if folder is not None:
             _clear_session(folder)
 
 

@@ -210,6 +210,12 @@ class Layout:
     def layer_lock(self, key: str):
         return self.layers / "locks" / f"{key}.lock"
 
+    @entry("cache/layers/shell-<image>.<random>/", "an `image shell` session: its overlayfs "
+           "`upper/` and `work/`, and `lowers`, the keys of the layer trees it mounts (gc "
+           "keeps those); removed as it ends (after a SIGKILL, by the next shell on the image)")
+    def shell_session(self, image: str, random: str):
+        return self.layers / f"shell-{image}.{random}"
+
     @entry("cache/logs/<recipe>.log", "the output of a recipe's build steps")
     def build_log(self, recipe: str):
         return self.root / CACHE_NAME / "logs" / f"{recipe}.log"

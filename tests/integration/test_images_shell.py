@@ -491,3 +491,42 @@ def test_two_shells_on_one_image_the_second_refused_other_images_go_on(tiny):
         (config.images_dir / "tiny2/shell.json").read_text())] == ["image shell: touch /y"]
     assert [layer["kind"] for layer in load_manifest(config, "tiny")["layers"]][-2:] == [
         "tar", "tar"]
+
+
+def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
+    """`image gc` waited, silently, for as long as a shell was open (the session held the
+    gc lock to keep the layer trees it mounts). gc runs now, and keeps those trees even
+    when no image references them any more (the image deleted during the session)."""
+    config, _ = tiny
+    recipe = config.state_dir / "recipes/tinygc"
+    (recipe / "files").mkdir(parents=True, exist_ok=True)
+    (recipe / "files/gc-marker").write_text(f"{os.getpid()}\n")
+    (recipe / "image.yaml").write_text(
+        "description: tiny and a file\nlayers:\n  - {kind: image, name: tiny}\n"
+        "  - kind: copy\n    files:\n      - {src: files/gc-marker, dest: /etc/gc-marker}\n")
+    top = build_image(config, "tinygc")["layers"][-1]["key"]
+    tree = config.state_dir / "cache/layers" / top
+    first = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tinygc", "--command", "touch /etc/first && read -t 300 line"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        layers = config.state_dir / "cache/layers"
+        wait_for(lambda: any(layers.glob("shell-tinygc.*/upper/etc/first")), "the shell")
+        code, output = run_cli(config, "image", "delete", "tinygc")
+        assert code == 0, output
+        gc = subprocess.run(
+            [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir),
+             "image", "gc", "--json"], capture_output=True, text=True, timeout=60)
+        assert gc.returncode == 0, gc.stderr
+        assert tree.is_dir() and (tree / "etc/gc-marker").is_file()
+        out, err = first.communicate("go\n", timeout=300)
+    finally:
+        if first.poll() is None:
+            first.stdin.close()
+            first.wait(timeout=120)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    assert "image tinygc was deleted during the session" in err, err
+    assert left_behind(config) == []
+    code, output = run_cli(config, "image", "gc")
+    assert code == 0 and not tree.exists(), output
