@@ -13,7 +13,10 @@ list their layer on the same top, and the later one's rebuild would carry change
 without seeing the other's). shell.json is changed under its lock, read then written, so
 shells of different images and a failed rebuild taking its entry back lose nobody's entry.
 
-gc does not wait for a session: it keeps the layer trees the session's `lowers` file names.
+From its shell's clean exit to the end of the rebuild the session holds the image's lock:
+an `image delete` done during the shell is seen there (the rebuild would bring the image
+back), one asked for later waits for the rebuild. gc does not wait for a session: it
+keeps the layer trees the session's `lowers` file names.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import is_opaque
 from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
-                                          manifest_entry)
+                                          lock_path, manifest_entry)
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
@@ -80,7 +83,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
                            "an interactive shell")
     chroot.require_build_privileges("an image shell")
     manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
-    with _hangup_interrupts(), _only_shell(config, name):
+    with _hangup_interrupts(), _only_shell(config, name), contextlib.ExitStack() as held:
         with _session(config, name) as (lowers, upper, work):
             code = _run(lowers, upper, work, command, name)
             if code == -signal.SIGINT:
@@ -95,6 +98,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
                 raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
             if not changed:
                 return None
+            held.enter_context(locked(lock_path(config, name)))  # to the rebuild's end
             if not image_exists(config, name):  # the rebuild would bring it back
                 raise ShellAborted(f"image {name} was deleted during the session: its "
                                    "changes are dropped")
@@ -310,15 +314,15 @@ def _plain(name: str, mtime: int) -> tarfile.TarInfo:
 
 
 def _add_layer(config: Config, name: str, tar: Path, command: str | None, progress) -> dict:
-    """List the tarball as the image's next shell layer and rebuild; a failed build takes
-    the entry (and the tarball, unless another entry lists it) back out, so the image
-    stays as it was."""
+    """List the tarball as the image's next shell layer and rebuild, under the image's
+    lock (the caller's); a failed build takes the entry (and the tarball, unless another
+    entry lists it) back out, so the image stays as it was."""
     path = f"shell/{tar.name}"
     what = f"image shell: {command}" if command else "image shell (interactive)"
     _edit_listing(config, name, lambda entries: [
         *entries, ShellLayer(path=path, description=what[:200])])
     try:
-        return build_image(config, name, progress)
+        return build_image(config, name, progress, lock_held=True)
     except BaseException:
         left = _edit_listing(config, name, lambda entries: _without(entries, path))
         if not any(e.path == path for e in left):

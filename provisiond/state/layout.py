@@ -163,7 +163,8 @@ class Layout:
         return self.images / name / "shell"
 
     @entry("images/.locks/<name>.lock", "serializes builds, imports (`<name>.import.lock`) "
-           "and deletes of one image")
+           "and deletes of one image, and an `image shell`'s layer from its shell's exit to "
+           "the end of its rebuild")
     def image_lock(self, name: str):
         return self.images / ".locks" / f"{name}.lock"
 

@@ -20,7 +20,7 @@ import pytest
 
 from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
-from provisiond.images import build_image, chroot, load_manifest
+from provisiond.images import build_image, chroot, load_manifest, shell
 from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
 from tests.tools import private_deb_cache
@@ -530,3 +530,47 @@ def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
     assert left_behind(config) == []
     code, output = run_cli(config, "image", "gc")
     assert code == 0 and not tree.exists(), output
+
+
+def blocked_on_a_lock(pid: int) -> bool:
+    """The process waits for an flock (a `->` line of /proc/locks names it)."""
+    with open("/proc/locks") as handle:
+        return any(len(words) > 5 and words[1] == "->" and words[5] == str(pid)
+                   for words in (line.split() for line in handle))
+
+
+def test_a_delete_as_the_session_saves_its_layer_waits_and_the_image_stays_deleted(
+        tiny, monkeypatch):
+    """`image delete` landing after the shell's exit, as its layer was saved (after the
+    check that the image was still there): the rebuild brought the deleted image back.
+    The session holds the image's lock from there to the end of its rebuild now: the
+    delete waits for it, then deletes."""
+    config, _ = tiny
+    deleting = []
+    real = shell._save_layer
+
+    def save_layer(*args):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir),
+             "image", "delete", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        deleting.append(proc)
+        wait_for(lambda: proc.poll() is not None or blocked_on_a_lock(proc.pid),
+                 "the delete to end or wait", 60)
+        return real(*args)
+
+    monkeypatch.setattr(shell, "_save_layer", save_layer)
+    try:
+        code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                               "touch /etc/marker")
+        out, _ = deleting[0].communicate(timeout=120)
+    finally:
+        for proc in deleting:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert deleting[0].returncode == 0, out
+    assert code == 0, output  # the session was done before the delete
+    assert not image_exists(config, "tiny")
+    assert not (config.images_dir / "tiny").exists()
+    assert left_behind(config) == []

@@ -47,7 +47,7 @@ def test_a_failed_rebuild_takes_only_its_own_entry_back_out(config, monkeypatch)
     tar = folder / "mine.tar"
     tar.write_bytes(b"x")
 
-    def failing_build(config, name, progress=None):
+    def failing_build(config, name, progress=None, lock_held=False):
         path = Layout.of(config).image_shell_layers(name)
         path.write_text(json.dumps([*json.loads(path.read_text()), {"path": "shell/other.tar"}]))
         raise BuildFailed("the rebuild failed")
