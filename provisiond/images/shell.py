@@ -15,8 +15,10 @@ shells of different images and a failed rebuild taking its entry back lose nobod
 
 From its shell's clean exit to the end of the rebuild the session holds the image's lock:
 an `image delete` done during the shell is seen there (the rebuild would bring the image
-back), one asked for later waits for the rebuild. gc does not wait for a session: it
-keeps the layer trees the session's `lowers` file names.
+back), one asked for later waits for the rebuild. The saved manifest is the commit: a
+rebuild that did not save it (a failure, Ctrl-C) takes the listing's entry back out and
+keeps the tarball, the error naming it; an interrupt after the save changes nothing. gc
+does not wait for a session: it keeps the layer trees the session's `lowers` file names.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
+INTERRUPTS = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}  # each raises KeyboardInterrupt
 
 
 class ShellAborted(ProvisiondError):
@@ -103,6 +106,8 @@ def image_shell(config: Config, name: str, command: str | None = None,
                 raise ShellAborted(f"image {name} was deleted during the session: its "
                                    "changes are dropped")
             tar = _save_layer(config, name, upper)
+            # a Ctrl-C as the session is cleared (seconds): seen before the rebuild starts
+            held.enter_context(_interrupts_held())
         return _add_layer(config, name, tar, command, progress)
 
 
@@ -315,19 +320,81 @@ def _plain(name: str, mtime: int) -> tarfile.TarInfo:
 
 def _add_layer(config: Config, name: str, tar: Path, command: str | None, progress) -> dict:
     """List the tarball as the image's next shell layer and rebuild, under the image's
-    lock (the caller's); a failed build takes the entry (and the tarball, unless another
-    entry lists it) back out, so the image stays as it was."""
+    lock (the caller's). The saved manifest is the commit: a rebuild that did not save it
+    (a failure, Ctrl-C) takes the entry back out, so the image and its listing stay as
+    they were, and keeps the tarball, the session's work, which the error names. One that
+    saved it is done, an interrupt after the save notwithstanding (taking the entry back
+    out then left the listing unlike the manifest). Interrupts are let through during the
+    rebuild only, so that no edit of the listing and no rollback is cut half-way."""
     path = f"shell/{tar.name}"
     what = f"image shell: {command}" if command else "image shell (interactive)"
-    _edit_listing(config, name, lambda entries: [
-        *entries, ShellLayer(path=path, description=what[:200])])
+    with _interrupts_held():
+        before = manifest_entry(config, name).revision
+        listed = False
+        try:
+            _edit_listing(config, name, lambda entries: [
+                *entries, ShellLayer(path=path, description=what[:200])])
+            listed = True
+            if _take_held():  # Ctrl-C as it was listed: no rebuild
+                raise KeyboardInterrupt
+            with _interrupts_let_through():
+                return build_image(config, name, progress, lock_held=True)
+        except BaseException as exc:
+            if manifest_entry(config, name).revision != before:  # saved
+                if isinstance(exc, KeyboardInterrupt):
+                    return load_manifest(config, name)
+                raise
+            if listed:
+                _edit_listing(config, name, lambda entries: _without(entries, path))
+            raise _kept(name, tar, exc)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C, a hangup or SIGTERM landing in the block waits (blocked), and is dropped as
+    the block ends: what the block decided stands. (Only those this process turns into
+    KeyboardInterrupt: a SIGTERM left to its default still ends it. In a thread other than
+    the main one, only this thread's mask: signals go to the main one.)"""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
-        return build_image(config, name, progress, lock_held=True)
-    except BaseException:
-        left = _edit_listing(config, name, lambda entries: _without(entries, path))
-        if not any(e.path == path for e in left):
-            tar.unlink(missing_ok=True)
-        raise
+        yield
+    finally:
+        _take_held()
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def _interrupts_let_through() -> Iterator[None]:
+    """Within _interrupts_held: interrupts arrive as usual in the block."""
+    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _take_held() -> bool:
+    """Take the interrupts waiting while held (see _interrupts_held); True if one was."""
+    taken = False
+    for signum in signal.sigpending() & INTERRUPTS:
+        if callable(signal.getsignal(signum)):
+            signal.sigtimedwait({signum}, 0)
+            taken = True
+    return taken
+
+
+def _kept(name: str, tar: Path, exc: BaseException) -> BaseException:
+    """The rebuild's error as one line saying where the session's layer is kept."""
+    kept = f"image {name} unchanged; the session's changes are kept in {tar}"
+    if isinstance(exc, KeyboardInterrupt):
+        return ShellInterrupted(f"interrupted before the rebuild was saved: {kept}")
+    if isinstance(exc, OSError):
+        text = f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
+        return ShellAborted(f"{text}; {kept}")
+    if isinstance(exc, ProvisiondError):
+        return ShellAborted(f"{exc}; {kept}")
+    exc.add_note(kept)  # not ours to put in one line: its traceback, with this note
+    return exc
 
 
 def _without(entries: list[ShellLayer], path: str) -> list[ShellLayer]:

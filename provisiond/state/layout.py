@@ -158,7 +158,8 @@ class Layout:
     def image_shell_layers(self, name: str):
         return self.images / name / "shell.json"
 
-    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`")
+    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, listed nowhere, "
+           "those of sessions whose rebuild failed (the error named them)")
     def image_shell_dir(self, name: str):
         return self.images / name / "shell"
 

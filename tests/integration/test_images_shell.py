@@ -20,6 +20,7 @@ import pytest
 
 from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
+from provisiond.images import build as build_module
 from provisiond.images import build_image, chroot, load_manifest, shell
 from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
@@ -573,4 +574,77 @@ def test_a_delete_as_the_session_saves_its_layer_waits_and_the_image_stays_delet
     assert code == 0, output  # the session was done before the delete
     assert not image_exists(config, "tiny")
     assert not (config.images_dir / "tiny").exists()
+    assert left_behind(config) == []
+
+
+def test_an_interrupt_after_the_manifest_is_saved_leaves_the_listing_in_step(
+        tiny, monkeypatch):
+    """Ctrl-C landing between the save of the rebuilt manifest and the end of the rebuild
+    took the layer's entry back out of shell.json: the image had the layer, the listing
+    not, and the next build dropped it. The save is the commit: the session is done."""
+    config, before = tiny
+    real = build_module.save_manifest
+
+    def save_then_interrupt(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a KeyboardInterrupt before the build ends
+
+    monkeypatch.setattr(build_module, "save_manifest", save_then_interrupt)
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "touch /etc/marker")
+    monkeypatch.undo()
+    after = load_manifest(config, "tiny")
+    listed = json.loads((config.images_dir / "tiny/shell.json").read_text()) if (
+        config.images_dir / "tiny/shell.json").exists() else []
+    assert len(after["layers"]) == len(before["layers"]) + 1, output
+    assert [e["description"] for e in listed] == ["image shell: touch /etc/marker"], output
+    assert code == 0, output
+    assert digests(build_image(config, "tiny")) == digests(after)  # the layer stays on top
+    assert left_behind(config) == []
+
+
+def test_a_failed_rebuild_keeps_the_session_s_layer_and_says_where(tiny):
+    """The shell exited 0 but the rebuild failed (here: the session removed the kernel):
+    the session's tarball, its work, was deleted with the listing's entry. It is kept,
+    listed nowhere, and the one error line names it; the image stays as it was."""
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "rm /boot/vmlinuz-*")
+    lines = [l for l in output.splitlines() if l.startswith("provisiond: error")]
+    assert code == BuildFailed.exit_code and len(lines) == 1, output
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1, output
+    assert lines[0] == (
+        "provisiond: error: recipe tiny: the image has no /boot/vmlinuz-*; image tiny "
+        f"unchanged; the session's changes are kept in {tars[0]}")
+    with tarfile.open(tars[0]) as layer:
+        assert any(name.startswith("boot/.wh.vmlinuz-") for name in layer.getnames())
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert load_manifest(config, "tiny") == before
+    assert left_behind(config) == []
+
+
+def test_an_interrupt_as_the_session_is_cleared_keeps_the_layer_and_says_where(
+        tiny, monkeypatch):
+    """Ctrl-C after the shell exited 0 and its layer was saved, as the session's mounts
+    and upper dir were removed (seconds for a large session): the tarball was left listed
+    nowhere, and the error said only `interrupted`. It is seen before the rebuild now."""
+    config, before = tiny
+    real = shell._clear_session
+
+    def clear_then_interrupt(folder):
+        real(folder)
+        if any((config.images_dir / "tiny/shell").glob("*.tar")):  # the layer was saved
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(shell, "_clear_session", clear_then_interrupt)
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "touch /etc/marker")
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert code == ExitCode.INTERRUPTED and len(tars) == 1, output
+    assert output.splitlines()[-1] == (
+        "provisiond: error: interrupted before the rebuild was saved: image tiny unchanged; "
+        f"the session's changes are kept in {tars[0]}"), output
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert load_manifest(config, "tiny") == before
     assert left_behind(config) == []
