@@ -93,7 +93,9 @@ def register(subparsers) -> None:
                     "host's /etc/resolv.conf are mounted in the chroot: set the image's "
                     "resolv.conf in its recipe. The layer is "
                     "kept under <state>/images/NAME/shell/ and stays on top through later "
-                    "builds until the image is deleted.")
+                    "builds until the image is deleted. If the rebuild fails, the image "
+                    "stays as it was and the layer's tarball is kept there, listed nowhere: "
+                    "the error names it.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",
                        help="run CMD (bash -c, else sh -c) instead of an interactive shell")

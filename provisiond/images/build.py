@@ -26,16 +26,19 @@ Progress = Callable[[dict], None]
 
 
 def build_image(config: Config, name: str, progress: Progress | None = None,
-                rebuild: bool = False) -> dict:
+                rebuild: bool = False, lock_held: bool = False) -> dict:
     """Build (or reuse) every layer of recipe `name` and publish its manifest.
 
-    `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap)."""
+    `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap).
+    `lock_held`: the caller holds the image's lock (`image shell`, whose check that the
+    image is still there, listing of its layer and rebuild go as one)."""
     chroot.require_build_privileges()
     started = time.monotonic()
     with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
         recipe = load_recipe(config, name)
         compression = recipe.compression or config.build.compression
-        with locked(lock_path(config, name)), locked(gc_lock(config), shared=True):
+        with (contextlib.nullcontext() if lock_held else locked(lock_path(config, name))), \
+                locked(gc_lock(config), shared=True):
             records = _build_layers(config, recipe, compression,
                                     progress or (lambda e: None), rebuild)
             kernel = _store_kernel(config, recipe, records)

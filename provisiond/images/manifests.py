@@ -158,7 +158,9 @@ def _items(value) -> list:
 
 
 def collect_garbage(config: Config) -> dict:
-    """Delete blobs and cached layer trees no manifest references; returns what went."""
+    """Delete blobs and cached layer trees no manifest references, but the trees an
+    `image shell` session mounts; returns what went. An open session holds nothing gc
+    waits for (it adds blobs only in its rebuild, a build holding the gc lock shared)."""
     with locked(gc_lock(config)):
         keep = referenced_digests(config)
         removed, freed = 0, 0
@@ -184,15 +186,31 @@ def _collect_trees(config: Config, keep: set[str]) -> int:
     removed = 0
     layout = Layout.of(config)
     folder = layout.layers
+    mounted = _session_lowers(layout)
     for record_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         record = read_layer_record(record_path)
+        key = record_path.stem
+        if key in mounted:
+            continue
         if record is None or record.digest not in keep:  # a damaged record: rebuilt anyway
-            key = record_path.stem
             shutil.rmtree(layout.layer_tree(key), ignore_errors=True)
             layout.layer_lock(key).unlink(missing_ok=True)
             record_path.unlink()
             removed += 1
     return removed
+
+
+def _session_lowers(layout: Layout) -> set[str]:
+    """The layer keys `image shell` sessions mount: an open one's, whose image may have
+    been deleted or rebuilt meanwhile, and a killed one's (its mounts stay until the next
+    shell on its image clears them). A session writes them before it lets gc run."""
+    keys: set[str] = set()
+    for path in layout.layers.glob(f"{layout.shell_session('*', '*').name}/lowers"):
+        try:
+            keys.update(path.read_text().split())
+        except OSError:  # the session ended meanwhile: its folder is going
+            continue
+    return keys
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",

@@ -12,6 +12,13 @@ One shell at a time per image: a second is refused naming the first's PID (both 
 list their layer on the same top, and the later one's rebuild would carry changes made
 without seeing the other's). shell.json is changed under its lock, read then written, so
 shells of different images and a failed rebuild taking its entry back lose nobody's entry.
+
+From its shell's clean exit to the end of the rebuild the session holds the image's lock:
+an `image delete` done during the shell is seen there (the rebuild would bring the image
+back), one asked for later waits for the rebuild. The saved manifest is the commit: a
+rebuild that did not save it (a failure, Ctrl-C) takes the listing's entry back out and
+keeps the tarball, the error naming it; an interrupt after the save changes nothing. gc
+does not wait for a session: it keeps the layer trees the session's `lowers` file names.
 """
 
 from __future__ import annotations
@@ -38,13 +45,14 @@ from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import is_opaque
 from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
-                                          manifest_entry)
+                                          lock_path, manifest_entry)
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
 from provisiond.state.models import ShellLayer, ShellLayers
 
 SHELLS = ("/bin/bash", "/bin/sh")
+INTERRUPTS = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}  # each raises KeyboardInterrupt
 
 
 class ShellAborted(ProvisiondError):
@@ -78,7 +86,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
                            "an interactive shell")
     chroot.require_build_privileges("an image shell")
     manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
-    with _hangup_interrupts(), _only_shell(config, name):
+    with _hangup_interrupts(), _only_shell(config, name), contextlib.ExitStack() as held:
         with _session(config, name) as (lowers, upper, work):
             code = _run(lowers, upper, work, command, name)
             if code == -signal.SIGINT:
@@ -93,10 +101,13 @@ def image_shell(config: Config, name: str, command: str | None = None,
                 raise ShellAborted(f"image {name} unchanged: the shell ended with {how}")
             if not changed:
                 return None
+            held.enter_context(locked(lock_path(config, name)))  # to the rebuild's end
             if not image_exists(config, name):  # the rebuild would bring it back
                 raise ShellAborted(f"image {name} was deleted during the session: its "
                                    "changes are dropped")
             tar = _save_layer(config, name, upper)
+            # a Ctrl-C as the session is cleared (seconds): seen before the rebuild starts
+            held.enter_context(_interrupts_held())
         return _add_layer(config, name, tar, command, progress)
 
 
@@ -153,27 +164,35 @@ def _holder(fd: int, wait: float) -> str:
 
 @contextlib.contextmanager
 def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path]]:
-    """The image's layer trees (top first) and a fresh upper and work dir, removed after;
-    gc is held off meanwhile (it would take the trees from under the mount). Called under
-    the image's shell lock: a session folder of the image's found here is a killed
-    shell's (SIGKILL, the OOM killer), and is cleared first."""
-    manifest = load_manifest(config, name)
-    with locked(gc_lock(config), shared=True):
-        layout = Layout.of(config)
-        prefix = f"shell-{name}."
-        for stale in layout.layers.glob(f"{prefix}*"):
-            if "." not in stale.name[len(prefix):]:  # not `shell-a.b.*` of an older name
-                _clear_session(stale)
-        lowers = [layout.layer_tree(layer["key"]) for layer in reversed(manifest["layers"])]
-        missing = [path.name[:12] for path in lowers if not path.is_dir()]
-        if missing:
-            raise BuildFailed(f"image {name}: cached layer trees are gone ({', '.join(missing)}"
-                              f"): run `provisiond image build {name}` first")
-        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=layout.layers))
-        try:
-            (folder / "upper").mkdir()
-            yield lowers, folder / "upper", folder / "work"
-        finally:
+    """The image's layer trees (top first) and a fresh upper and work dir, removed after.
+    The trees' keys go in the session's `lowers` file, gc held off until they are there:
+    gc keeps what it names (it would take the trees from under the mount), and no longer
+    waits for the session to end (`image gc` waited silently while a shell was open).
+    Called under the image's shell lock: a session folder of the image's found here is a
+    killed shell's (SIGKILL, the OOM killer), and is cleared first."""
+    layout = Layout.of(config)
+    prefix = layout.shell_session(name, "").name
+    folder = None
+    try:
+        with locked(gc_lock(config), shared=True):
+            manifest = load_manifest(config, name)
+            for stale in layout.layers.glob(f"{prefix}*"):
+                if "." not in stale.name[len(prefix):]:  # not `shell-a.b.*` of an older name
+                    _clear_session(stale)
+            keys = [layer["key"] for layer in reversed(manifest["layers"])]
+            lowers = [layout.layer_tree(key) for key in keys]
+            missing = [path.name[:12] for path in lowers if not path.is_dir()]
+            if missing:
+                raise BuildFailed(f"image {name}: cached layer trees are gone "
+                                  f"({', '.join(missing)}): run `provisiond image build "
+                                  f"{name}` first")
+            folder = Path(tempfile.mkdtemp(prefix=prefix, dir=layout.layers))
+            write_atomic(folder / "lowers", "".join(f"{key}\n" for key in keys),
+                         durable=False)
+        (folder / "upper").mkdir()
+        yield lowers, folder / "upper", folder / "work"
+    finally:
+        if folder is not None:
             _clear_session(folder)
 
 
@@ -300,20 +319,82 @@ def _plain(name: str, mtime: int) -> tarfile.TarInfo:
 
 
 def _add_layer(config: Config, name: str, tar: Path, command: str | None, progress) -> dict:
-    """List the tarball as the image's next shell layer and rebuild; a failed build takes
-    the entry (and the tarball, unless another entry lists it) back out, so the image
-    stays as it was."""
+    """List the tarball as the image's next shell layer and rebuild, under the image's
+    lock (the caller's). The saved manifest is the commit: a rebuild that did not save it
+    (a failure, Ctrl-C) takes the entry back out, so the image and its listing stay as
+    they were, and keeps the tarball, the session's work, which the error names. One that
+    saved it is done, an interrupt after the save notwithstanding (taking the entry back
+    out then left the listing unlike the manifest). Interrupts are let through during the
+    rebuild only, so that no edit of the listing and no rollback is cut half-way."""
     path = f"shell/{tar.name}"
     what = f"image shell: {command}" if command else "image shell (interactive)"
-    _edit_listing(config, name, lambda entries: [
-        *entries, ShellLayer(path=path, description=what[:200])])
+    with _interrupts_held():
+        before = manifest_entry(config, name).revision
+        listed = False
+        try:
+            _edit_listing(config, name, lambda entries: [
+                *entries, ShellLayer(path=path, description=what[:200])])
+            listed = True
+            if _take_held():  # Ctrl-C as it was listed: no rebuild
+                raise KeyboardInterrupt
+            with _interrupts_let_through():
+                return build_image(config, name, progress, lock_held=True)
+        except BaseException as exc:
+            if manifest_entry(config, name).revision != before:  # saved
+                if isinstance(exc, KeyboardInterrupt):
+                    return load_manifest(config, name)
+                raise
+            if listed:
+                _edit_listing(config, name, lambda entries: _without(entries, path))
+            raise _kept(name, tar, exc)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C, a hangup or SIGTERM landing in the block waits (blocked), and is dropped as
+    the block ends: what the block decided stands. (Only those this process turns into
+    KeyboardInterrupt: a SIGTERM left to its default still ends it. In a thread other than
+    the main one, only this thread's mask: signals go to the main one.)"""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
-        return build_image(config, name, progress)
-    except BaseException:
-        left = _edit_listing(config, name, lambda entries: _without(entries, path))
-        if not any(e.path == path for e in left):
-            tar.unlink(missing_ok=True)
-        raise
+        yield
+    finally:
+        _take_held()
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def _interrupts_let_through() -> Iterator[None]:
+    """Within _interrupts_held: interrupts arrive as usual in the block."""
+    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _take_held() -> bool:
+    """Take the interrupts waiting while held (see _interrupts_held); True if one was."""
+    taken = False
+    for signum in signal.sigpending() & INTERRUPTS:
+        if callable(signal.getsignal(signum)):
+            signal.sigtimedwait({signum}, 0)
+            taken = True
+    return taken
+
+
+def _kept(name: str, tar: Path, exc: BaseException) -> BaseException:
+    """The rebuild's error as one line saying where the session's layer is kept."""
+    kept = f"image {name} unchanged; the session's changes are kept in {tar}"
+    if isinstance(exc, KeyboardInterrupt):
+        return ShellInterrupted(f"interrupted before the rebuild was saved: {kept}")
+    if isinstance(exc, OSError):
+        text = f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
+        return ShellAborted(f"{text}; {kept}")
+    if isinstance(exc, ProvisiondError):
+        return ShellAborted(f"{exc}; {kept}")
+    exc.add_note(kept)  # not ours to put in one line: its traceback, with this note
+    return exc
 
 
 def _without(entries: list[ShellLayer], path: str) -> list[ShellLayer]:

@@ -158,12 +158,14 @@ class Layout:
     def image_shell_layers(self, name: str):
         return self.images / name / "shell.json"
 
-    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`")
+    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, listed nowhere, "
+           "those of sessions whose rebuild failed (the error named them)")
     def image_shell_dir(self, name: str):
         return self.images / name / "shell"
 
     @entry("images/.locks/<name>.lock", "serializes builds, imports (`<name>.import.lock`) "
-           "and deletes of one image")
+           "and deletes of one image, and an `image shell`'s layer from its shell's exit to "
+           "the end of its rebuild")
     def image_lock(self, name: str):
         return self.images / ".locks" / f"{name}.lock"
 
@@ -209,6 +211,12 @@ class Layout:
     @entry("cache/layers/locks/<key>.lock", "one layer's build lock")
     def layer_lock(self, key: str):
         return self.layers / "locks" / f"{key}.lock"
+
+    @entry("cache/layers/shell-<image>.<random>/", "an `image shell` session: its overlayfs "
+           "`upper/` and `work/`, and `lowers`, the keys of the layer trees it mounts (gc "
+           "keeps those); removed as it ends (after a SIGKILL, by the next shell on the image)")
+    def shell_session(self, image: str, random: str):
+        return self.layers / f"shell-{image}.{random}"
 
     @entry("cache/logs/<recipe>.log", "the output of a recipe's build steps")
     def build_log(self, recipe: str):

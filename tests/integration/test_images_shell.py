@@ -20,7 +20,8 @@ import pytest
 
 from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
-from provisiond.images import build_image, chroot, load_manifest
+from provisiond.images import build as build_module
+from provisiond.images import build_image, chroot, load_manifest, shell
 from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
 from tests.tools import private_deb_cache
@@ -491,3 +492,159 @@ def test_two_shells_on_one_image_the_second_refused_other_images_go_on(tiny):
         (config.images_dir / "tiny2/shell.json").read_text())] == ["image shell: touch /y"]
     assert [layer["kind"] for layer in load_manifest(config, "tiny")["layers"]][-2:] == [
         "tar", "tar"]
+
+
+def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
+    """`image gc` waited, silently, for as long as a shell was open (the session held the
+    gc lock to keep the layer trees it mounts). gc runs now, and keeps those trees even
+    when no image references them any more (the image deleted during the session)."""
+    config, _ = tiny
+    recipe = config.state_dir / "recipes/tinygc"
+    (recipe / "files").mkdir(parents=True, exist_ok=True)
+    (recipe / "files/gc-marker").write_text(f"{os.getpid()}\n")
+    (recipe / "image.yaml").write_text(
+        "description: tiny and a file\nlayers:\n  - {kind: image, name: tiny}\n"
+        "  - kind: copy\n    files:\n      - {src: files/gc-marker, dest: /etc/gc-marker}\n")
+    top = build_image(config, "tinygc")["layers"][-1]["key"]
+    tree = config.state_dir / "cache/layers" / top
+    first = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tinygc", "--command", "touch /etc/first && read -t 300 line"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        layers = config.state_dir / "cache/layers"
+        wait_for(lambda: any(layers.glob("shell-tinygc.*/upper/etc/first")), "the shell")
+        code, output = run_cli(config, "image", "delete", "tinygc")
+        assert code == 0, output
+        gc = subprocess.run(
+            [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir),
+             "image", "gc", "--json"], capture_output=True, text=True, timeout=60)
+        assert gc.returncode == 0, gc.stderr
+        assert tree.is_dir() and (tree / "etc/gc-marker").is_file()
+        out, err = first.communicate("go\n", timeout=300)
+    finally:
+        if first.poll() is None:
+            first.stdin.close()
+            first.wait(timeout=120)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    assert "image tinygc was deleted during the session" in err, err
+    assert left_behind(config) == []
+    code, output = run_cli(config, "image", "gc")
+    assert code == 0 and not tree.exists(), output
+
+
+def blocked_on_a_lock(pid: int) -> bool:
+    """The process waits for an flock (a `->` line of /proc/locks names it)."""
+    with open("/proc/locks") as handle:
+        return any(len(words) > 5 and words[1] == "->" and words[5] == str(pid)
+                   for words in (line.split() for line in handle))
+
+
+def test_a_delete_as_the_session_saves_its_layer_waits_and_the_image_stays_deleted(
+        tiny, monkeypatch):
+    """`image delete` landing after the shell's exit, as its layer was saved (after the
+    check that the image was still there): the rebuild brought the deleted image back.
+    The session holds the image's lock from there to the end of its rebuild now: the
+    delete waits for it, then deletes."""
+    config, _ = tiny
+    deleting = []
+    real = shell._save_layer
+
+    def save_layer(*args):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir),
+             "image", "delete", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        deleting.append(proc)
+        wait_for(lambda: proc.poll() is not None or blocked_on_a_lock(proc.pid),
+                 "the delete to end or wait", 60)
+        return real(*args)
+
+    monkeypatch.setattr(shell, "_save_layer", save_layer)
+    try:
+        code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                               "touch /etc/marker")
+        out, _ = deleting[0].communicate(timeout=120)
+    finally:
+        for proc in deleting:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert deleting[0].returncode == 0, out
+    assert code == 0, output  # the session was done before the delete
+    assert not image_exists(config, "tiny")
+    assert not (config.images_dir / "tiny").exists()
+    assert left_behind(config) == []
+
+
+def test_an_interrupt_after_the_manifest_is_saved_leaves_the_listing_in_step(
+        tiny, monkeypatch):
+    """Ctrl-C landing between the save of the rebuilt manifest and the end of the rebuild
+    took the layer's entry back out of shell.json: the image had the layer, the listing
+    not, and the next build dropped it. The save is the commit: the session is done."""
+    config, before = tiny
+    real = build_module.save_manifest
+
+    def save_then_interrupt(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a KeyboardInterrupt before the build ends
+
+    monkeypatch.setattr(build_module, "save_manifest", save_then_interrupt)
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "touch /etc/marker")
+    monkeypatch.undo()
+    after = load_manifest(config, "tiny")
+    listed = json.loads((config.images_dir / "tiny/shell.json").read_text()) if (
+        config.images_dir / "tiny/shell.json").exists() else []
+    assert len(after["layers"]) == len(before["layers"]) + 1, output
+    assert [e["description"] for e in listed] == ["image shell: touch /etc/marker"], output
+    assert code == 0, output
+    assert digests(build_image(config, "tiny")) == digests(after)  # the layer stays on top
+    assert left_behind(config) == []
+
+
+def test_a_failed_rebuild_keeps_the_session_s_layer_and_says_where(tiny):
+    """The shell exited 0 but the rebuild failed (here: the session removed the kernel):
+    the session's tarball, its work, was deleted with the listing's entry. It is kept,
+    listed nowhere, and the one error line names it; the image stays as it was."""
+    config, before = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "rm /boot/vmlinuz-*")
+    lines = [l for l in output.splitlines() if l.startswith("provisiond: error")]
+    assert code == BuildFailed.exit_code and len(lines) == 1, output
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1, output
+    assert lines[0] == (
+        "provisiond: error: recipe tiny: the image has no /boot/vmlinuz-*; image tiny "
+        f"unchanged; the session's changes are kept in {tars[0]}")
+    with tarfile.open(tars[0]) as layer:
+        assert any(name.startswith("boot/.wh.vmlinuz-") for name in layer.getnames())
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert load_manifest(config, "tiny") == before
+    assert left_behind(config) == []
+
+
+def test_an_interrupt_as_the_session_is_cleared_keeps_the_layer_and_says_where(
+        tiny, monkeypatch):
+    """Ctrl-C after the shell exited 0 and its layer was saved, as the session's mounts
+    and upper dir were removed (seconds for a large session): the tarball was left listed
+    nowhere, and the error said only `interrupted`. It is seen before the rebuild now."""
+    config, before = tiny
+    real = shell._clear_session
+
+    def clear_then_interrupt(folder):
+        real(folder)
+        if any((config.images_dir / "tiny/shell").glob("*.tar")):  # the layer was saved
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(shell, "_clear_session", clear_then_interrupt)
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "touch /etc/marker")
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert code == ExitCode.INTERRUPTED and len(tars) == 1, output
+    assert output.splitlines()[-1] == (
+        "provisiond: error: interrupted before the rebuild was saved: image tiny unchanged; "
+        f"the session's changes are kept in {tars[0]}"), output
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert load_manifest(config, "tiny") == before
+    assert left_behind(config) == []

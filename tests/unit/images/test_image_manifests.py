@@ -129,3 +129,19 @@ def test_gc_leaves_a_blob_being_fetched_from_a_peer(config):
     os.utime(blobs / ".incoming.old", (two_hours_ago, two_hours_ago))
     assert collect_garbage(config)["blobs_removed"] == 1
     assert [p.name for p in blobs.iterdir()] == [".incoming.new"]
+
+
+def test_gc_keeps_the_layer_trees_an_image_shell_session_mounts(config):
+    """`image gc` waited, silently, as long as an interactive `image shell` was open (the
+    session held the gc lock to keep its layer trees). gc runs now and keeps the trees a
+    session's `lowers` file names (its image deleted meanwhile, say); the others go."""
+    layout = Layout.of(config)
+    for key in ("mounted", "unused"):
+        layout.layer_tree(key).mkdir(parents=True)
+        layout.layer_record(key).write_text(json.dumps({"key": key, "digest": "sha256:aa"}))
+    session = layout.shell_session("img", "k3x9")
+    session.mkdir()
+    (session / "lowers").write_text("mounted\n")
+    assert collect_garbage(config)["trees_removed"] == 1
+    assert layout.layer_tree("mounted").is_dir() and layout.layer_record("mounted").exists()
+    assert not layout.layer_tree("unused").exists()

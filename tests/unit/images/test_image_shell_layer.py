@@ -1,19 +1,24 @@
 """`write_layer`: an image shell's overlayfs upper dir as an OCI layer tarball; the
-shell.json listing's rollback after a failed rebuild."""
+shell.json listing's rollback after a failed rebuild, and an interrupt at each moment of
+it."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import signal
 import socket
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from provisiond.errors import BuildFailed, ExitCode
 from provisiond.images import shell
-from provisiond.images.shell import write_layer
+from provisiond.images.manifests import manifest_key
+from provisiond.images.shell import ShellAborted, ShellInterrupted, write_layer
+from provisiond.state import open as opening
 from provisiond.state.layout import Layout
 
 
@@ -38,39 +43,146 @@ def listed(config, name: str) -> list[str]:
     return [e["path"] for e in json.loads(path.read_text())] if path.is_file() else []
 
 
+def session_tar(config, name: str = "img") -> Path:
+    """An image `name` built (a manifest stored) and a session's tarball beside it."""
+    save(config, name, [])
+    folder = Layout.of(config).image_shell_dir(name)
+    folder.mkdir(parents=True)
+    tar = folder / "mine.tar"
+    tar.write_bytes(b"x")
+    return tar
+
+
+def save(config, name: str, layers: list[str]) -> None:
+    """The image's manifest as a build saves it (the layers by their paths, for a test)."""
+    opening.open_store(config).put(manifest_key(config, name), json.dumps(
+        {"name": name, "layers": layers}).encode())
+
+
+def stored_layers(config, name: str) -> list[str]:
+    return json.loads(opening.open_store(config).get(manifest_key(config, name)).value)[
+        "layers"]
+
+
+def outcome(call) -> BaseException | None:
+    """What `call()` raised, a KeyboardInterrupt too (pytest would end the run on one)."""
+    try:
+        call()
+    except BaseException as exc:  # the test looks at it
+        return exc
+    return None
+
+
 def test_a_failed_rebuild_takes_only_its_own_entry_back_out(config, monkeypatch):
     """The rebuild failed after another entry was listed meanwhile (another process's
     edit): the rollback wrote back the listing as it was before this session, losing that
     entry; now it removes its own, read-modify-write under the listing's lock."""
-    folder = Layout.of(config).image_shell_dir("img")
-    folder.mkdir(parents=True)
-    tar = folder / "mine.tar"
-    tar.write_bytes(b"x")
+    tar = session_tar(config)
 
-    def failing_build(config, name, progress=None):
+    def failing_build(config, name, progress=None, lock_held=False):
         path = Layout.of(config).image_shell_layers(name)
         path.write_text(json.dumps([*json.loads(path.read_text()), {"path": "shell/other.tar"}]))
         raise BuildFailed("the rebuild failed")
 
     monkeypatch.setattr(shell, "build_image", failing_build)
-    with pytest.raises(BuildFailed):
+    with pytest.raises(ShellAborted):
         shell._add_layer(config, "img", tar, "touch /x", None)
     assert listed(config, "img") == ["shell/other.tar"]
-    assert not tar.exists()
+
+
+def test_a_failed_rebuild_keeps_the_session_s_tarball_and_says_where(config, monkeypatch):
+    """The rebuild failed after the shell exited 0: its tarball, the session's work, was
+    deleted with the listing's entry. It is kept now, the one error line naming it."""
+    tar = session_tar(config)
+    monkeypatch.setattr(shell, "build_image", lambda *a, **k: (_ for _ in ()).throw(
+        BuildFailed("image img: layer 3 (tar): no space left on device")))
+    with pytest.raises(ShellAborted) as raised:
+        shell._add_layer(config, "img", tar, "touch /x", None)
+    assert str(raised.value) == (
+        f"image img: layer 3 (tar): no space left on device; image img unchanged; the "
+        f"session's changes are kept in {tar}")
+    assert raised.value.exit_code == BuildFailed.exit_code
+    assert listed(config, "img") == [] and tar.read_bytes() == b"x"
 
 
 def test_the_rollback_keeps_a_tarball_an_earlier_entry_lists(config, monkeypatch):
     """The same changes made twice give the same tarball: the first entry still needs it."""
-    folder = Layout.of(config).image_shell_dir("img")
-    folder.mkdir(parents=True)
-    tar = folder / "same.tar"
-    tar.write_bytes(b"x")
-    Layout.of(config).image_shell_layers("img").write_text('[{"path": "shell/same.tar"}]')
+    tar = session_tar(config)
+    Layout.of(config).image_shell_layers("img").write_text('[{"path": "shell/mine.tar"}]')
     monkeypatch.setattr(shell, "build_image", lambda *a, **k: (_ for _ in ()).throw(
         BuildFailed("no")))
-    with pytest.raises(BuildFailed):
+    with pytest.raises(ShellAborted):
         shell._add_layer(config, "img", tar, None, None)
-    assert listed(config, "img") == ["shell/same.tar"] and tar.exists()
+    assert listed(config, "img") == ["shell/mine.tar"] and tar.exists()
+
+
+def interrupt_after_call(monkeypatch, function: str, call: int) -> None:
+    """Ctrl-C (SIGINT to this process) as the `call`-th call of shell.`function` has
+    done its work and is about to return."""
+    real, calls = getattr(shell, function), []
+
+    def wrapped(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(shell, function, wrapped)
+
+
+def test_an_interrupt_as_the_entry_is_listed_lists_nothing(config, monkeypatch):
+    """Ctrl-C landing as shell.json was written, before the rebuild: the entry stayed
+    listed with no rebuild, so the next build of the image took the layer in."""
+    tar = session_tar(config)
+    interrupt_after_call(monkeypatch, "_edit_listing", 1)
+    built = []
+    monkeypatch.setattr(shell, "build_image", lambda *a, **k: built.append(1))
+    raised = outcome(lambda: shell._add_layer(config, "img", tar, "touch /x", None))
+    assert listed(config, "img") == stored_layers(config, "img") == [] and built == []
+    assert isinstance(raised, ShellInterrupted), raised
+    assert str(raised) == ("interrupted before the rebuild was saved: image img unchanged; "
+                           f"the session's changes are kept in {tar}")
+    assert tar.exists()
+
+
+def test_an_interrupt_during_the_rollback_does_not_cut_it_short(config, monkeypatch):
+    """A second Ctrl-C as the failed rebuild's entry was taken back out left it listed
+    (the interrupt came before the write): the next build took the layer in."""
+    tar = session_tar(config)
+    real = shell._edit_listing
+    calls = []
+
+    def edit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the rollback's: Ctrl-C just before it writes
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shell, "_edit_listing", edit)
+    monkeypatch.setattr(shell, "build_image", lambda *a, **k: (_ for _ in ()).throw(
+        BuildFailed("the rebuild failed")))
+    raised = outcome(lambda: shell._add_layer(config, "img", tar, "touch /x", None))
+    assert listed(config, "img") == stored_layers(config, "img") == []
+    assert isinstance(raised, ShellAborted), raised
+    assert str(raised).startswith("the rebuild failed; image img unchanged")
+
+
+def test_an_interrupt_after_the_manifest_is_saved_keeps_the_entry(config, monkeypatch):
+    """Ctrl-C between the save of the manifest and the end of the rebuild took the entry
+    back out of shell.json: the saved manifest had the layer, the listing did not, and
+    the next build dropped it. The save is the commit: the session is done."""
+    tar = session_tar(config)
+
+    def build(config, name, progress=None, lock_held=False):
+        save(config, name, ["shell/mine.tar"])
+        os.kill(os.getpid(), signal.SIGINT)  # raised here, before the build returns
+        raise AssertionError("not reached: the interrupt is raised before")
+
+    monkeypatch.setattr(shell, "build_image", build)
+    raised = outcome(lambda: shell._add_layer(config, "img", tar, "touch /x", None))
+    assert listed(config, "img") == stored_layers(config, "img") == ["shell/mine.tar"]
+    assert raised is None
 
 
 @pytest.mark.parametrize("name", ["../../../escaped", "a/b", "nothere"])
