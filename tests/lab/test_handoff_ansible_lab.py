@@ -6,8 +6,10 @@ ansible-pull once and reports `configured`, then `ready`; over ssh the site role
 /etc/motd and /etc/site.conf are there. A run of the timer's unit with the repository
 unchanged reports nothing. Then a commit breaks the playbook, the node's own timer fires (a
 drop-in makes it fire now) and the node reports `failed` with its log's last lines, shown by
-`provisiond node status` and `GET /api/v1/status/n6`. n6's record is put back and the VM
-powered off at the end.
+`provisiond node status` and `GET /api/v1/status/n6`. Then the boot's configure run fails
+(its unit started again with the playbook still broken), holding slurmd down; the
+repository fixed, the timer's unit reports ready and the agent starts the finish unit (no
+second playbook run) and slurmd. n6's record is put back and the VM powered off at the end.
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ def test_ansible_pull_configures_n6_then_a_broken_playbook_reports_failed(
     _site_role_applied(lab)
     _sshd_did_not_wait_for_the_configure_run(lab)
     _unchanged_repository_runs_nothing(lab)
-    _broken_playbook_reports_failed(lab, repo, tmp_path)
+    original = _broken_playbook_reports_failed(lab, repo, tmp_path)
+    _a_good_run_after_a_failed_boot_run_releases_the_held_units(lab, repo, original)
 
 
 def _site_role_applied(lab) -> None:
@@ -162,9 +165,11 @@ def _unchanged_repository_runs_nothing(lab) -> None:
     assert read_status(lab.config, NODE) == status
 
 
-def _broken_playbook_reports_failed(lab, repo, tmp_path) -> None:
+def _broken_playbook_reports_failed(lab, repo, tmp_path) -> str:
+    """The site role's tasks broken; returns them as they were."""
     tasks = repo / "roles" / "site" / "tasks" / "main.yml"
-    tasks.write_text(tasks.read_text() + f"""
+    original = tasks.read_text()
+    tasks.write_text(original + f"""
 - name: A file in a directory nobody made
   ansible.builtin.copy:
     dest: {BROKEN_DIR}/settings
@@ -195,3 +200,44 @@ def _broken_playbook_reports_failed(lab, repo, tmp_path) -> None:
                           f"{lab.serve['url']}/api/v1/status/{NODE}"], netns=lab.netns)
     body = json.loads(answer.stdout)
     assert body["phase"] == "failed" and body["detail"] == detail, body
+    return original
+
+
+def _a_good_run_after_a_failed_boot_run_releases_the_held_units(lab, repo, original) -> None:
+    """The boot's configure run fails (provisiond-agent-finish started again by hand with
+    the playbook still broken, as at a boot), so slurmd, which Requires= that unit, is held
+    down. The repository fixed, the timer's unit runs the playbook once and reports ready,
+    and the agent starts the finish unit (which ends at once: no second run) with slurmd in
+    one transaction: real systemd, not the tests' stand-in for systemctl."""
+    slurmd_checked = "systemctl show -p ConditionTimestampMonotonic --value slurmd.service"
+    failed = lab.ssh(NODE, "systemctl restart provisiond-agent-finish.service", timeout=900)
+    assert failed.returncode != 0, failed
+    held = ssh_until(lab, f"systemctl is-failed provisiond-agent-finish.service; "
+                          f"{slurmd_checked}")
+    assert held.stdout.split()[0] == "failed", held
+    slurmd_before = int(held.stdout.split()[1])
+    assert wait_phase(lab, NodePhase.FAILED, 60).get("phase") == NodePhase.FAILED.value
+
+    (repo / "roles" / "site" / "tasks" / "main.yml").write_text(original)
+    gitserve.commit_all(repo, "site: the task that cannot succeed removed")
+    good = lab.ssh(NODE, "systemctl start provisiond-ansible-pull.service", timeout=900)
+    assert good.returncode == 0, good
+    status = wait_phase(lab, NodePhase.READY, 120)
+    assert status.get("phase") == NodePhase.READY.value, status
+
+    last_run = ("journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID="
+                "$(systemctl show -p InvocationID --value provisiond-agent-finish.service)")
+    deadline = time.monotonic() + 120
+    while True:  # the agent queued the start (--no-block): it may not have run yet
+        seen = ssh_until(lab, f"systemctl is-active provisiond-agent-finish.service; "
+                              f"{slurmd_checked}; {last_run}")
+        lines = seen.stdout.splitlines()
+        if (lines and lines[0] == "active" and int(lines[1]) > slurmd_before) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert lines[0] == "active", seen
+    assert int(lines[1]) > slurmd_before, seen  # slurmd's start job ran again
+    finish_log = "\n".join(lines[2:])
+    assert "the boot's configure run failed, a later one succeeded: done" in finish_log, seen
+    assert "PLAY RECAP" not in finish_log, seen  # the playbook did not run a second time
