@@ -674,6 +674,34 @@ def test_boot_start_run_again_has_the_running_services_pick_up_changed_files(tmp
     assert [p for p, _ in server.phases] == ["booted", "runtime"] * 4
 
 
+def test_a_change_a_failed_refresh_installed_is_acted_on_by_the_next(tmp_path, server):
+    """A refresh that installed the new munge key but not every file fails and tells systemd
+    nothing; the next one finds the key in place already (unchanged by it) and installs the
+    rest. The files changed are kept until acted on: the list was emptied by each refresh,
+    so munged was never restarted and ran on the old key until a reboot."""
+    systemctl = Systemctl(tmp_path)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    files = {HOST_KEY: b"h1", KEY: b"k" * 32, CONF: b"ClusterName=a\n"}
+    serve_runtime(server, files)
+    assert run_agent(tmp_path, url, systemctl.env, "boot").returncode == 0
+    assert systemctl.taken() == []
+    blocker = tmp_path / "root/etc/slurm"
+    shutil.rmtree(blocker)
+    blocker.write_text("a file where a directory must go\n")
+    serve_runtime(server, {**files, KEY: b"m" * 32, CONF: b"ClusterName=b\n"})
+    failed = run_agent(tmp_path, url, {**systemctl.env, "PROVISIOND_AGENT_TRIES": "1"},
+                       "refresh")
+    assert failed.returncode == 1 and "cannot install /etc/slurm/slurm.conf" in failed.stderr
+    assert (tmp_path / "root" / KEY).read_bytes() == b"m" * 32 and systemctl.taken() == []
+    blocker.unlink()
+    assert run_agent(tmp_path, url, systemctl.env, "refresh").returncode == 0
+    assert systemctl.taken() == [MUNGE_RESTART, SLURMD_RELOAD]
+    assert run_agent(tmp_path, url, systemctl.env, "refresh").returncode == 0  # 304
+    serve_runtime(server, {**files, KEY: b"m" * 32, CONF: b"ClusterName=c\n"})
+    assert run_agent(tmp_path, url, systemctl.env, "refresh").returncode == 0
+    assert systemctl.taken() == [SLURMD_RELOAD]  # acted on once, not again
+
+
 @pytest.mark.parametrize("timeout", ["coreutils", "busybox"])
 def test_a_configure_run_that_ignores_term_is_killed_after_the_grace(tmp_path, server,
                                                                      timeout):
