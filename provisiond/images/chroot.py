@@ -109,8 +109,7 @@ def system_mounts(root: Path) -> Iterator[None]:
                              ("dev/pts", ["--bind", "/dev/pts"]),
                              ("dev/shm", ["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev",
                                           "shm"])):
-            (root / target).mkdir(exist_ok=True)
-            mount(*argv, str(root / target))
+            mount(*argv, str(_mount_point(root, target)))
             done.append(root / target)
             if target == "dev":
                 _make_devices(dev)
@@ -119,6 +118,19 @@ def system_mounts(root: Path) -> Iterator[None]:
     finally:
         for path in reversed(done):
             umount(path)
+
+
+def _mount_point(root: Path, target: str) -> Path:
+    """root/target, a directory for one of the chroot's mounts. An image's symlink there is
+    refused: mount(8) follows it, and an absolute one out of the image (a /dev -> /etc put
+    the build's tmpfs over the host's /etc until the build ended)."""
+    path = root / target
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        what = f"a symlink (to {os.readlink(path)})" if path.is_symlink() else "not a folder"
+        raise BuildFailed(f"the image's /{target} is {what}: the build mounts its own "
+                          "there, it must be a folder")
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def _make_devices(dev: Path) -> None:
@@ -136,7 +148,9 @@ def _make_devices(dev: Path) -> None:
 def _host_resolv_conf(root: Path) -> Iterator[None]:
     """Let apt in the chroot resolve names with the host's resolv.conf, leaving no trace."""
     target = root / "etc/resolv.conf"
-    if target.is_symlink() or not (root / "etc").is_dir() or not RESOLV.is_file():
+    # the image's /etc a symlink: it would lead out of the image, to a host folder
+    if (target.is_symlink() or (root / "etc").is_symlink() or not (root / "etc").is_dir()
+            or not RESOLV.is_file()):
         yield
         return
     created = not target.exists()
