@@ -89,11 +89,13 @@ def overlay(lowers: list[Path], upper: Path | None, work: Path, merged: Path
 
 # the chroot's own /dev (a tmpfs): what packages' scripts and a shell session use, and
 # nothing of the host's to remove or write over (the host's /dev bound in, `rm /dev/null` in
-# an image shell removed the host's)
+# an image shell removed the host's). ptmx is a node, not a link to pts/ptmx: the host's
+# devpts (bound on /dev/pts) has that one 0000 (systemd mounts it ptmxmode=000), so no user
+# but root could open a pty; the node opens the devpts mounted at pts beside it (Linux 4.7+)
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
-           "urandom": (1, 9), "tty": (5, 0)}
+           "urandom": (1, 9), "tty": (5, 0), "ptmx": (5, 2)}
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
-             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+             "stderr": "/proc/self/fd/2"}
 
 
 @contextlib.contextmanager

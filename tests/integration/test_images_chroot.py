@@ -5,12 +5,16 @@ image's own /proc, /sys, /dev or /etc may make of them."""
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from provisiond.errors import BuildFailed
 from provisiond.images import chroot
+from tests.tools import tool
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the chroot's mounts need root")
 
@@ -61,3 +65,29 @@ def test_an_image_whose_etc_is_a_symlink_gets_no_resolv_conf_in_a_host_folder(tm
         assert os.listdir(host_folder) == []
         assert not [p for p in mounts_below(tmp_path) if p.startswith(str(host_folder))]
     assert mounts_below(tmp_path) == []
+
+
+def test_a_user_in_the_chroot_can_open_a_pty(tmp_path):
+    """/dev/ptmx was a link to pts/ptmx, the host's devpts's own (bound on /dev/pts): 0000
+    where systemd mounts devpts (ptmxmode=000), so in a session or a package's script only
+    root got a pty (`su` to a user, then script, tmux, expect failed); the host's /dev/ptmx,
+    bound in before the chroot had a /dev of its own, is 0666. Now a node like it, whose
+    ptys are the host's devpts's, as the session's terminal is."""
+    busybox = tool("busybox")
+    if busybox is None:
+        pytest.skip("busybox-static is not installed")
+    root = image_root(tmp_path)
+    (root / "bin").mkdir()
+    shutil.copy(busybox, root / "bin/busybox")
+    (root / "bin/sh").symlink_to("busybox")
+    with chroot.system_mounts(root):
+        ptmx = os.stat(root / "dev/ptmx", follow_symlinks=False)
+        assert stat.S_ISCHR(ptmx.st_mode) and os.major(ptmx.st_rdev) == 5
+        assert stat.S_IMODE(ptmx.st_mode) == 0o666
+        opened = subprocess.run(
+            [tool("chroot"), "--userspec=65534:65534", str(root), "/bin/sh", "-c",
+             "exec 3<>/dev/ptmx && ls /dev/pts"], capture_output=True, text=True, timeout=30)
+        if opened.returncode == 127:
+            pytest.skip("busybox here is not a static binary")
+    assert opened.returncode == 0, opened.stderr
+    assert "ptmx" in opened.stdout.split()
