@@ -136,14 +136,17 @@ def _mount_point(root: Path, target: str) -> Path:
 
 
 def _make_devices(dev: Path) -> None:
-    try:
-        for name, (major, minor) in DEVICES.items():
-            os.mknod(dev / name, 0o20666, os.makedev(major, minor))
-            os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
-        for name, target in DEV_LINKS.items():
-            os.symlink(target, dev / name)
-    except OSError as exc:
-        raise BuildFailed(f"cannot make the chroot's {exc.filename}: {exc.strerror}") from None
+    """The chroot's device nodes and links; one refused is one line naming it (mknod's
+    error has no file name, symlink's names the target)."""
+    for name in [*DEVICES, *DEV_LINKS]:
+        try:
+            if name in DEVICES:
+                os.mknod(dev / name, 0o20666, os.makedev(*DEVICES[name]))
+                os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
+            else:
+                os.symlink(DEV_LINKS[name], dev / name)
+        except OSError as exc:
+            raise BuildFailed(f"cannot make the chroot's /dev/{name}: {exc.strerror}") from None
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,34 @@ def test_a_user_in_the_chroot_can_open_a_pty(tmp_path):
             pytest.skip("busybox here is not a static binary")
     assert opened.returncode == 0, opened.stderr
     assert "ptmx" in opened.stdout.split()
+
+
+MKNOD_REFUSED = """
+import sys
+from pathlib import Path
+from provisiond.errors import BuildFailed
+from provisiond.images import chroot
+try:
+    with chroot.system_mounts(Path(sys.argv[1])):
+        print("made")
+except BuildFailed as exc:
+    print(exc)
+"""
+
+
+def test_a_device_node_the_kernel_refuses_is_named_in_its_one_line(tmp_path):
+    """In a user namespace the process has CAP_MKNOD (the check before a build passes) but
+    the kernel makes no device node, as under a device policy. mknod's error carries no file
+    name: the line said `cannot make the chroot's None: Operation not permitted`."""
+    if tool("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    root = image_root(tmp_path)
+    tmp_path.chmod(0o755)
+    done = subprocess.run([tool("unshare"), "--user", "--map-root-user", "--mount", "--net",
+                           "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                           MKNOD_REFUSED, str(root)], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0 or done.stdout.strip() == "made":
+        pytest.skip(f"no user namespace here, or it makes device nodes: {done.stderr.strip()}")
+    assert done.stdout.splitlines() == [
+        "cannot make the chroot's /dev/null: Operation not permitted"]
