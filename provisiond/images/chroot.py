@@ -89,11 +89,13 @@ def overlay(lowers: list[Path], upper: Path | None, work: Path, merged: Path
 
 # the chroot's own /dev (a tmpfs): what packages' scripts and a shell session use, and
 # nothing of the host's to remove or write over (the host's /dev bound in, `rm /dev/null` in
-# an image shell removed the host's)
+# an image shell removed the host's). ptmx is a node, not a link to pts/ptmx: the host's
+# devpts (bound on /dev/pts) has that one 0000 (systemd mounts it ptmxmode=000), so no user
+# but root could open a pty; the node opens the devpts mounted at pts beside it (Linux 4.7+)
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
-           "urandom": (1, 9), "tty": (5, 0)}
+           "urandom": (1, 9), "tty": (5, 0), "ptmx": (5, 2)}
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
-             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+             "stderr": "/proc/self/fd/2"}
 
 
 @contextlib.contextmanager
@@ -109,8 +111,7 @@ def system_mounts(root: Path) -> Iterator[None]:
                              ("dev/pts", ["--bind", "/dev/pts"]),
                              ("dev/shm", ["-t", "tmpfs", "-o", "mode=1777,nosuid,nodev",
                                           "shm"])):
-            (root / target).mkdir(exist_ok=True)
-            mount(*argv, str(root / target))
+            mount(*argv, str(_mount_point(root, target)))
             done.append(root / target)
             if target == "dev":
                 _make_devices(dev)
@@ -121,22 +122,40 @@ def system_mounts(root: Path) -> Iterator[None]:
             umount(path)
 
 
+def _mount_point(root: Path, target: str) -> Path:
+    """root/target, a directory for one of the chroot's mounts. An image's symlink there is
+    refused: mount(8) follows it, and an absolute one out of the image (a /dev -> /etc put
+    the build's tmpfs over the host's /etc until the build ended)."""
+    path = root / target
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        what = f"a symlink (to {os.readlink(path)})" if path.is_symlink() else "not a folder"
+        raise BuildFailed(f"the image's /{target} is {what}: the build mounts its own "
+                          "there, it must be a folder")
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def _make_devices(dev: Path) -> None:
-    try:
-        for name, (major, minor) in DEVICES.items():
-            os.mknod(dev / name, 0o20666, os.makedev(major, minor))
-            os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
-        for name, target in DEV_LINKS.items():
-            os.symlink(target, dev / name)
-    except OSError as exc:
-        raise BuildFailed(f"cannot make the chroot's {exc.filename}: {exc.strerror}") from None
+    """The chroot's device nodes and links; one refused is one line naming it (mknod's
+    error has no file name, symlink's names the target)."""
+    for name in [*DEVICES, *DEV_LINKS]:
+        try:
+            if name in DEVICES:
+                os.mknod(dev / name, 0o20666, os.makedev(*DEVICES[name]))
+                os.chmod(dev / name, 0o666)  # mknod's mode passes through the umask
+            else:
+                os.symlink(DEV_LINKS[name], dev / name)
+        except OSError as exc:
+            raise BuildFailed(f"cannot make the chroot's /dev/{name}: {exc.strerror}") from None
 
 
 @contextlib.contextmanager
 def _host_resolv_conf(root: Path) -> Iterator[None]:
     """Let apt in the chroot resolve names with the host's resolv.conf, leaving no trace."""
     target = root / "etc/resolv.conf"
-    if target.is_symlink() or not (root / "etc").is_dir() or not RESOLV.is_file():
+    # the image's /etc a symlink: it would lead out of the image, to a host folder
+    if (target.is_symlink() or (root / "etc").is_symlink() or not (root / "etc").is_dir()
+            or not RESOLV.is_file()):
         yield
         return
     created = not target.exists()

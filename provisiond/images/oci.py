@@ -178,7 +178,9 @@ def apply_layer(blob: BinaryIO, root: Path) -> None:
             else:
                 _clear(root / rel, member)
                 member.name = rel
+                linked = _xattrs_of(root / member.linkname) if member.islnk() else {}
                 layer.extract(member, root, **TRUSTED)
+                _restore_xattrs(root / rel, linked, member)
                 _set_xattrs(root / rel, member)
 
 
@@ -193,14 +195,34 @@ def _set_xattrs(path: Path, member: tarfile.TarInfo) -> None:
     ping's cap_net_raw, user.* attributes), as GNU tar and image shell write them."""
     for key, value in sorted(member.pax_headers.items()):
         name = key[len(XATTR_RECORD):]
-        if not key.startswith(XATTR_RECORD) or name.startswith(XATTRS_LEFT_OUT):
-            continue
-        try:
-            os.setxattr(path, name, value.encode("utf-8", "surrogateescape"),
-                        follow_symlinks=False)
-        except OSError as exc:
-            raise BuildFailed(f"layer entry {member.name!r}: cannot set its xattr {name}: "
-                              f"{exc.strerror}") from None
+        if key.startswith(XATTR_RECORD) and not name.startswith(XATTRS_LEFT_OUT):
+            _set_xattr(path, name, value.encode("utf-8", "surrogateescape"), member)
+
+
+def _set_xattr(path: Path, name: str, value: bytes, member: tarfile.TarInfo) -> None:
+    """One xattr of the entry; one the host refuses is one line."""
+    try:
+        os.setxattr(path, name, value, follow_symlinks=False)
+    except OSError as exc:
+        raise BuildFailed(f"layer entry {member.name!r}: cannot set its xattr {name}: "
+                          f"{exc.strerror}") from None
+
+
+def _xattrs_of(path: Path) -> dict[str, bytes]:
+    try:
+        return {name: os.getxattr(path, name, follow_symlinks=False)
+                for name in os.listxattr(path, follow_symlinks=False)}
+    except OSError:  # no such file (tarfile says so when it extracts the link)
+        return {}
+
+
+def _restore_xattrs(path: Path, before: dict[str, bytes], member: tarfile.TarInfo) -> None:
+    """Give a hard link's inode back the xattrs its extraction took: tarfile chowns the link,
+    and a chown drops the file's capabilities (security.capability). GNU tar records the
+    xattrs on the file's first entry only, not on the hard links to it that follow."""
+    for name, value in before.items():
+        if name not in os.listxattr(path, follow_symlinks=False):
+            _set_xattr(path, name, value, member)
 
 
 def _check_inside(root: Path, parent: str, member: tarfile.TarInfo) -> None:

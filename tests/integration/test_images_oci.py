@@ -402,6 +402,35 @@ def test_a_layers_xattrs_reach_the_layer_tree_less_overlay_and_selinux_ones(tmp_
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="file capabilities need root")
+def test_hard_links_keep_the_capabilities_of_their_file_from_gnu_tar(tmp_path):
+    """GNU tar records a file's xattrs on its first entry only, not on the hard links to it
+    that follow (ping and ping6 one file). Extracting a hard link chowns it, and a chown
+    drops the file capabilities of the inode: ping lost its cap_net_raw."""
+    from provisiond.images.oci import apply_layer
+
+    tar = shutil.which("tar")
+    if tar is None or "GNU tar" not in subprocess.run([tar, "--version"], capture_output=True,
+                                                      text=True).stdout:
+        pytest.skip("GNU tar is not installed")
+    source = tmp_path / "source"
+    (source / "bin").mkdir(parents=True)
+    (source / "bin/ping").write_bytes(b"ping")
+    os.setxattr(source / "bin/ping", "security.capability", CAP_NET_RAW)
+    os.link(source / "bin/ping", source / "bin/ping6")
+    subprocess.run([tar, "--xattrs", "--xattrs-include=*", "--format=posix", "-cf",
+                    str(tmp_path / "layer.tar"), "bin"], cwd=source, check=True)
+    with tarfile.open(tmp_path / "layer.tar") as layer:  # as GNU tar writes them
+        assert [(m.name, any(k.startswith("SCHILY.xattr.") for k in m.pax_headers))
+                for m in layer if not m.isdir()] == [("bin/ping", True), ("bin/ping6", False)]
+    root = tmp_path / "root"
+    root.mkdir()
+    with open(tmp_path / "layer.tar", "rb") as blob:
+        apply_layer(blob, root)
+    assert os.stat(root / "bin/ping").st_ino == os.stat(root / "bin/ping6").st_ino
+    assert os.getxattr(root / "bin/ping", "security.capability") == CAP_NET_RAW
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="file capabilities need root")
 def test_an_xattr_the_host_refuses_is_one_line(tmp_path):
     from provisiond.images.oci import apply_layer
 

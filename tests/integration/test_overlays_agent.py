@@ -38,6 +38,7 @@ from provisiond.status import read_status
 from tests.conftest import run_provisiond
 from tests.integration.boot.servers import free_port, start_serve, stop_serve, wait_http, \
     write_config
+from tests import systemd_sandbox
 from tests.tools import tool
 from tests.unit.boot.bootdata import add_image, token_in
 
@@ -674,6 +675,34 @@ def test_boot_start_run_again_has_the_running_services_pick_up_changed_files(tmp
     assert [p for p, _ in server.phases] == ["booted", "runtime"] * 4
 
 
+def test_a_change_a_failed_refresh_installed_is_acted_on_by_the_next(tmp_path, server):
+    """A refresh that installed the new munge key but not every file fails and tells systemd
+    nothing; the next one finds the key in place already (unchanged by it) and installs the
+    rest. The files changed are kept until acted on: the list was emptied by each refresh,
+    so munged was never restarted and ran on the old key until a reboot."""
+    systemctl = Systemctl(tmp_path)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    files = {HOST_KEY: b"h1", KEY: b"k" * 32, CONF: b"ClusterName=a\n"}
+    serve_runtime(server, files)
+    assert run_agent(tmp_path, url, systemctl.env, "boot").returncode == 0
+    assert systemctl.taken() == []
+    blocker = tmp_path / "root/etc/slurm"
+    shutil.rmtree(blocker)
+    blocker.write_text("a file where a directory must go\n")
+    serve_runtime(server, {**files, KEY: b"m" * 32, CONF: b"ClusterName=b\n"})
+    failed = run_agent(tmp_path, url, {**systemctl.env, "PROVISIOND_AGENT_TRIES": "1"},
+                       "refresh")
+    assert failed.returncode == 1 and "cannot install /etc/slurm/slurm.conf" in failed.stderr
+    assert (tmp_path / "root" / KEY).read_bytes() == b"m" * 32 and systemctl.taken() == []
+    blocker.unlink()
+    assert run_agent(tmp_path, url, systemctl.env, "refresh").returncode == 0
+    assert systemctl.taken() == [MUNGE_RESTART, SLURMD_RELOAD]
+    assert run_agent(tmp_path, url, systemctl.env, "refresh").returncode == 0  # 304
+    serve_runtime(server, {**files, KEY: b"m" * 32, CONF: b"ClusterName=c\n"})
+    assert run_agent(tmp_path, url, systemctl.env, "refresh").returncode == 0
+    assert systemctl.taken() == [SLURMD_RELOAD]  # acted on once, not again
+
+
 @pytest.mark.parametrize("timeout", ["coreutils", "busybox"])
 def test_a_configure_run_that_ignores_term_is_killed_after_the_grace(tmp_path, server,
                                                                      timeout):
@@ -791,3 +820,152 @@ def test_a_boot_whose_configure_run_went_well_starts_nothing_later(tmp_path, ser
     assert [p for p, _ in server.phases] == ["booted", "runtime", "configured", "ready",
                                              "configured", "ready"]
     assert systemctl.taken() == []
+
+
+UNIT_DIRS = [SHIPPED_DIR / "overlays/agent/etc/systemd/system",
+             SHIPPED_DIR / "overlays/ansible-pull/etc/systemd/system"]
+SLURMD_DROP_IN = SHIPPED_DIR / "images/debian12-compute/files/slurmd-provisiond.conf"
+
+
+class Node:
+    """The agent's units (and the ansible-pull overlay's) run by a real systemd, with the
+    agent itself against `server` (ROOT, STATE and RUN in tmp_path; systemctl the real one),
+    stand-ins for sshd, munged and slurmd (with the debian12-compute image's slurmd drop-in),
+    all enabled as on a node; a provisiond-configure that exits `configure_status` and counts
+    its runs."""
+
+    def __init__(self, tmp_path: Path, server: NodeServer, configure_status: int):
+        self.tmp, self.server = tmp_path, server
+        units = tmp_path / "units"
+        (units / "multi-user.target.wants").mkdir(parents=True)
+        systemd_sandbox.write_targets(units)
+        (units / "default.target").symlink_to("multi-user.target")
+        env = tmp_path / "agent.env"
+        env.write_text("".join(f"{k}={v}\n" for k, v in {
+            "PROVISIOND_URL": f"http://127.0.0.1:{server.server_address[1]}",
+            "PROVISIOND_NODE": "n001", "PROVISIOND_TOKEN": TOKEN,
+            "PROVISIOND_AGENT_RUN": tmp_path / "run", "PROVISIOND_AGENT_ROOT": tmp_path / "root",
+            "PROVISIOND_AGENT_STATE": tmp_path / "state-agent", "PROVISIOND_AGENT_TRIES": 1,
+            "PROVISIOND_AGENT_CONFIGURE": tmp_path / "provisiond-configure",
+            "PROVISIOND_SYSTEMCTL": tool("systemctl"), "PATH": SYSTEM_PATH}.items()))
+        for folder in UNIT_DIRS:
+            for unit in folder.iterdir():
+                text = unit.read_text().replace("/usr/local/sbin/provisiond-agent",
+                                                f"{tool('sh')} {AGENT}")
+                (units / unit.name).write_text(text)
+                (units / f"{unit.name}.d").mkdir()
+                (units / f"{unit.name}.d/test.conf").write_text(
+                    f"[Service]\nEnvironmentFile={env}\n"
+                    f"StandardOutput=append:{tmp_path / 'agent.log'}\n")
+        for name in ("ssh", "munge", "slurmd"):
+            (units / f"{name}.service").write_text(
+                f"[Unit]\nDescription=stand-in {name}\n[Service]\n"
+                f"ExecStart={tool('sleep')} infinity\n[Install]\nWantedBy=multi-user.target\n")
+        (units / "slurmd.service.d").mkdir()
+        (units / "slurmd.service.d/10-provisiond.conf").write_text(SLURMD_DROP_IN.read_text())
+        for name in ("provisiond-agent", "provisiond-agent-finish", "ssh", "munge", "slurmd"):
+            (units / f"multi-user.target.wants/{name}.service").symlink_to(
+                f"../{name}.service")
+        self.runs = tmp_path / "configure-runs"
+        self.configure_exits(configure_status)
+        self.systemd = systemd_sandbox.SystemdSandbox(units, tmp_path / "systemd.log")
+
+    def configure_exits(self, status: int) -> None:
+        configure = self.tmp / "provisiond-configure"
+        configure.write_text(f"#!/bin/sh\necho run >>{self.runs}\necho 'PLAY RECAP'\n"
+                             f"exit {status}\n")
+        configure.chmod(0o755)
+
+    def configure_runs(self) -> int:
+        return self.runs.read_text().count("run") if self.runs.exists() else 0
+
+    def state(self, unit: str) -> str:
+        """The unit's state once systemd has no job queued."""
+        return self.systemd.wait_for(unit, {"active", "inactive", "failed"})
+
+    def main_pid(self, unit: str) -> str:
+        return self.systemd.show(unit, "MainPID")
+
+    def phases(self) -> list[str]:
+        taken = [p for p, _ in self.server.phases]
+        self.server.phases.clear()
+        return taken
+
+
+def serve_broken(server: NodeServer) -> None:
+    """A runtime overlay that cannot be unpacked: boot-start fails as with the server away."""
+    server.body, server.etag = b"not a runtime overlay", '"broken"'
+
+
+@pytest.fixture
+def boot_node(tmp_path, server):
+    """boot_node(configure_status, server_away): a Node booted (its systemd stopped after the
+    test), the server serving its runtime overlay (or, away, a broken one)."""
+    if why := systemd_sandbox.missing():
+        pytest.skip(f"a real systemd in namespaces: {why}")
+    booted = []
+
+    def boot(configure_status: int = 0, server_away: bool = False) -> Node:
+        serve_runtime(server, {HOST_KEY: b"h1", KEY: b"k" * 32, CONF: b"ClusterName=a\n"})
+        if server_away:
+            serve_broken(server)
+        booted.append(Node(tmp_path, server, configure_status))
+        return booted[-1]
+
+    yield boot
+    for node in booted:
+        node.systemd.stop()
+
+
+def test_restarting_the_agent_unit_reruns_no_configure_run_and_leaves_slurmd_alone(boot_node):
+    """`systemctl restart provisiond-agent` (boot-start again, to take a changed runtime
+    overlay) restarts only what reads the files that changed. The finish unit had Requires=
+    on it, which propagates a restart (systemd.unit(5)): the whole configure run ran again and
+    slurmd (Requires= the finish unit) was restarted; and when that boot-start failed (the
+    server away), slurmd was stopped and left down on a node that had been in service."""
+    node = boot_node()
+    assert node.state("slurmd.service") == "active"
+    assert node.phases() == ["booted", "runtime", "configured", "ready"]
+    assert node.configure_runs() == 1
+    slurmd, munged = node.main_pid("slurmd.service"), node.main_pid("munge.service")
+    serve_runtime(node.server, {HOST_KEY: b"h1", KEY: b"m" * 32, CONF: b"ClusterName=a\n"})
+    node.systemd.systemctl("restart", "provisiond-agent.service")
+    assert node.state("munge.service") == "active"
+    assert node.main_pid("munge.service") != munged  # its key changed: restarted (queued)
+    assert node.configure_runs() == 1 and node.phases() == ["booted", "runtime"]
+    assert node.main_pid("slurmd.service") == slurmd
+    assert node.state("provisiond-agent-finish.service") == "active"
+    serve_broken(node.server)
+    node.systemd.systemctl("restart", "provisiond-agent.service", check=False)
+    assert node.state("provisiond-agent.service") == "failed"
+    assert node.phases() == ["booted", "failed"]
+    assert node.state("slurmd.service") == "active" and node.main_pid("slurmd.service") == slurmd
+
+
+def test_a_failed_boot_start_runs_no_configure_run_and_starting_the_finish_unit_retries(
+        boot_node, server):
+    """A boot whose boot-start failed (the server away) has no configure run, no ready and
+    no slurmd; `systemctl start provisiond-agent-finish` runs boot-start again first."""
+    node = boot_node(server_away=True)
+    assert node.state("provisiond-agent-finish.service") != "active"
+    assert node.state("slurmd.service") == "inactive"
+    assert node.phases() == ["booted", "failed"] and node.configure_runs() == 0
+    serve_runtime(server, {HOST_KEY: b"h1", KEY: b"k" * 32, CONF: b"ClusterName=a\n"})
+    node.systemd.systemctl("start", "provisiond-agent-finish.service")
+    assert node.state("provisiond-agent.service") == "active"
+    assert node.phases() == ["booted", "runtime", "configured", "ready"]
+
+
+def test_a_later_configure_run_that_goes_well_starts_what_the_boots_failed_one_held(boot_node):
+    """Under systemd itself: the boot's configure run failed, so slurmd (Requires= the finish
+    unit) did not start; the ansible-pull unit's run that goes well starts the finish unit,
+    which ends at once (no second run), and slurmd after it."""
+    node = boot_node(configure_status=2)
+    assert node.state("provisiond-agent-finish.service") == "failed"
+    assert node.state("slurmd.service") == "inactive"
+    assert node.phases() == ["booted", "runtime", "failed"] and node.configure_runs() == 1
+    node.configure_exits(0)
+    node.systemd.systemctl("start", "provisiond-ansible-pull.service")
+    assert node.state("slurmd.service") == "active"
+    assert node.state("provisiond-agent-finish.service") == "active"
+    assert node.phases() == ["configured", "ready"] and node.configure_runs() == 2

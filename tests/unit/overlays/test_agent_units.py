@@ -37,11 +37,17 @@ def unit_settings(path: Path) -> dict[str, set[str]]:
     return settings
 
 
-def test_the_finish_unit_runs_only_after_boot_start_went_well():
-    """Requires= with After=: a failed provisiond-agent.service fails the finish unit's start
-    (dependency) instead of running the configure run; sshd waits for boot-start only."""
+def test_the_finish_unit_starts_boot_start_first_but_is_not_restarted_with_it():
+    """Wants= with After=: starting the finish unit starts boot-start first (again, if it
+    failed), and boot-finish does nothing without its runtime overlay. Not Requires= (nor
+    BindsTo=, PartOf=): those pass a restart of provisiond-agent.service on to the finish unit
+    (the whole configure run again) and to slurmd, which requires it; a failed boot-start then
+    left slurmd stopped (tests/integration/test_overlays_agent.py, under systemd itself). sshd
+    waits for boot-start only."""
     finish = unit_settings(UNITS / FINISH)
-    assert START in finish["Requires"] and START in finish["After"]
+    assert START in finish["Wants"] and START in finish["After"]
+    assert not {"Requires", "BindsTo", "PartOf", "Requisite"} & {
+        key for key, units in finish.items() if START in units}
     assert "ssh.service" in unit_settings(UNITS / START)["Before"]
     assert "Before" not in finish  # sshd does not wait for the configure run
 
