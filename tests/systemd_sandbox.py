@@ -91,6 +91,7 @@ class SystemdSandbox:
                  "private", "sh", "-c", BOOT], env=env, stdout=out, stderr=subprocess.STDOUT)
         self.pid = self._init_pid()
         self._wait_for_its_bus()
+        self._wait_for_its_boot()
 
     def _init_pid(self) -> int:
         """The host PID of the namespace's PID 1 once it is systemd."""
@@ -116,6 +117,16 @@ class SystemdSandbox:
                 self.stop()
                 raise RuntimeError("systemd in the sandbox does not answer systemctl")
             time.sleep(0.05)
+
+    def _wait_for_its_boot(self) -> None:
+        """Until the boot's transaction is done (running, or degraded with a failed unit):
+        its bus answers before the default target's jobs are queued, and a unit looked at
+        then is inactive with no job queued, as if it had not been wanted."""
+        done = self.systemctl("is-system-running", "--wait", check=False)
+        if done.stdout.strip() not in ("running", "degraded"):
+            self.stop()
+            raise RuntimeError(f"systemd in the sandbox did not finish its boot: "
+                               f"{done.stdout.strip() or done.stderr.strip()}")
 
     def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         done = subprocess.run([tool("nsenter"), "-t", str(self.pid), "-m", "-p", "systemctl",

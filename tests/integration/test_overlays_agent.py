@@ -807,6 +807,37 @@ def test_a_configure_run_that_goes_well_after_the_boots_failed_starts_what_it_he
     assert systemctl.taken() == []  # the finish unit went well: nothing held back
 
 
+def test_a_failed_run_after_the_release_was_queued_holds_slurmd_again(tmp_path, server):
+    """A later run went well and queued the finish unit's start (the marker that makes
+    boot-finish end at once written), but that start did not happen (systemctl refused, the
+    queue was flushed); then a run failed. `systemctl start slurmd` starts the finish unit
+    first: its boot-finish must run the configure step again and fail, not take the old
+    marker for a success and let slurmd start on a node whose last run failed."""
+    systemctl = Systemctl(tmp_path, required_by="slurmd.service",
+                          enabled={"slurmd.service": "enabled"})
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    configure = tmp_path / "provisiond-configure"
+
+    def configure_exits(status: int) -> None:
+        configure.write_text(f"#!/bin/sh\necho 'PLAY RECAP'\nexit {status}\n")
+        configure.chmod(0o755)
+
+    extra = {**systemctl.env, "PROVISIOND_AGENT_CONFIGURE": str(configure),
+             "PROVISIOND_AGENT_TRIES": "1"}
+    configure_exits(2)
+    assert run_agent(tmp_path, url, extra, "boot-start").returncode == 0
+    assert run_agent(tmp_path, url, extra, "boot-finish").returncode == 1
+    configure_exits(0)
+    assert run_agent(tmp_path, url, extra, "configure").returncode == 0  # release queued
+    systemctl.taken()  # ... and never carried out
+    configure_exits(2)
+    assert run_agent(tmp_path, url, extra, "configure").returncode == 1
+    server.phases.clear()
+    finished = run_agent(tmp_path, url, extra, "boot-finish")  # systemctl start slurmd
+    assert finished.returncode == 1, finished.stderr
+    assert [p for p, _ in server.phases] == ["failed"]
+
+
 def test_a_boot_whose_configure_run_went_well_starts_nothing_later(tmp_path, server):
     systemctl = Systemctl(tmp_path, required_by="slurmd.service",
                           enabled={"slurmd.service": "enabled"})
