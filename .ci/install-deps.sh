@@ -18,6 +18,8 @@ APT_PACKAGES=(
   dnsutils isc-dhcp-client tftp-hpa atftp bubblewrap
   # tests: the zsh completion script
   zsh
+  # tests: the agent's units run by a real systemd in namespaces (tests/systemd_sandbox.py)
+  systemd
   # bench: peers measured in the same run, and the HTTP load generator
   tftpd-hpa nginx-light wrk
   # tests: the status page in a real headless browser (Selenium drives /usr/bin/chromedriver)
