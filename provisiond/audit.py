@@ -34,8 +34,22 @@ def journal(config: Config) -> Journal | StoreJournal:
                       KEEP_BYTES, mode=0o600, keep_records=KEEP_RECORDS)
 
 
+_caller: list[str] = []  # cli_actor() fixed before the CLI became the state dir's owner
+
+
 def cli_actor() -> str:
     """`cli:USER` for the user running the CLI (sudo's caller when there is one)."""
+    return _caller[0] if _caller else _login_actor()
+
+
+def keep_cli_actor() -> None:
+    """Fix cli_actor() to who runs the CLI now, before it gives up root for the state
+    directory's owner: afterwards getpass would name that owner (where no LOGNAME or USER
+    says root), and root's changes would be audited as the service's."""
+    _caller[:] = [_login_actor()]
+
+
+def _login_actor() -> str:
     user = os.environ.get("SUDO_USER")
     if not user:
         try:

@@ -122,7 +122,13 @@ class BootWorker(GeventWorker):
 
     def _greenlet_failed(self, context, kind, value, tb) -> None:
         """A client's fault (a failed or timed-out TLS handshake, plain HTTP on the TLS
-        port) is a debug line, as gunicorn logs its SSL errors; anything else is a bug."""
+        port) is a debug line, as gunicorn logs its SSL errors; so is a worker quitting
+        (Ctrl-C: gunicorn's quit handler calls sys.exit(0) in a greenlet, which gevent's
+        shutdown of the worker hands here, although the hub counts it no error); anything
+        else is a bug."""
+        if kind is not None and issubclass(kind, gevent.get_hub().NOT_ERROR):
+            self.log.debug("greenlet %s ended: %s: %s", context, kind.__name__, value)
+            return
         if kind is not None and issubclass(kind, OSError):
             self.log.debug("connection ended before its request: %s: %s", kind.__name__, value)
             return

@@ -13,7 +13,8 @@ def register(subparsers) -> None:
         "before nodes boot",
         description="Check what would stop a boot: settings; each listener's address (on "
         "this host) and port (free, or held by provisiond serve); dhcp.interface; the iPXE "
-        "binaries in tftp.root; who owns the state directory; for each node of RANGE "
+        "binaries in tftp.root; who owns the state directory; with dhcp.discovery and a "
+        "discovery.pool, the discovery image built; for each node of RANGE "
         "(default all): a MAC and an address, its image built (blobs present) and its "
         "recipe unchanged since, its image's mounted layer blobs and boot kit (present, of "
         "the size and digest the manifest names; a failure only for a node that boots "

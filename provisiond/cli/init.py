@@ -10,7 +10,7 @@ from provisiond.audit import cli_actor
 from provisiond.cli import unit
 from provisiond.cli.ownership import hand_back
 from provisiond.config import (SHIPPED_DIR, StoreAuthSettings, StoreTlsSettings, load_config,
-                               parse_store_url, write_default_config)
+                               parse_store_url, unicast_address, write_default_config)
 from provisiond.errors import InvalidInput
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
@@ -35,7 +35,8 @@ STORE_FLAGS = [
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "init", help="create the state directory, provisiond.yaml and the shipped profiles")
-    parser.add_argument("--address", help="server.address to write into a new provisiond.yaml")
+    parser.add_argument("--address", help="server.address to write into a new provisiond.yaml "
+                        "(an existing one is kept: it must have that address already)")
     parser.add_argument("--store", metavar="etcd[s]://HOST:PORT[,...]",
                         help="store: to write into a new provisiond.yaml: the etcd cluster "
                         "this server shares with the others (every member; etcds:// over "
@@ -60,11 +61,12 @@ def run(args, ctx) -> None:
     layout = Layout(ctx.state_dir)
     existed = layout.settings.exists()
     store = check_store_flags(args, ctx.state_dir if existed else None)
+    address = check_address(args.address, ctx.state_dir if existed else None)
     path = write_default_config(ctx.state_dir)
     if not existed:
         text = path.read_text()
-        if args.address:
-            text = text.replace("  address: 127.0.0.1", f"  address: {args.address}", 1)
+        if address:
+            text = text.replace("  address: 127.0.0.1", f"  address: {address}", 1)
         if store:
             text = text.replace("\nstore: null\n", f"\n{yaml.safe_dump(store, sort_keys=False)}",
                                 1)
@@ -84,6 +86,23 @@ def run(args, ctx) -> None:
               f"{ctx.state_dir}\n"
               "next: systemctl daemon-reload && systemctl enable --now provisiond; then, as "
               "root, `provisiond image build NAME` for the nodes' images")
+
+
+def check_address(address: str | None, existing: Path | None) -> str | None:
+    """--address checked as provisiond.yaml's server.address is, before anything is
+    written; with an existing provisiond.yaml (kept as it is), it must be the one it has."""
+    if not address:
+        return None
+    try:
+        address = unicast_address(address)
+    except ValueError as exc:
+        raise InvalidInput(f"--address: {exc}") from None
+    if existing is not None:
+        has = load_config(existing).server.address
+        if address != has:
+            raise InvalidInput(f"--address: {Layout(existing).settings} has server.address: "
+                               f"{has}; edit it there")
+    return address
 
 
 def check_store_flags(args, existing: Path | None) -> dict:

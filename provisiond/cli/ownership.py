@@ -17,6 +17,7 @@ import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
+from provisiond.audit import keep_cli_actor
 from provisiond.config import service_paths
 from provisiond.errors import Forbidden
 
@@ -41,6 +42,7 @@ def as_state_owner(state_dir: Path, kind: str) -> Iterator[None]:
                         "that user (systemctl start provisiond), not as root, so that what it "
                         "writes stays theirs")
     if kind == "owner":
+        keep_cli_actor()  # the audit names root, not the owner it runs as
         _become(uid, gid)
         if not os.access(state_dir, os.R_OK | os.W_OK | os.X_OK):
             raise Forbidden(f"{state_dir} belongs to {_user_name(uid)}, who cannot reach it (a "

@@ -149,7 +149,7 @@ def _logger(path: str | None) -> logging.Logger:
         with contextlib.suppress(OSError):  # a failed write was reported by that run
             handler.close()
     if path:
-        handler = _FileHandler(path)
+        handler = _FileHandler(path, delay=True)
         handler.setFormatter(_PrintableFormatter("%(asctime)s provisiond: %(message)s"))
     elif os.path.exists(SYSLOG_SOCKET):
         handler = logging.handlers.SysLogHandler(address=SYSLOG_SOCKET)
@@ -174,10 +174,20 @@ class _TerminalHandler(logging.StreamHandler):
 
 
 class _FileHandler(logging.FileHandler):
-    """`--log FILE`: a write that fails (a full disk) is kept for `_check_written`, not
-    printed as a traceback per line by logging."""
+    """`--log FILE`, opened at the first line: a file that cannot be opened (a folder
+    SlurmUser may not write) or written (a full disk) is kept for `_check_written`, not
+    printed as a traceback per line by logging, and the nodes are done all the same."""
 
     write_error: OSError | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+        except OSError:
+            self.handleError(record)
+            return
+        super().emit(record)
 
     def handleError(self, record: logging.LogRecord) -> None:
         self.write_error = self.write_error or sys.exc_info()[1]

@@ -17,8 +17,8 @@ LEVELS = ("ok", "warn", "fail")
 @dataclass(frozen=True)
 class Finding:
     check: str
-    """settings, inventory, listener, interface, ipxe, state-dir, mac, address, image,
-    mounted, overlays, bmc"""
+    """settings, inventory, listener, interface, ipxe, state-dir, discovery, mac, address,
+    image, mounted, overlays, bmc"""
     subject: str
     level: str
     detail: str
@@ -42,10 +42,10 @@ def fail(check: str, subject: str, detail: str, fix: str) -> Finding:
 
 def run_checks(config: Config, pattern: str | None = None, bmc: bool = True,
                bmc_timeout: float = 3.0) -> list[Finding]:
-    """Every check: the host's (settings, listeners, iPXE files, the state dir), then each
-    node's of `pattern` (default: all)."""
+    """Every check: the host's (settings, listeners, iPXE files, the state dir), the
+    discovery image when discovery is on, then each node's of `pattern` (default: all)."""
     from provisiond.preflight import host, nodes
 
-    findings = host.check_host(config)
+    findings = host.check_host(config) + nodes.check_discovery(config)
     findings += nodes.check_nodes(config, pattern, bmc, bmc_timeout)
     return findings

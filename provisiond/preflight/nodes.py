@@ -1,8 +1,10 @@
 """Each node's checks: a MAC and an address to be known by, its image built and current,
-its overlays built and current, its BMC answering."""
+its overlays built and current, its BMC answering; and the discovery image's, which the
+machines that are no node yet boot."""
 
 from __future__ import annotations
 
+from provisiond.boot.discovery import enlisting
 from provisiond.config import Config
 from provisiond.errors import ImageNotFound, ProvisiondError
 from provisiond.images import blob_path, load_manifest, load_recipe
@@ -45,6 +47,16 @@ def check_nodes(config: Config, pattern: str | None, bmc: bool = True,
     return findings
 
 
+def check_discovery(config: Config) -> list[Finding]:
+    """With discovery on, unknown machines boot the discovery image: it must be built."""
+    if not (config.dhcp.enabled and enlisting(config)):
+        return []
+    image = config.discovery.image
+    level, detail, fix = _ImageChecks(config).image_state(image)
+    return [Finding("discovery", image, level, f"the image unknown machines boot: {detail}",
+                    fix)]
+
+
 def _identity(config: Config, node: Node) -> list[Finding]:
     """DHCP and iPXE know a node by a netdev's MAC; DHCP gives that netdev its address."""
     netdevs = node.record.netdevs or {}
@@ -79,10 +91,14 @@ class _ImageChecks:
         if not image:
             return fail("image", node.name, "no image set", f"provisiond node set {node.name} "
                         "--image NAME (or in one of its profiles)")
+        level, detail, fix = self.image_state(image)
+        return Finding("image", node.name, level, f"{image}: {detail}", fix)
+
+    def image_state(self, image: str) -> tuple[str, str, str]:
+        """(level, detail, fix) of an image: built, its blobs there, its recipe unchanged."""
         if image not in self._done:
             self._done[image] = self._check_image(image)
-        level, detail, fix = self._done[image]
-        return Finding("image", node.name, level, f"{image}: {detail}", fix)
+        return self._done[image]
 
     def _check_image(self, image: str) -> tuple[str, str, str]:
         build = f"provisiond image build {image} (as root)"

@@ -234,6 +234,24 @@ def test_an_address_not_on_this_host_and_a_missing_interface(cli, healthy):
     assert "lo" in found[("interface", "pvnope0")]["fix"]  # names the ones there are
 
 
+def test_discovery_on_without_the_discovery_image(cli, healthy):
+    """Unknown machines boot the discovery image: with discovery on and it not built, every
+    one of them loops on 'no image named discovery has been built' at its console, while
+    doctor said 'nothing stops a boot'."""
+    write_config(healthy.state_dir, dhcp={"enabled": True, "bind": "127.0.0.1",
+                                          "port": free_port(socket.SOCK_DGRAM),
+                                          "discovery": True},
+                 discovery={"pool": "10.0.9.200-10.0.9.250"})
+    code, findings = doctor(cli, "--no-bmc")
+    found = problems(findings)[("discovery", "discovery")]
+    assert code == PREFLIGHT_FAILED and "not built" in found["detail"]
+    assert found["fix"] == "provisiond image build discovery (as root)"
+    add_image(healthy, "discovery")
+    code, findings = doctor(cli, "--no-bmc")
+    assert ("discovery", "discovery") not in problems(findings)
+    assert any(f["check"] == "discovery" for f in findings)
+
+
 def test_missing_ipxe_binaries(cli, healthy, tmp_path):
     empty = tmp_path / "ipxe"
     empty.mkdir()

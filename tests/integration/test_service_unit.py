@@ -5,6 +5,7 @@ start where they cannot mount and chroot (the unprivileged service)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -91,6 +92,23 @@ def test_root_cli_on_the_services_state_dir_runs_as_its_owner(shared_tmp):
     served = provisiond(state, "serve", timeout=60)
     assert served.returncode == 6 and served.stderr.count("\n") == 1, served.stderr
     assert f"belongs to {USER}" in served.stderr and "systemctl start provisiond" in served.stderr
+
+
+def test_roots_changes_on_the_services_state_dir_are_audited_as_roots(shared_tmp):
+    """Root's CLI becomes the state dir's owner to write; the audit record still names
+    root, not the service's user (it did, wherever no LOGNAME or USER named root:
+    `env -i`, systemd-run, a bare ssh command)."""
+    state = shared_tmp / "state"
+    assert provisiond(state, "init", "--systemd", "--user", USER, "--unit-dir",
+                      str(shared_tmp)).returncode == 0
+    bare_env = ["env", "-u", "LOGNAME", "-u", "USER", "-u", "LNAME", "-u", "USERNAME",
+                "-u", "SUDO_USER"]
+    assert provisiond(state, "node", "add", "n1", "--profile", "default",
+                      user_argv=bare_env).returncode == 0
+    listed = provisiond(state, "audit", "--json")
+    assert listed.returncode == 0, listed.stderr
+    actors = {e["action"]: e["actor"] for e in json.loads(listed.stdout)}
+    assert actors["node.create"] == "cli:root", listed.stdout
 
 
 def test_an_owner_who_cannot_reach_the_state_dir_is_one_clear_line(tmp_path):

@@ -14,7 +14,8 @@ from provisiond.errors import NotFound
 
 bp = Blueprint("page", __name__)
 HERE = Path(__file__).resolve().parent
-ASSETS = {"status.js": "text/javascript; charset=utf-8", "status.css": "text/css; charset=utf-8"}
+# Bare types: send_file adds "; charset=utf-8" to a text/ type (given here, it came twice).
+ASSETS = {"status.js": "text/javascript", "status.css": "text/css"}
 # Only this server's own files, no inline script: a node name or detail that reaches the page
 # is text, never code.
 POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -23,7 +24,7 @@ POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 
 
 @bp.get("/")
 def index():
-    return _send("index.html", "text/html; charset=utf-8")
+    return _send("index.html", "text/html")
 
 
 @bp.get("/page/<name>")

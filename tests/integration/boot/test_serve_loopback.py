@@ -245,6 +245,29 @@ def test_sigterm_stops_everything(tmp_path):
     assert not session_alive(proc)
 
 
+def test_ctrl_c_stops_serve_without_an_error_line(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: every gunicorn
+    worker logged 'ERROR ... greenlet ... failed: 0' and a traceback (its quit handler's
+    sys.exit(0), met by gevent during the worker's shutdown)."""
+    import signal
+
+    state = tmp_path / "state"
+    write_default_config(state)
+    port = free_port()
+    # One worker: it answers once its signal handlers are in (a worker still booting when
+    # the signal comes misses it, and gunicorn kills it after graceful_timeout).
+    write_config(state, http={"bind": "127.0.0.1", "port": port, "workers": 1})
+    proc = start_serve(state)
+    wait_http(f"http://127.0.0.1:{port}/boot/ipxe", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert stop_serve(proc) == 0
+    deadline = time.monotonic() + 10  # bounded: gunicorn's last children may be reaped still
+    while session_alive(proc) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = (state / "serve.log").read_text()
+    assert " ERROR " not in log and "Traceback" not in log, log
+
+
 def junk_packets(seed: int, count: int, valid: bytes):
     """Random datagrams, half of them corrupted copies of a valid request."""
     import random

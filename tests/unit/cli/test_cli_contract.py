@@ -257,6 +257,22 @@ def test_slurm_with_a_log_that_cannot_be_written_says_so_in_one_line(cli, tmp_pa
                           "/dev/full\n")
 
 
+def test_slurm_with_a_log_that_cannot_be_opened_still_does_the_nodes(cli, config, tmp_path):
+    """A power_log SlurmUser may not create (a typo, a root-owned folder): the nodes are
+    still done, as with a log that fills up; only their outcomes are lost. It did nothing,
+    so Slurm waited ResumeTimeout for nodes nobody had powered on."""
+    from provisiond.power.fake import read_fake_bmcs
+
+    assert cli("node", "add", "n[1-2]", "--bmc-driver", "fake", "--bmc-address", "bmc").code == 0
+    log = tmp_path / "no-such-dir" / "power.log"
+    result = cli("slurm", "suspend", "n[1-2]", "--log", str(log))
+    assert result.code == ExitCode.FAILED
+    assert result.err == (f"provisiond: error: cannot write the log: No such file or "
+                          f"directory: {log}\n")
+    bmcs = read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")
+    assert [bmcs[name]["power"] for name in ("n1", "n2")] == ["off", "off"]
+
+
 def test_slurm_log_lines_cannot_be_forged_by_a_name(cli, tmp_path):
     log = tmp_path / "slurm.log"
     result = cli("slurm", "resume", "x1,n1\nFORGED n2: ok", "--log", str(log))

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from provisiond import audit, events
 from provisiond.audit import cli_actor
 from provisiond.cli import main
@@ -20,6 +22,34 @@ def test_init_writes_config_and_profiles_once(tmp_path, capsys):
     assert main(["--state-dir", str(fresh), "init"]) == 0
     out = capsys.readouterr().out
     assert "kept" in out and "imported" not in out
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "10.9.0.1x", "224.0.0.1",
+                                     "10.9.0.1\nstore: etcd://10.0.0.9:2379"])
+def test_init_with_a_bad_address_writes_nothing_and_a_good_one_then_works(tmp_path, capsys,
+                                                                         address):
+    """It wrote provisiond.yaml with the bad address, then refused it, and every later
+    `init --address GOOD` refused the file it had left."""
+    fresh = tmp_path / "fresh"
+    assert main(["--state-dir", str(fresh), "init", "--address", address]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("provisiond: error: --address: ") and err.count("\n") == 1, err
+    assert not fresh.exists()
+    assert main(["--state-dir", str(fresh), "init", "--address", "10.9.0.1"]) == 0
+    assert load_config(fresh).server.address == "10.9.0.1"
+
+
+def test_init_refuses_another_address_than_the_kept_provisiond_yaml_has(tmp_path, capsys):
+    """init keeps an existing provisiond.yaml: an --address it would not write is refused,
+    not dropped ('kept' and exit 0 left server.address as it was)."""
+    fresh = tmp_path / "fresh"
+    assert main(["--state-dir", str(fresh), "init"]) == 0
+    before = (fresh / "provisiond.yaml").read_bytes()
+    assert main(["--state-dir", str(fresh), "init", "--address", "10.9.0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "has server.address: 127.0.0.1; edit it there" in err and err.count("\n") == 1
+    assert (fresh / "provisiond.yaml").read_bytes() == before
+    assert main(["--state-dir", str(fresh), "init", "--address", "127.0.0.1"]) == 0
 
 
 def test_profiles_init_imports_are_audited_and_announced(tmp_path, capsys):
