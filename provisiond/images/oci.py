@@ -40,20 +40,30 @@ class Archive:
             return handle.read()
 
     def open(self, name: str) -> BinaryIO:
-        name = name.lstrip("./") if name.startswith("./") else name
+        name = name.removeprefix("./")
         if self.tar is None:
-            return open(self.path / name, "rb")
-        try:
-            handle = self.tar.extractfile(name) or self.tar.extractfile("./" + name)
-        except KeyError:
-            handle = None
-        if handle is None:
-            raise BuildFailed(f"{self.path.name}: archive has no file {name}")
-        return handle
+            return open(self.inside(name), "rb")
+        for member in (name, "./" + name):  # `tar -C layout -cf x.tar .` names ./index.json
+            try:
+                handle = self.tar.extractfile(member)
+            except KeyError:  # no such member
+                continue
+            if handle is not None:
+                return handle
+        raise BuildFailed(f"{self.path.name}: archive has no file {name}")
+
+    def inside(self, name: str) -> Path:
+        """`name` in the archive's folder: a name from its manifest (a docker archive's
+        Layers, an OCI digest) must not lead out of it, to a host file read as a layer."""
+        path = (self.path / name).resolve()
+        if not path.is_relative_to(self.path.resolve()):
+            raise BuildFailed(f"{self.path.name}: {name!r} is outside the archive")
+        return path
 
     def exists(self, name: str) -> bool:
+        name = name.removeprefix("./")
         if self.tar is None:
-            return (self.path / name).is_file()
+            return self.inside(name).is_file()
         names = self.tar.getnames()
         return name in names or "./" + name in names
 
@@ -111,7 +121,7 @@ def plan_archive(step: Step, parent: str | None, compression: str) -> list[Layer
 
 def _digest_member(archive: Archive, name: str) -> str:
     if archive.tar is None:
-        return file_sha256(archive.path / name)
+        return file_sha256(archive.inside(name))
     with archive.open(name) as handle:
         return stream_sha256(handle)
 

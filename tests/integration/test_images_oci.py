@@ -131,6 +131,49 @@ def test_import_applies_layers_and_whiteouts(cli, config, tmp_path, make):
                      "sbin/init": b"#!/bin/sh\n"}
 
 
+@pytest.mark.parametrize("make", [oci_archive, docker_archive])
+def test_an_archive_made_with_tar_of_its_folder_imports(cli, config, tmp_path, make):
+    """`tar -C layout -cf image.tar .` (GNU tar, as an admin packs a layout folder) names
+    every entry ./index.json, ./blobs/...: it imported only without the ./ prefix ("archive
+    has no file index.json", exit 5)."""
+    layers = [gzip.compress(layer_tar(BOTTOM), mtime=0), layer_tar(TOP)]
+    made = make(tmp_path / "made.tar", layers)
+    folder = tmp_path / "layout"
+    folder.mkdir()
+    subprocess.run(["tar", "-C", str(folder), "-xf", str(made)], check=True)
+    archive = tmp_path / "image.tar"
+    subprocess.run(["tar", "-C", str(folder), "-cf", str(archive), "."], check=True)
+    with tarfile.open(archive) as tar:
+        assert all(name == "." or name.startswith("./") for name in tar.getnames())
+    result = cli("image", "import", str(archive), "dotted")
+    assert result.code == 0, result.err
+    listed = unpack_image(config, load_manifest(config, "dotted"), tmp_path / "root")
+    assert listed == ["/data/x/1", "/data/x/2", "/etc/a"]
+    assert tree(tmp_path / "root")["etc/c"] == b"c\n"
+
+
+@pytest.mark.parametrize("outside", ["../outside.tar", "ABSOLUTE"])
+def test_a_folder_archive_naming_a_file_outside_it_is_refused(cli, config, tmp_path, outside):
+    """A docker archive folder (docker save, unpacked) whose manifest.json names a layer
+    outside the folder: the import read that host file as a layer (as root, into an image
+    served to every node). It is one line now, and no image is made."""
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    host_file = tmp_path / "outside.tar"
+    host_file.write_bytes(layer_tar(BOTTOM))
+    name = str(host_file) if outside == "ABSOLUTE" else outside
+    (folder / "config.json").write_text("{}")
+    (folder / "manifest.json").write_text(json.dumps(
+        [{"Config": "config.json", "RepoTags": ["t:1"], "Layers": [name]}]))
+    result = cli("image", "import", str(folder), "outside")
+    assert result.code != 0
+    last = result.err.splitlines()[-1]  # after the build's progress lines
+    assert last.startswith("provisiond: error: ") and "is outside the archive" in last, \
+        result.err
+    assert "Traceback" not in result.err
+    assert cli("image", "show", "outside").code != 0
+
+
 def test_recreated_path_is_not_whited_out(cli, config, tmp_path):
     layers = [layer_tar(BOTTOM), layer_tar(TOP), layer_tar(LAST)]
     archive = oci_archive(tmp_path / "image.tar", layers)
