@@ -89,12 +89,24 @@ def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], in
                                "oci:DIR[:TAG])")
         target = folder / ("oci" if archive.is_dir() else "archive.tar")
         if archive.is_dir():
+            _no_links_out(archive)
             shutil.copytree(archive, target)
         else:
             shutil.copyfile(archive, target)
     recipe = {"description": f"imported from {source}", "init": init,
               "kernel_args": kernel_args, "layers": [{"kind": "oci-archive", "path": target.name}]}
     write_atomic(folder / RECIPE_FILE, yaml.safe_dump(recipe, sort_keys=False))
+
+
+def _no_links_out(folder: Path) -> None:
+    """An archive folder's symlinks stay inside it: the copy follows them, and one to a host
+    file (/etc/shadow) made that file's content a layer, as root, of an image every node is
+    served."""
+    top = folder.resolve()
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink() and not path.resolve().is_relative_to(top):
+            raise InvalidInput(f"{folder}: {path.relative_to(folder)} links outside the "
+                               "archive folder; copy what it names into the folder")
 
 
 def _kept_blob(config: Config, digest: str) -> Path | None:
