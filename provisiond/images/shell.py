@@ -47,6 +47,7 @@ from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import claim_session, is_opaque
 from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
                                           lock_path, manifest_entry)
+from provisiond.images.recipe import read_shell_layers
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
@@ -418,8 +419,7 @@ def _edit_listing(config: Config, name: str, change) -> list[ShellLayer]:
     listing = Layout.of(config).image_shell_layers(name)
     listing.parent.mkdir(parents=True, exist_ok=True)
     with locked(lock_of(listing)):
-        text = listing.read_text() if listing.is_file() else ""
-        entries = change(ShellLayers.model_validate_json(text).root if text else [])
+        entries = change(read_shell_layers(listing, name))
         if entries:
             write_atomic(listing, ShellLayers(entries).text())
         else:
