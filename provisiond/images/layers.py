@@ -167,7 +167,8 @@ def replaced_dirs(upper: Path, lowers: list[Path]) -> list[str]:
     fails on a directory that is not empty (init/initramfs.c, clean_path), so the layer's
     file or link would never be written there. Whiteouts or opaque dirs in between do not
     matter: the kernel unpacks every layer. Only real directories count (none below a
-    symlink of the lower tree, which the kernel would not unpack either).
+    symlink of the lower tree, which the kernel would not unpack either), and no socket
+    (packed nowhere: /init would find nothing to move in and stop the boot).
     """
     found: list[str] = []
     real = {"": [(str(tree), _subdirs(str(tree))) for tree in lowers]}
@@ -176,7 +177,7 @@ def replaced_dirs(upper: Path, lowers: list[Path]) -> list[str]:
         holding = [path for path, subdirs in real.get(parent, ()) if name in subdirs]
         if stat.S_ISDIR(st.st_mode):  # where rel is a real directory, and its subdirs
             real[rel] = [(f"{path}/{name}", _subdirs(f"{path}/{name}")) for path in holding]
-        elif holding and not is_whiteout(st):
+        elif holding and not is_whiteout(st) and not stat.S_ISSOCK(st.st_mode):
             found.append(rel)
     return found
 
