@@ -218,7 +218,8 @@ def _clear_session(folder: Path) -> None:
 def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
          name: str) -> int:
     """The shell's exit status (negative: the signal that ended it). This process waits
-    through Ctrl-C as system(3) does: the terminal's SIGINT ends the command, not us."""
+    through Ctrl-C and Ctrl-\\ as system(3) does: the terminal's SIGINT or SIGQUIT ends the
+    command, not us (SIGQUIT's default ended us, leaving the session's mounts)."""
     with chroot.overlay(lowers, upper, work / "w", work / "merged") as root, \
             chroot.system_mounts(root), no_services(root):
         shell = next((s for s in SHELLS if os.access(chroot.resolve_in_root(root, s, True),
@@ -227,7 +228,8 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
             raise BuildFailed("the image has neither /bin/bash nor /bin/sh")
         argv = ["chroot", str(root), shell] + (["-i"] if command is None else ["-c", command])
         env = {**chroot.chroot_env(), **_session_env(name)}
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+        previous = {signum: signal.signal(signum, lambda signum, frame: None)
+                    for signum in (signal.SIGINT, signal.SIGQUIT)}
         try:
             proc = subprocess.Popen(argv, env=env, cwd="/")
             try:
@@ -239,7 +241,8 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
             finally:
                 chroot.end_processes_in(root)  # what it left running (`daemon &`)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _session_env(name: str) -> dict[str, str]:

@@ -187,6 +187,34 @@ def test_ctrl_c_keeps_the_image_as_it_was(tiny):
     assert left_behind(config) == []
 
 
+def test_ctrl_backslash_is_the_command_s_not_provisiond_s(tiny):
+    """Ctrl-\\ (SIGQUIT to the whole process group, as a terminal sends it) ended provisiond
+    at once (SIGQUIT's default), leaving the session's mounts (the host's /proc, /sys and
+    terminals among them) and its command running. provisiond waits through it as it does
+    through Ctrl-C (system(3) ignores both): the command decides (tiny's sh ignores it)."""
+    config, before = tiny
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", "touch /etc/marker; echo started; read -t 300 line"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        os.killpg(proc.pid, signal.SIGQUIT)
+        time.sleep(1)
+        assert proc.poll() is None, proc.communicate()
+        out, err = proc.communicate("go\n", timeout=300)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        clear_sessions(config)
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert left_behind(config) == []
+
+
 def clear_sessions(config) -> None:
     """What a test's failure left: processes rooted in a session, its mounts, its folder."""
     for folder in (config.state_dir / "cache/layers").glob("shell-*"):
