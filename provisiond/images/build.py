@@ -12,12 +12,13 @@ from pathlib import Path
 
 from provisiond.atomic import locked
 from provisiond.config import Config
-from provisiond.errors import BuildFailed, ProvisiondError
+from provisiond.errors import BuildFailed, InUse, ProvisiondError
 from provisiond.events import build_events
 from provisiond.images import chroot, oci, squash, steps
 from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
-from provisiond.images.layers import LayerPlan, build_layer, cached_layer, layer_key
+from provisiond.images.layers import (LayerPlan, build_layer, cached_layer, layer_key,
+                                      shell_mounting)
 from provisiond.images.manifests import gc_lock, lock_path, save_manifest
 from provisiond.images.recipe import Recipe, Step, load_recipe
 from provisiond.state.layout import Layout
@@ -128,6 +129,7 @@ def _one_layer(config: Config, plan: LayerPlan, parents: list[dict], compression
         if record is not None:
             progress({**event, "status": "cached", "size": record["size"], "seconds": 0.0})
             return record
+        _refuse_if_mounted(config, plan.key, event)
         progress({**event, "status": "building"})
         try:
             record = build_layer(config, plan, parents, compression,
@@ -140,6 +142,15 @@ def _one_layer(config: Config, plan: LayerPlan, parents: list[dict], compression
     progress({**event, "status": "built", "size": record["size"],
               "seconds": record["build_seconds"]})
     return record
+
+
+def _refuse_if_mounted(config: Config, key: str, event: dict) -> None:
+    """InUse when an open `image shell` session mounts the layer's tree, which building
+    it again (--no-cache, or its blob gone) would remove from under the session."""
+    layout = Layout.of(config)
+    if layout.layer_tree(key).is_dir() and (holder := shell_mounting(layout, key)):
+        raise InUse(_name_layer(event, f"{holder} has its layer tree mounted: try again "
+                                       "when that shell has ended"))
 
 
 def _name_layer(event: dict, exc) -> str:

@@ -7,6 +7,7 @@ mount them as lower dirs; `<key>.json` beside a tree records its blob.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -166,7 +167,8 @@ def replaced_dirs(upper: Path, lowers: list[Path]) -> list[str]:
     fails on a directory that is not empty (init/initramfs.c, clean_path), so the layer's
     file or link would never be written there. Whiteouts or opaque dirs in between do not
     matter: the kernel unpacks every layer. Only real directories count (none below a
-    symlink of the lower tree, which the kernel would not unpack either).
+    symlink of the lower tree, which the kernel would not unpack either), and no socket
+    (packed nowhere: /init would find nothing to move in and stop the boot).
     """
     found: list[str] = []
     real = {"": [(str(tree), _subdirs(str(tree))) for tree in lowers]}
@@ -175,7 +177,7 @@ def replaced_dirs(upper: Path, lowers: list[Path]) -> list[str]:
         holding = [path for path, subdirs in real.get(parent, ()) if name in subdirs]
         if stat.S_ISDIR(st.st_mode):  # where rel is a real directory, and its subdirs
             real[rel] = [(f"{path}/{name}", _subdirs(f"{path}/{name}")) for path in holding]
-        elif holding and not is_whiteout(st):
+        elif holding and not is_whiteout(st) and not stat.S_ISSOCK(st.st_mode):
             found.append(rel)
     return found
 
@@ -238,6 +240,56 @@ def _one_a_line(rel: str, verb: str, name: str) -> str:
 def _has_parent_in(rel: str, paths: set[str]) -> bool:
     parts = rel.split("/")
     return any("/".join(parts[:i]) in paths for i in range(1, len(parts)))
+
+
+def shell_sessions(layout: Layout) -> dict[Path, set[str]]:
+    """The `image shell` sessions' folders and the keys of the layer trees each mounts
+    (its `lowers` file, written before it mounts them): open ones and killed ones, whose
+    mounts stay until the next shell on their image clears them."""
+    found: dict[Path, set[str]] = {}
+    for path in layout.layers.glob(f"{layout.shell_session('*', '*').name}/lowers"):
+        try:
+            found[path.parent] = set(path.read_text().split())
+        except OSError:  # the session ended meanwhile: its folder is going
+            continue
+    return found
+
+
+def claim_session(lowers: Path) -> int:
+    """Mark a session open for its length: its `lowers` file flocked (goes with the
+    process however it ends). Returns the descriptor to close when the session is over."""
+    fd = os.open(lowers, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _session_open(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / "lowers", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: checkers never clash
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def shell_mounting(layout: Layout, key: str) -> str | None:
+    """'the image shell on NAME (PID N)' when an open session mounts the layer tree
+    `key`, else None. Call it holding the layer's lock: a session lists its trees under
+    their locks, so none starts mounting `key` meanwhile."""
+    for folder, keys in shell_sessions(layout).items():
+        if key in keys and _session_open(folder):
+            image = folder.name[len("shell-"):].rpartition(".")[0]
+            try:
+                pid = layout.image_shell_lock(image).read_text().strip() or "?"
+            except OSError:
+                pid = "?"
+            return f"the image shell on {image} (PID {pid})"
+    return None
 
 
 def _remove_tree(path: Path) -> None:

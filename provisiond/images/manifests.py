@@ -18,7 +18,7 @@ from provisiond.atomic import locked
 from provisiond.config import Config
 from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import INCOMING, blob_path
-from provisiond.images.layers import read_layer_record
+from provisiond.images.layers import read_layer_record, shell_sessions
 from provisiond.images.recipe import check_image_name
 from provisiond.state import open as opening
 from provisiond.state.layout import Layout
@@ -204,13 +204,7 @@ def _session_lowers(layout: Layout) -> set[str]:
     """The layer keys `image shell` sessions mount: an open one's, whose image may have
     been deleted or rebuilt meanwhile, and a killed one's (its mounts stay until the next
     shell on its image clears them). A session writes them before it lets gc run."""
-    keys: set[str] = set()
-    for path in layout.layers.glob(f"{layout.shell_session('*', '*').name}/lowers"):
-        try:
-            keys.update(path.read_text().split())
-        except OSError:  # the session ended meanwhile: its folder is going
-            continue
-    return keys
+    return set().union(*shell_sessions(layout).values())
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",

@@ -20,7 +20,7 @@ from provisiond.documents import load_yaml_mapping
 from provisiond.errors import InvalidInput, NotFound
 from provisiond.inventory.values import check_image_name as _image_name_rule
 from provisiond.state.layout import Layout, recipe_search_path
-from provisiond.state.models import ShellLayers
+from provisiond.state.models import ShellLayer, ShellLayers
 
 RECIPE_FILE = "image.yaml"
 DEFAULT_MODULES = ["virtio_net", "virtio_pci", "virtio_blk", "e1000", "af_packet"]
@@ -195,14 +195,24 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
 def shell_steps(config: Config, name: str, before: int) -> list[Step]:
     """The `tar` layers `image shell` added to image `name`, after its recipe's layers."""
     listing = Layout.of(config).image_shell_layers(name)
+    return [Step(name, before + number, TarLayer(kind="tar", **entry.document()),
+                 listing.parent)
+            for number, entry in enumerate(read_shell_layers(listing, name), 1)]
+
+
+def read_shell_layers(listing: Path, name: str) -> list[ShellLayer]:
+    """The entries of image `name`'s shell.json (none when it is missing); RecipeError,
+    one line, when it cannot be read."""
     try:
-        entries = ShellLayers.model_validate_json(listing.read_bytes()).root
+        return ShellLayers.model_validate_json(listing.read_bytes()).root
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:  # a ValidationError is a ValueError
-        raise RecipeError(f"image {name}: {listing} is unreadable: {exc}") from None
-    return [Step(name, before + number, TarLayer(kind="tar", **entry.document()),
-                 listing.parent) for number, entry in enumerate(entries, 1)]
+    except ValidationError as exc:  # not JSON too
+        raise RecipeError(f"image {name}: {listing} is unreadable: {_first_error(exc)}"
+                          ) from None
+    except OSError as exc:
+        raise RecipeError(f"image {name}: {listing} is unreadable: {exc.strerror or exc}"
+                          ) from None
 
 
 def _parse_head(name: str, path: Path, raw: bytes) -> _RecipeHead:

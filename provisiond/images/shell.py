@@ -18,7 +18,8 @@ an `image delete` done during the shell is seen there (the rebuild would bring t
 back), one asked for later waits for the rebuild. The saved manifest is the commit: a
 rebuild that did not save it (a failure, Ctrl-C) takes the listing's entry back out and
 keeps the tarball, the error naming it; an interrupt after the save changes nothing. gc
-does not wait for a session: it keeps the layer trees the session's `lowers` file names.
+does not wait for a session: it keeps the layer trees the session's `lowers` file names,
+and a build does not make them again while the session is open (it is refused).
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ from provisiond.images import chroot
 from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
-from provisiond.images.layers import is_opaque
+from provisiond.images.layers import claim_session, is_opaque
 from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
                                           lock_path, manifest_entry)
+from provisiond.images.recipe import read_shell_layers
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
@@ -168,18 +170,23 @@ def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path
     The trees' keys go in the session's `lowers` file, gc held off until they are there:
     gc keeps what it names (it would take the trees from under the mount), and no longer
     waits for the session to end (`image gc` waited silently while a shell was open).
+    They are written under the trees' layer locks and the file stays flocked while the
+    session is open: a build that would make one of them again in place (`--no-cache`)
+    is refused, naming this shell (it removed them from under the session's mount).
     Called under the image's shell lock: a session folder of the image's found here is a
     killed shell's (SIGKILL, the OOM killer), and is cleared first."""
     layout = Layout.of(config)
     prefix = layout.shell_session(name, "").name
-    folder = None
+    folder, claim = None, None
     try:
-        with locked(gc_lock(config), shared=True):
+        with locked(gc_lock(config), shared=True), contextlib.ExitStack() as trees:
             manifest = load_manifest(config, name)
             for stale in layout.layers.glob(f"{prefix}*"):
                 if "." not in stale.name[len(prefix):]:  # not `shell-a.b.*` of an older name
                     _clear_session(stale)
             keys = [layer["key"] for layer in reversed(manifest["layers"])]
+            for key in sorted(set(keys)):  # a build making one again in place ends first
+                trees.enter_context(locked(layout.layer_lock(key)))
             lowers = [layout.layer_tree(key) for key in keys]
             missing = [path.name[:12] for path in lowers if not path.is_dir()]
             if missing:
@@ -189,11 +196,14 @@ def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path
             folder = Path(tempfile.mkdtemp(prefix=prefix, dir=layout.layers))
             write_atomic(folder / "lowers", "".join(f"{key}\n" for key in keys),
                          durable=False)
+            claim = claim_session(folder / "lowers")  # builds leave these trees alone
         (folder / "upper").mkdir()
         yield lowers, folder / "upper", folder / "work"
     finally:
         if folder is not None:
             _clear_session(folder)
+        if claim is not None:
+            os.close(claim)
 
 
 def _clear_session(folder: Path) -> None:
@@ -208,7 +218,8 @@ def _clear_session(folder: Path) -> None:
 def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
          name: str) -> int:
     """The shell's exit status (negative: the signal that ended it). This process waits
-    through Ctrl-C as system(3) does: the terminal's SIGINT ends the command, not us."""
+    through Ctrl-C and Ctrl-\\ as system(3) does: the terminal's SIGINT or SIGQUIT ends the
+    command, not us (SIGQUIT's default ended us, leaving the session's mounts)."""
     with chroot.overlay(lowers, upper, work / "w", work / "merged") as root, \
             chroot.system_mounts(root), no_services(root):
         shell = next((s for s in SHELLS if os.access(chroot.resolve_in_root(root, s, True),
@@ -217,7 +228,8 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
             raise BuildFailed("the image has neither /bin/bash nor /bin/sh")
         argv = ["chroot", str(root), shell] + (["-i"] if command is None else ["-c", command])
         env = {**chroot.chroot_env(), **_session_env(name)}
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+        previous = {signum: signal.signal(signum, lambda signum, frame: None)
+                    for signum in (signal.SIGINT, signal.SIGQUIT)}
         try:
             proc = subprocess.Popen(argv, env=env, cwd="/")
             try:
@@ -229,7 +241,8 @@ def _run(lowers: list[Path], upper: Path, work: Path, command: str | None,
             finally:
                 chroot.end_processes_in(root)  # what it left running (`daemon &`)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _session_env(name: str) -> dict[str, str]:
@@ -409,8 +422,7 @@ def _edit_listing(config: Config, name: str, change) -> list[ShellLayer]:
     listing = Layout.of(config).image_shell_layers(name)
     listing.parent.mkdir(parents=True, exist_ok=True)
     with locked(lock_of(listing)):
-        text = listing.read_text() if listing.is_file() else ""
-        entries = change(ShellLayers.model_validate_json(text).root if text else [])
+        entries = change(read_shell_layers(listing, name))
         if entries:
             write_atomic(listing, ShellLayers(entries).text())
         else:

@@ -214,7 +214,9 @@ class Layout:
 
     @entry("cache/layers/shell-<image>.<random>/", "an `image shell` session: its overlayfs "
            "`upper/` and `work/`, and `lowers`, the keys of the layer trees it mounts (gc "
-           "keeps those); removed as it ends (after a SIGKILL, by the next shell on the image)")
+           "keeps those, and a build makes none of them again while the file is flocked, as "
+           "an open session keeps it); "
+           "removed as it ends (after a SIGKILL, by the next shell on the image)")
     def shell_session(self, image: str, random: str):
         return self.layers / f"shell-{image}.{random}"
 

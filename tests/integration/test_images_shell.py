@@ -187,6 +187,34 @@ def test_ctrl_c_keeps_the_image_as_it_was(tiny):
     assert left_behind(config) == []
 
 
+def test_ctrl_backslash_is_the_command_s_not_provisiond_s(tiny):
+    """Ctrl-\\ (SIGQUIT to the whole process group, as a terminal sends it) ended provisiond
+    at once (SIGQUIT's default), leaving the session's mounts (the host's /proc, /sys and
+    terminals among them) and its command running. provisiond waits through it as it does
+    through Ctrl-C (system(3) ignores both): the command decides (tiny's sh ignores it)."""
+    config, before = tiny
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command", "touch /etc/marker; echo started; read -t 300 line"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        os.killpg(proc.pid, signal.SIGQUIT)
+        time.sleep(1)
+        assert proc.poll() is None, proc.communicate()
+        out, err = proc.communicate("go\n", timeout=300)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        clear_sessions(config)
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert left_behind(config) == []
+
+
 def clear_sessions(config) -> None:
     """What a test's failure left: processes rooted in a session, its mounts, its folder."""
     for folder in (config.state_dir / "cache/layers").glob("shell-*"):
@@ -647,4 +675,42 @@ def test_an_interrupt_as_the_session_is_cleared_keeps_the_layer_and_says_where(
         f"the session's changes are kept in {tars[0]}"), output
     assert not (config.images_dir / "tiny/shell.json").exists()
     assert load_manifest(config, "tiny") == before
+    assert left_behind(config) == []
+
+
+def test_a_build_without_the_cache_is_refused_while_a_shell_mounts_the_layer_trees(tiny):
+    """`image build --no-cache` of the image, or of another one sharing its layers, while
+    a shell on it was open removed the layer trees the session had mounted and built them
+    again: the session's view lost its files (its busybox among them). Refused now, in
+    one line naming the shell's PID; the session goes on and adds its layer."""
+    config, before = tiny
+    (config.state_dir / "recipes/tiny3").mkdir(parents=True, exist_ok=True)
+    (config.state_dir / "recipes/tiny3/image.yaml").write_text(
+        "description: tiny again\nlayers:\n  - {kind: image, name: tiny}\n")
+    (config.images_dir / "tiny3/shell.json").unlink(missing_ok=True)
+    build_image(config, "tiny3")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", "tiny", "--command",
+         "touch /etc/first && read -t 300 line && /bin/busybox true && cat /etc/passwd"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        layers = config.state_dir / "cache/layers"
+        wait_for(lambda: any(layers.glob("shell-tiny.*/upper/etc/first")), "the shell")
+        for name in ("tiny", "tiny3"):
+            code, output = run_cli(config, "image", "build", "--no-cache", name)
+            assert code == ExitCode.CONFLICT, output
+            assert output.strip().splitlines() == [
+                f"provisiond: error: image {name}: layer 1 (busybox): the image shell on "
+                f"tiny (PID {first.pid}) has its layer tree mounted: try again when that "
+                "shell has ended"], output
+        out, err = first.communicate("go\n", timeout=300)
+    finally:
+        if first.poll() is None:
+            first.stdin.close()
+            first.wait(timeout=120)
+    assert first.returncode == 0, out + err
+    assert "root:" in out
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
     assert left_behind(config) == []

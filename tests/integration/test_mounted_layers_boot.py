@@ -41,6 +41,7 @@ echo "CHECK: opt/link -> $(readlink /opt/link)"
 [ -f /opt/file ] && echo "CHECK: opt/file is a file: $(cat /opt/file) $(stat -c %a /opt/file)"
 [ -d /opt/back ] && [ ! -L /opt/back ] && echo "CHECK: opt/back is a dir:" $(ls /opt/back)
 echo "CHECK: opt/gone holds" $(ls /opt/gone) "-> $(readlink /opt/gone/inner)"
+[ -e /.provisiond/replacements.d ] && echo "CHECK: side copies stay:" $(find /.provisiond/replacements.d)
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
@@ -161,6 +162,10 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     assert "CHECK: opt/back is a dir: new" in log  # a link again replaced by a dir
     assert "CHECK: opt/gone holds inner -> /srv/inner" in log  # in a dir deleted between
     assert "CHECK: var/run old content shows" not in log  # the overlay's dir wins whole
+    # the layers' side copies, moved in or not (a later layer's won, an overlay's directory
+    # stayed), are no part of the image: they held RAM (a file the kernel did put in place
+    # over an empty directory twice)
+    assert "CHECK: side copies stay" not in log, log[-3000:]
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]

@@ -1,12 +1,13 @@
 """images.manifests: names, and images built before names were DNS labels."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from provisiond.errors import BuildFailed, ImageNotFound, InvalidInput
-from provisiond.images.layers import cached_layer
+from provisiond.images.layers import cached_layer, claim_session, shell_mounting
 from provisiond.images.manifests import (collect_garbage, delete_image, list_images,
                                          load_manifest, manifest_key, save_manifest)
 from provisiond.state.layout import Layout
@@ -145,3 +146,24 @@ def test_gc_keeps_the_layer_trees_an_image_shell_session_mounts(config):
     assert collect_garbage(config)["trees_removed"] == 1
     assert layout.layer_tree("mounted").is_dir() and layout.layer_record("mounted").exists()
     assert not layout.layer_tree("unused").exists()
+
+
+def test_only_an_open_session_holds_off_a_build_of_its_layer_trees(config):
+    """A build making a layer tree again in place (--no-cache) removed it from under an
+    open shell's mount. An open session keeps its `lowers` file flocked: only then is the
+    tree its; a killed shell's folder (left until the next shell on its image) is not."""
+    layout = Layout.of(config)
+    layout.image_shell_lock("img").parent.mkdir(parents=True)
+    layout.image_shell_lock("img").write_text("4242\n")
+    session = layout.shell_session("img", "k3x9")
+    session.mkdir(parents=True)
+    (session / "lowers").write_text("mounted\nbase\n")
+    assert shell_mounting(layout, "mounted") is None  # killed: nobody holds it
+    claim = claim_session(session / "lowers")
+    try:
+        assert shell_mounting(layout, "base") == "the image shell on img (PID 4242)"
+        assert shell_mounting(layout, "other") is None
+        assert shell_mounting(layout, "base") is not None  # checking twice took nothing
+    finally:
+        os.close(claim)
+    assert shell_mounting(layout, "base") is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 
 import pytest
@@ -45,6 +46,17 @@ def test_a_file_link_or_fifo_over_a_lower_directory_is_found(tmp_path):
     # alias/x is a directory only through the lower tree's symlink, out of that tree
     assert found == ["opt/empty", "opt/fifo", "opt/file", "opt/link", "usr/lib"]
     assert replaced_dirs(upper, []) == []
+
+
+def test_a_socket_over_a_lower_directory_is_not_listed(tmp_path):
+    """A socket left in a layer (a daemon a step ran) is packed nowhere (cpio carries none),
+    its side copy neither: listed, /init found nothing to move and stopped the boot."""
+    lower = make(tmp_path / "lower", files=["run/app/a"])
+    upper = make(tmp_path / "upper", dirs=["run"])
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(upper / "run/app"))
+    listener.close()
+    assert replaced_dirs(upper, [lower]) == []
 
 
 def test_the_replacing_entries_are_packed_again_under_their_side_path(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from provisiond.errors import BuildFailed, ExitCode
 from provisiond.images import shell
 from provisiond.images.manifests import manifest_key
+from provisiond.images.recipe import RecipeError, shell_steps
 from provisiond.images.shell import ShellAborted, ShellInterrupted, write_layer
 from provisiond.state import open as opening
 from provisiond.state.layout import Layout
@@ -114,6 +115,24 @@ def test_the_rollback_keeps_a_tarball_an_earlier_entry_lists(config, monkeypatch
     with pytest.raises(ShellAborted):
         shell._add_layer(config, "img", tar, None, None)
     assert listed(config, "img") == ["shell/mine.tar"] and tar.exists()
+
+
+def test_a_damaged_listing_is_one_line_naming_it_and_the_kept_tarball(config, monkeypatch):
+    """shell.json not JSON (edited by hand): the session's exit ended in a pydantic
+    traceback, a build of the image in pydantic's lines of text."""
+    tar = session_tar(config)
+    listing = Layout.of(config).image_shell_layers("img")
+    listing.write_text("[{not json")
+    monkeypatch.setattr(shell, "build_image", lambda *a, **k: pytest.fail("no rebuild"))
+    with pytest.raises(ShellAborted) as raised:
+        shell._add_layer(config, "img", tar, "touch /x", None)
+    text = str(raised.value)
+    assert text.startswith(f"image img: {listing} is unreadable: ") and "\n" not in text
+    assert text.endswith(f"; image img unchanged; the session's changes are kept in {tar}")
+    assert listing.read_text() == "[{not json" and tar.exists()
+    with pytest.raises(RecipeError) as raised:  # a build of the image: the same one line
+        shell_steps(config, "img", 1)
+    assert str(raised.value) == text.partition("; ")[0]
 
 
 def interrupt_after_call(monkeypatch, function: str, call: int) -> None:
