@@ -32,6 +32,7 @@ import signal
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -362,37 +363,65 @@ def _add_layer(config: Config, name: str, tar: Path, command: str | None, progre
             raise _kept(name, tar, exc)
 
 
+# The interrupts held back (see _interrupts_held): the handlers they had, how deep the holds
+# are nested, and those that landed meanwhile.
+_HOLD: dict = {"depth": 0, "handlers": {}, "pending": []}
+
+
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Ctrl-C, a hangup or SIGTERM landing in the block waits (blocked), and is dropped as
-    the block ends: what the block decided stands. (Only those this process turns into
-    KeyboardInterrupt: a SIGTERM left to its default still ends it. In a thread other than
-    the main one, only this thread's mask: signals go to the main one.)"""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    """Ctrl-C, a hangup or SIGTERM landing in the block waits, and is dropped as the
+    outermost such block ends: what the block decided stands. (Only those this process
+    turns into KeyboardInterrupt: a SIGTERM left to its default still ends it.) Their
+    handlers are swapped for one that notes them, not the signals blocked: a blocked
+    process-wide signal is delivered to any other thread that has it unblocked, whose
+    Python handler then raises in the main thread all the same. Only the main thread sets
+    handlers (signals are run there): in another, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _HOLD["depth"] == 0:
+        _HOLD["handlers"] = {signum: signal.getsignal(signum) for signum in INTERRUPTS
+                             if callable(signal.getsignal(signum))}
+        _HOLD["pending"].clear()
+        _set_handlers(_note_interrupt)
+    _HOLD["depth"] += 1
     try:
         yield
     finally:
-        _take_held()
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _HOLD["depth"] -= 1
+        if _HOLD["depth"] == 0:
+            _set_handlers(None)
+            _HOLD["pending"].clear()
+
+
+def _note_interrupt(signum, frame) -> None:
+    _HOLD["pending"].append(signum)
+
+
+def _set_handlers(handler) -> None:
+    """The held interrupts' handler: `handler`, or None for the ones they had."""
+    for signum, own in _HOLD["handlers"].items():
+        signal.signal(signum, handler or own)
 
 
 @contextlib.contextmanager
 def _interrupts_let_through() -> Iterator[None]:
     """Within _interrupts_held: interrupts arrive as usual in the block."""
-    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
+    if _HOLD["depth"] == 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _set_handlers(None)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _set_handlers(_note_interrupt)
 
 
 def _take_held() -> bool:
-    """Take the interrupts waiting while held (see _interrupts_held); True if one was."""
-    taken = False
-    for signum in signal.sigpending() & INTERRUPTS:
-        if callable(signal.getsignal(signum)):
-            signal.sigtimedwait({signum}, 0)
-            taken = True
+    """Take the interrupts that landed while held (see _interrupts_held); True if one did."""
+    taken = bool(_HOLD["pending"])
+    _HOLD["pending"].clear()
     return taken
 
 
