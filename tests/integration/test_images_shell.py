@@ -4,6 +4,7 @@ whiteouts; a failing command or Ctrl-C keeps the image as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import tarfile
 import time
-
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -358,20 +359,10 @@ def test_an_image_deleted_during_the_session_stays_deleted(tiny):
     """`image delete` while a shell ran on the image: the shell's clean exit listed its
     layer and rebuilt the image from its recipe, so the deleted image came back."""
     config, _ = tiny
-    first = subprocess.Popen(
-        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
-         "shell", "tiny", "--command", "touch /etc/marker && read -t 300 line"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        layers = config.state_dir / "cache/layers"
-        wait_for(lambda: any(layers.glob("shell-tiny.*/upper/etc/marker")), "the shell")
+    with held_shell(config, "tiny", "marker") as first:
         code, output = run_cli(config, "image", "delete", "tiny")
         assert code == 0, output
         out, err = first.communicate("go\n", timeout=300)
-    finally:
-        if first.poll() is None:
-            first.stdin.close()
-            first.wait(timeout=120)
     assert first.returncode == BuildFailed.exit_code, out + err
     assert err.strip().splitlines()[-1] == (
         "provisiond: error: image tiny was deleted during the session: its changes are "
@@ -466,6 +457,29 @@ def test_a_process_the_session_left_running_is_ended(tiny, status):
             os.kill(pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def held_shell(config, image: str, marker: str,
+               then: str = "") -> Iterator[subprocess.Popen]:
+    """`image shell IMAGE --command` that touches /etc/MARKER, waits for a line on its
+    stdin, then runs THEN; entered once the marker is in the session's upper dir. A shell
+    still running on the way out gets EOF (its `read` fails, so it unmounts its session: a
+    kill would leave the mounts) and is waited for."""
+    command = f"touch /etc/{marker} && read -t 300 line" + (f" && {then}" if then else "")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
+         "shell", image, "--command", command],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        layers = config.state_dir / "cache/layers"
+        wait_for(lambda: any(layers.glob(f"shell-{image}.*/upper/etc/{marker}")),
+                 f"the shell on {image}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(timeout=120)
+
+
 def wait_for(condition, what: str, seconds: float = 180) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -535,13 +549,7 @@ def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
         "  - kind: copy\n    files:\n      - {src: files/gc-marker, dest: /etc/gc-marker}\n")
     top = build_image(config, "tinygc")["layers"][-1]["key"]
     tree = config.state_dir / "cache/layers" / top
-    first = subprocess.Popen(
-        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
-         "shell", "tinygc", "--command", "touch /etc/first && read -t 300 line"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        layers = config.state_dir / "cache/layers"
-        wait_for(lambda: any(layers.glob("shell-tinygc.*/upper/etc/first")), "the shell")
+    with held_shell(config, "tinygc", "first") as first:
         code, output = run_cli(config, "image", "delete", "tinygc")
         assert code == 0, output
         gc = subprocess.run(
@@ -550,10 +558,6 @@ def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
         assert gc.returncode == 0, gc.stderr
         assert tree.is_dir() and (tree / "etc/gc-marker").is_file()
         out, err = first.communicate("go\n", timeout=300)
-    finally:
-        if first.poll() is None:
-            first.stdin.close()
-            first.wait(timeout=120)
     assert first.returncode == BuildFailed.exit_code, out + err
     assert "image tinygc was deleted during the session" in err, err
     assert left_behind(config) == []
@@ -689,14 +693,8 @@ def test_a_build_without_the_cache_is_refused_while_a_shell_mounts_the_layer_tre
         "description: tiny again\nlayers:\n  - {kind: image, name: tiny}\n")
     (config.images_dir / "tiny3/shell.json").unlink(missing_ok=True)
     build_image(config, "tiny3")
-    first = subprocess.Popen(
-        [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
-         "shell", "tiny", "--command",
-         "touch /etc/first && read -t 300 line && /bin/busybox true && cat /etc/passwd"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        layers = config.state_dir / "cache/layers"
-        wait_for(lambda: any(layers.glob("shell-tiny.*/upper/etc/first")), "the shell")
+    with held_shell(config, "tiny", "first",
+                    then="/bin/busybox true && cat /etc/passwd") as first:
         for name in ("tiny", "tiny3"):
             code, output = run_cli(config, "image", "build", "--no-cache", name)
             assert code == ExitCode.CONFLICT, output
@@ -705,10 +703,6 @@ def test_a_build_without_the_cache_is_refused_while_a_shell_mounts_the_layer_tre
                 f"tiny (PID {first.pid}) has its layer tree mounted: try again when that "
                 "shell has ended"], output
         out, err = first.communicate("go\n", timeout=300)
-    finally:
-        if first.poll() is None:
-            first.stdin.close()
-            first.wait(timeout=120)
     assert first.returncode == 0, out + err
     assert "root:" in out
     after = load_manifest(config, "tiny")
