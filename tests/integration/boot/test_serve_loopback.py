@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -231,18 +232,31 @@ def test_inventory_change_reaches_dns(served):
     assert dig(ports["dns"], "n25") == [ip_of(25)]
 
 
-def test_sigterm_stops_everything(tmp_path):
-    state = tmp_path / "state"
+def serving_one_worker(state: Path) -> subprocess.Popen:
+    """`serve` on a state dir of its own, HTTP on a free loopback port with one worker (it
+    answers once its signal handlers are in: a worker still booting when a signal comes
+    misses it, and gunicorn kills it after graceful_timeout), once it answers."""
     write_default_config(state)
     port = free_port()
     write_config(state, http={"bind": "127.0.0.1", "port": port, "workers": 1})
     proc = start_serve(state)
     wait_http(f"http://127.0.0.1:{port}/boot/ipxe", proc)
-    assert stop_serve(proc) == 0
-    deadline = time.monotonic() + 10  # bounded: gunicorn's last children may be reaped still
+    return proc
+
+
+def stopped_with_its_session(proc: subprocess.Popen) -> bool:
+    """stop_serve gave 0 and the whole session is gone (waited for, bounded: gunicorn's
+    last children may be reaped still)."""
+    stopped = stop_serve(proc) == 0
+    deadline = time.monotonic() + 10
     while session_alive(proc) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not session_alive(proc)
+    return stopped and not session_alive(proc)
+
+
+def test_sigterm_stops_everything(tmp_path):
+    proc = serving_one_worker(tmp_path / "state")
+    assert stopped_with_its_session(proc)
 
 
 def test_ctrl_c_stops_serve_without_an_error_line(tmp_path):
@@ -252,18 +266,9 @@ def test_ctrl_c_stops_serve_without_an_error_line(tmp_path):
     import signal
 
     state = tmp_path / "state"
-    write_default_config(state)
-    port = free_port()
-    # One worker: it answers once its signal handlers are in (a worker still booting when
-    # the signal comes misses it, and gunicorn kills it after graceful_timeout).
-    write_config(state, http={"bind": "127.0.0.1", "port": port, "workers": 1})
-    proc = start_serve(state)
-    wait_http(f"http://127.0.0.1:{port}/boot/ipxe", proc)
+    proc = serving_one_worker(state)
     os.killpg(proc.pid, signal.SIGINT)
-    assert stop_serve(proc) == 0
-    deadline = time.monotonic() + 10  # bounded: gunicorn's last children may be reaped still
-    while session_alive(proc) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert stopped_with_its_session(proc)
     log = (state / "serve.log").read_text()
     assert " ERROR " not in log and "Traceback" not in log, log
 
