@@ -457,6 +457,16 @@ def test_a_process_the_session_left_running_is_ended(tiny, status):
             os.kill(pid, signal.SIGKILL)
 
 
+def built_on_tiny(config, name: str) -> None:
+    """Another image built of tiny's layers alone (its recipe: one `image` layer), with no
+    shell layers of an earlier test's."""
+    (config.state_dir / f"recipes/{name}").mkdir(parents=True, exist_ok=True)
+    (config.state_dir / f"recipes/{name}/image.yaml").write_text(
+        "description: tiny again\nlayers:\n  - {kind: image, name: tiny}\n")
+    (config.images_dir / f"{name}/shell.json").unlink(missing_ok=True)
+    build_image(config, name)
+
+
 @contextlib.contextmanager
 def held_shell(config, image: str, marker: str,
                then: str = "") -> Iterator[subprocess.Popen]:
@@ -493,11 +503,7 @@ def test_two_shells_on_one_image_the_second_refused_other_images_go_on(tiny):
     layer on the same top); a shell on another image meanwhile adds its layer; the first
     then ends cleanly, and a shell on tiny after it adds a second layer: every entry kept."""
     config, _ = tiny
-    (config.state_dir / "recipes/tiny2").mkdir(parents=True, exist_ok=True)
-    (config.state_dir / "recipes/tiny2/image.yaml").write_text(
-        "description: tiny again\nlayers:\n  - {kind: image, name: tiny}\n")
-    (config.images_dir / "tiny2/shell.json").unlink(missing_ok=True)
-    build_image(config, "tiny2")
+    built_on_tiny(config, "tiny2")
     first = subprocess.Popen(
         [sys.executable, "-m", "provisiond", "--state-dir", str(config.state_dir), "image",
          "shell", "tiny", "--command", "touch /etc/first && read -t 300 line"],
@@ -688,11 +694,7 @@ def test_a_build_without_the_cache_is_refused_while_a_shell_mounts_the_layer_tre
     again: the session's view lost its files (its busybox among them). Refused now, in
     one line naming the shell's PID; the session goes on and adds its layer."""
     config, before = tiny
-    (config.state_dir / "recipes/tiny3").mkdir(parents=True, exist_ok=True)
-    (config.state_dir / "recipes/tiny3/image.yaml").write_text(
-        "description: tiny again\nlayers:\n  - {kind: image, name: tiny}\n")
-    (config.images_dir / "tiny3/shell.json").unlink(missing_ok=True)
-    build_image(config, "tiny3")
+    built_on_tiny(config, "tiny3")
     with held_shell(config, "tiny", "first",
                     then="/bin/busybox true && cat /etc/passwd") as first:
         for name in ("tiny", "tiny3"):
