@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from provisiond import __version__
 from provisiond.atomic import write_atomic
 from provisiond.config import Config
 from provisiond.documents import SCHEMA_KEY, Schema, backup_path, load_yaml_mapping
@@ -37,6 +38,9 @@ LOCK_WAIT = 30.0
 """Seconds a writer keeps applying its change again while others' writes win the
 compare-and-swap, then gives up with Unavailable."""
 VERSIONS_KEPT = 4  # inventories (state dirs) one process keeps parsed: tests make many
+CLAIMS_FORMAT = 1
+"""The claims file's format. It also names the release that wrote it: claims are trusted only
+by the release whose checks found them, as a later one may check more."""
 
 
 @dataclass(eq=False)
@@ -117,6 +121,7 @@ class InventoryStore:
         self.store = opening.open_store(config)
         self.path = Layout.of(config).inventory  # what messages name, and this process's cache key
         self.cache_path = Layout.of(config).inventory_cache
+        self.claims_path = Layout.of(config).inventory_claims
         self.lock_wait = lock_wait
 
     @property
@@ -209,6 +214,40 @@ class InventoryStore:
                 {"sha256": digest, "data": data}, separators=(",", ":"))
             write_atomic(self.cache_path, blob, durable=False)
 
+    def _claims(self, version: Version) -> Claims | None:
+        """The claims of `version` for this server if it is known valid: in this process
+        (Version.claims_for), else from the claims file, written for this very text and
+        server by this release. A CLI run is a new process: without the file its first
+        write of one node checked all 10,000 (~0.6 s of its ~1.1 s)."""
+        server = self.config.server.address
+        claims = version.claims_for(server)
+        if claims is None and version.digest:
+            claims = self._saved_claims(version.digest, server)
+            if claims is not None:
+                version.claims[server] = claims
+        return claims
+
+    def _saved_claims(self, digest: str, server: str) -> Claims | None:
+        try:
+            saved = json.loads(self.claims_path.read_bytes())
+            if saved.get("sha256") != digest or saved.get("server") != server \
+                    or saved.get("format") != CLAIMS_FORMAT \
+                    or saved.get("release") != __version__:
+                return None
+            return Claims.from_json(saved["claims"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None  # none, another text's or damaged: checked whole, as before
+
+    def _save_claims(self, digest: str, claims: Claims) -> None:
+        """Best effort, as the JSON cache: a reader that cannot write just checks again."""
+        if not digest:
+            return
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            write_atomic(self.claims_path, json.dumps(
+                {"sha256": digest, "server": self.config.server.address,
+                 "format": CLAIMS_FORMAT, "release": __version__,
+                 "claims": claims.to_json()}, separators=(",", ":")), durable=False)
+
     def valid_nodes(self, before: tuple[Version, dict[str, Node]] | None = None
                     ) -> tuple[Version, dict[str, Node]]:
         """The current version, checked valid with this config (validate_inventory's rules:
@@ -217,8 +256,9 @@ class InventoryStore:
         (its profiles unchanged) and its claims carried over as a write would."""
         version = self.current()
         server = self.config.server.address
-        if version.claims_for(server) is None:
+        if self._claims(version) is None:
             nodes, version.claims[server] = check_inventory(version.inventory, self.config)
+            self._save_claims(version.digest, version.claims[server])
             return version, nodes
         if before is None or before[0].data["profiles"] != version.data["profiles"]:
             return version, merge_all(version.inventory)
@@ -308,6 +348,7 @@ class InventoryStore:
             return
         if not any(changes.values()):
             base.claims[self.config.server.address] = claims
+            self._save_claims(base.digest, claims)
             return
         draft.revision = revision = base.revision + 1
         text = base.pieces().changed(changes)
@@ -320,6 +361,7 @@ class InventoryStore:
             raise _Lost() from None
         digest = hashlib.sha256(raw).hexdigest()
         self._write_cache(digest, text.json_text(revision, digest, INVENTORY_SCHEMA.current))
+        self._save_claims(digest, claims)
         data = {"revision": revision,
                 **{s: _with(s, base.data[s], changes[s]) for s in SECTIONS}}
         _keep(str(self.path), Version(digest, raw, data, draft, INVENTORY_SCHEMA.current, True,
@@ -329,7 +371,7 @@ class InventoryStore:
     def _validate(self, base: Version, draft: Inventory, changes: dict[str, dict]) -> Claims:
         """The claims of the valid `draft`: only its changed nodes checked when `base` was
         found valid and no profile changed, else the whole of it."""
-        claims = base.claims_for(self.config.server.address)
+        claims = self._claims(base)
         if claims is None or changes["profiles"]:
             return check_inventory(draft, self.config)[1]
         return check_changes(draft, claims, changes["nodes"])
