@@ -4,6 +4,7 @@ every write a compare-and-swap of the whole text, revisioned."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import time
@@ -23,6 +24,7 @@ from provisiond.inventory.model import Inventory
 from provisiond.inventory.text import (CANONICAL, SECTIONS, Text, dump_yaml, read_changes,
                                        sort_key, split_pieces)
 from provisiond.inventory.values import CONTROL_RE, check_text
+from provisiond.inventory import merge, model, validate, values
 from provisiond.inventory.validate import Claims, check_changes, check_inventory
 from provisiond.state import open as opening
 from provisiond.state.store import ABSENT
@@ -39,8 +41,8 @@ LOCK_WAIT = 30.0
 compare-and-swap, then gives up with Unavailable."""
 VERSIONS_KEPT = 4  # inventories (state dirs) one process keeps parsed: tests make many
 CLAIMS_FORMAT = 1
-"""The claims file's format. It also names the release that wrote it: claims are trusted only
-by the release whose checks found them, as a later one may check more."""
+"""The claims file's format. It also names the checks that found them (_checks_identity):
+claims are trusted only by the same checks, as a later version may check more."""
 
 
 @dataclass(eq=False)
@@ -98,6 +100,20 @@ class Version:
 
 
 _versions: dict[str, Version] = {}
+
+
+@functools.cache
+def _checks_identity() -> str:
+    """The release and the sha256 of the modules whose rules decide validity (the records'
+    schema, merging, the whole-inventory checks): an upgrade, even one keeping the version
+    number (a package built from git), never trusts claims older checks found."""
+    digest = hashlib.sha256(__version__.encode())
+    for module in (model, merge, validate, values):
+        try:
+            digest.update(Path(module.__file__).read_bytes())
+        except (OSError, TypeError):  # no source to read: never the same as a saved one
+            return f"unreadable {time.time_ns()}"
+    return digest.hexdigest()
 
 
 class InventoryStore:
@@ -217,7 +233,7 @@ class InventoryStore:
     def _claims(self, version: Version) -> Claims | None:
         """The claims of `version` for this server if it is known valid: in this process
         (Version.claims_for), else from the claims file, written for this very text and
-        server by this release. A CLI run is a new process: without the file its first
+        server by these checks. A CLI run is a new process: without the file its first
         write of one node checked all 10,000 (~0.6 s of its ~1.1 s)."""
         server = self.config.server.address
         claims = version.claims_for(server)
@@ -232,7 +248,7 @@ class InventoryStore:
             saved = json.loads(self.claims_path.read_bytes())
             if saved.get("sha256") != digest or saved.get("server") != server \
                     or saved.get("format") != CLAIMS_FORMAT \
-                    or saved.get("release") != __version__:
+                    or saved.get("checks") != _checks_identity():
                 return None
             return Claims.from_json(saved["claims"])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -245,7 +261,7 @@ class InventoryStore:
         with contextlib.suppress(OSError, TypeError, ValueError):
             write_atomic(self.claims_path, json.dumps(
                 {"sha256": digest, "server": self.config.server.address,
-                 "format": CLAIMS_FORMAT, "release": __version__,
+                 "format": CLAIMS_FORMAT, "checks": _checks_identity(),
                  "claims": claims.to_json()}, separators=(",", ":")), durable=False)
 
     def valid_nodes(self, before: tuple[Version, dict[str, Node]] | None = None

@@ -1,6 +1,6 @@
 """The claims file (.inventory.claims.json): a new process (a CLI run) that writes one node
 checks that node against the claims saved by the last writer instead of checking the whole
-inventory, and trusts them only for the very text, server address and release they were
+inventory, and trusts them only for the very text, server address and checks they were
 found for."""
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ def _claims_file(config):
 
 
 @pytest.mark.parametrize("spoil", [
-    "hand-edited inventory", "another server address", "another release", "damaged",
+    "hand-edited inventory", "another server address", "other checks", "damaged",
     "not a claims shape",
 ])
-def test_claims_not_found_for_this_text_server_and_release_are_not_trusted(
+def test_claims_not_found_for_this_text_server_and_checks_are_not_trusted(
         config, whole_checks, new_process, spoil):
     """Whatever the file holds then, the whole inventory is checked, and a clash the
     file's claims would miss is still refused."""
@@ -105,8 +105,8 @@ def test_claims_not_found_for_this_text_server_and_release_are_not_trusted(
         config.inventory_path.write_text(text.replace("10.0.0.2\n", "10.0.0.1\n"))
     elif spoil == "another server address":
         saved["server"] = "10.9.9.9"
-    elif spoil == "another release":
-        saved["release"] = "0.0.1"
+    elif spoil == "other checks":
+        saved["checks"] = "0" * 64
     elif spoil == "damaged":
         path.write_text(path.read_text()[:40])
     else:
