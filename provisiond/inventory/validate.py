@@ -91,6 +91,27 @@ class Claims:
                     del held[key]
         return Claims(self.loopback_ok, held, by_node)
 
+    def to_json(self) -> dict:
+        """A form json.dumps takes (from_json reads it back): by_node follows from held."""
+        return {"loopback_ok": self.loopback_ok,
+                "held": [[what, list(value) if isinstance(value, tuple) else value, holder]
+                         for (what, value), holder in self.held.items()]}
+
+    @classmethod
+    def from_json(cls, data) -> "Claims":
+        """to_json's form back (a BMC endpoint's list a tuple again); ValueError, TypeError
+        or KeyError for anything else."""
+        claims = cls(loopback_ok=data["loopback_ok"])
+        if not isinstance(claims.loopback_ok, bool):
+            raise ValueError("loopback_ok: not a boolean")
+        for what, value, holder in data["held"]:
+            key = (str(what), tuple(value) if isinstance(value, list) else value)
+            hash(key)  # TypeError for a mapping where a value should be
+            claims.held[key] = str(holder)
+            if holder.startswith("node "):
+                claims.by_node.setdefault(holder[len("node "):], []).append(key)
+        return claims
+
     def claim(self, what: str, value, node: str, field: str, shown: str | None = None
               ) -> None:
         """Record that `node` uses `value`; InvalidInventory if another holds it."""

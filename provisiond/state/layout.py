@@ -117,6 +117,12 @@ class Layout:
         return self.root / ".inventory.cache.json"
 
     @property
+    @entry(".inventory.claims.json", "who holds each MAC, address and BMC endpoint of the "
+           "inventory.yaml it names by sha256, found valid (derived)")
+    def inventory_claims(self):
+        return self.root / ".inventory.claims.json"
+
+    @property
     @entry("secrets.yaml", "0600, BMC passwords and node secrets "
            "(provisiond.inventory.secrets); lock secrets.lock")
     def secrets(self):
