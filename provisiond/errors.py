@@ -132,6 +132,10 @@ class JobNotFound(NotFound):
     """No job has the given id (or it left the bounded history)."""
 
 
+class SecretNotFound(NotFound):
+    """None of the named records has the secret key to remove."""
+
+
 class AlreadyExists(ProvisiondError):
     """A create would overwrite something that exists."""
 

@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                     "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported.")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
-    imp.add_argument("unexpected", nargs="*", help=argparse.SUPPRESS)
+    imp.add_argument("unexpected", nargs="*", default=[], help=argparse.SUPPRESS)
     imp.add_argument("--insecure", action="store_true",
                      help="allow plain HTTP to a registry (and its token service) that is "
                           "not on loopback, if it does not speak TLS (HTTPS is tried first)")
@@ -131,7 +131,8 @@ BOOLEANS = {**dict.fromkeys(("1", "t", "T", "true", "TRUE", "True"), True),
 
 def _boolean(text: str) -> bool:
     if text not in BOOLEANS:
-        raise argparse.ArgumentTypeError(f"not true or false: {text!r} (--tls-verify=false)")
+        raise argparse.ArgumentTypeError(f"expected true or false (or 1, 0, t, f, as skopeo "
+                                         f"takes them), not {text!r}")
     return BOOLEANS[text]
 
 
@@ -141,34 +142,38 @@ def _add_tls_verify(parser) -> None:
     `--tls-verify false SOURCE` as true and a stray word; argparse would take the next
     word as the value. So the import parser turns a bare --tls-verify into
     --tls-verify=true before it parses (an instance wrapper: argparse has no option
-    whose value comes only after '=')."""
+    whose value comes only after '='); `--tls-verify false`, wherever it stands, is one
+    line (a 'false' that is SOURCE or NAME is never what was meant)."""
     parser.add_argument("--tls-verify", type=_boolean, nargs="?", const=True, default=True,
                         metavar="BOOL", help="verify the registry's TLS certificate (the "
                         "default); --tls-verify=false accepts any (the value only after '=')")
     parse = parser.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
-        return parse(_explicit_tls_verify(sys.argv[1:] if args is None else args), namespace)
+        words, after_bare = _explicit_tls_verify(sys.argv[1:] if args is None else args)
+        for word in after_bare:
+            if word in BOOLEANS and not Path(word).exists():
+                parser.error(f"--tls-verify takes its value after '=': --tls-verify={word}")
+        return parse(words, namespace)
 
     parser.parse_known_args = parse_known_args
 
 
-def _explicit_tls_verify(words: list[str]) -> list[str]:
+def _explicit_tls_verify(words: list[str]) -> tuple[list[str], list[str]]:
     """Each bare --tls-verify (or an abbreviation, as argparse takes them) before a `--`
-    made --tls-verify=true."""
-    made, options = [], True
+    made --tls-verify=true; and the words that followed one."""
+    made, after_bare, options, bare = [], [], True, False
     for word in words:
+        if bare:
+            after_bare.append(word)
         options = options and word != "--"
         bare = options and word.startswith("--t") and "--tls-verify".startswith(word)
         made.append("--tls-verify=true" if bare else word)
-    return made
+    return made, after_bare
 
 
 def _no_stray_words(args) -> None:
-    """`--tls-verify false SOURCE [NAME]` (skopeo would refuse it too), or a third word."""
-    if args.source in BOOLEANS and not Path(args.source).exists():
-        raise InvalidInput(f"--tls-verify takes its value after '=': --tls-verify="
-                           f"{args.source} (a separate {args.source!r} is read as SOURCE)")
+    """A third word (argparse would list it as unrecognized, with no word of why)."""
     if args.unexpected:
         raise InvalidInput(f"image import takes SOURCE NAME; unexpected: "
                            f"{' '.join(args.unexpected)}")

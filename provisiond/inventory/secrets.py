@@ -66,12 +66,18 @@ class SecretStore:
     def get(self, kind: str, name: str, key: str) -> str | None:
         return (self.read().get(kind) or {}).get(name, {}).get(key)
 
-    def set(self, kind: str, names: list[str], key: str, value: str | None) -> None:
-        """Set (or with None, remove) `key` for each name of `kind` (nodes or profiles)."""
+    def set(self, kind: str, names: list[str], key: str, value: str | None) -> list[str]:
+        """Set (or with None, remove) `key` for each name of `kind` (nodes or profiles);
+        the names whose value changed (removing: those that had one). No change, no write."""
+        changed: list[str] = []
+
         def change(data: dict) -> dict:
+            changed.clear()  # compare-and-swap may call this again on newer data
             group = data.setdefault(kind, {})
             for name in names:
                 entry = group.setdefault(name, {})
+                if entry.get(key) != value:
+                    changed.append(name)
                 if value is None:
                     entry.pop(key, None)
                 else:
@@ -80,7 +86,11 @@ class SecretStore:
                     group.pop(name)
             return data
 
+        group = self.read().get(kind) or {}
+        if value is None and not any(key in (group.get(name) or {}) for name in names):
+            return []  # nothing to remove: nothing written
         self._update(change)
+        return changed
 
     def forget(self, kind: str, names: list[str]) -> None:
         def change(data: dict) -> dict:

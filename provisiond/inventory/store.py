@@ -33,7 +33,8 @@ from provisiond.state.layout import KEYS, Layout
 __all__ = ["InventoryStore", "Version", "dump_yaml", "parse_inventory"]
 
 KEY = str(KEYS.inventory)
-HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
+HEADER = ("# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked).\n"
+          "# Each write makes this file anew: comments are not kept (a record has comment:).\n")
 # The file's format (`schema:`): no older one to migrate yet (Schema's migrations go here).
 INVENTORY_SCHEMA = Schema("inventory", 1)
 LOCK_WAIT = 30.0
