@@ -93,8 +93,9 @@ def register(subparsers) -> None:
                     "host's /etc/resolv.conf are mounted in the chroot: set the image's "
                     "resolv.conf in its recipe. The layer is "
                     "kept under <state>/images/NAME/shell/ and stays on top through later "
-                    "builds until the image is deleted. If the rebuild fails, the image "
-                    "stays as it was and the layer's tarball is kept there, listed nowhere: "
+                    "builds until the image is deleted. If the rebuild fails, or the image "
+                    "was deleted and built again meanwhile (another image), the image is "
+                    "left as it is and the layer's tarball is kept there, listed nowhere: "
                     "the error names it.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",

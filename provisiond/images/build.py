@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
 from provisiond.images.layers import (LayerPlan, build_layer, cached_layer, layer_key,
                                       shell_mounting)
-from provisiond.images.manifests import gc_lock, lock_path, save_manifest
+from provisiond.images.manifests import gc_lock, image_generation, lock_path, save_manifest
 from provisiond.images.recipe import Recipe, Step, load_recipe
 from provisiond.state.layout import Layout
 
@@ -46,10 +47,18 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
             mounted = squash.mounted_layers(config, records, kernel["version"], recipe.boot)
             manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
             manifest["mounted"] = mounted
+            manifest["generation"] = _generation(config, name)
             save_manifest(config, manifest)
         outcome.update(layers=len(records), size=manifest["total_size"],
                        seconds=manifest["build_seconds"])
     return manifest
+
+
+def _generation(config: Config, name: str) -> str:
+    """The image's generation, kept by a rebuild; a new one for a first build, or the first
+    after a delete: an `image shell` session adds its layer only to the generation it
+    opened, not to an image deleted and built again meanwhile, of another recipe perhaps."""
+    return image_generation(config, name) or secrets.token_hex(8)
 
 
 @contextlib.contextmanager

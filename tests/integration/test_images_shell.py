@@ -372,6 +372,64 @@ def test_an_image_deleted_during_the_session_stays_deleted(tiny):
     assert left_behind(config) == []
 
 
+# tiny's first layer alone (cached): another recipe of the name, whose image has no
+# /etc/inittab, /etc/init.d/rcS...
+TINY_BASE = """description: tiny's busybox layer alone
+layers:
+  - kind: busybox
+    package: busybox-static
+    kernel: linux-image-amd64
+    modules: [virtio_net, virtio_pci, virtio_blk, e1000, af_packet, loop, squashfs, overlay]
+"""
+
+
+@pytest.mark.parametrize("recipe", ["the same recipe", "another recipe"])
+def test_an_image_deleted_and_built_again_during_the_session_gets_no_layer(tiny, recipe):
+    """`image delete` then `image build` of the name while a shell ran on it: the shell's
+    clean exit saw an image of that name and added its layer, made on the deleted image,
+    to the new one (on another base, of another recipe). It adds nothing now: the new
+    image stays as built, and the session's work is kept in a tarball the one line names."""
+    config, _ = tiny
+    site = config.state_dir / "recipes/tiny"  # shadows the shipped recipe
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            code, output = run_cli(config, "image", "delete", "tiny")
+            assert code == 0, output
+            if recipe == "another recipe":
+                site.mkdir(parents=True)
+                (site / "image.yaml").write_text(TINY_BASE)
+            rebuilt = build_image(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1, err
+    assert err.strip().splitlines()[-1] == (
+        "provisiond: error: image tiny was replaced during the session (deleted and built or "
+        f"imported again): its changes are not added to it; they are kept in {tars[0]}"), err
+    with tarfile.open(tars[0]) as layer:
+        assert layer.getnames() == ["etc", "etc/marker"]
+    assert load_manifest(config, "tiny") == rebuilt
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert left_behind(config) == []
+
+
+def test_a_rebuild_during_the_session_keeps_the_image_and_takes_the_layer(tiny):
+    """`image build` of the image while a shell is open on it is a rebuild of the same
+    image (its generation kept): the session's layer goes on top, as before."""
+    config, before = tiny
+    with held_shell(config, "tiny", "marker") as first:
+        rebuilt = build_image(config, "tiny")
+        assert rebuilt["generation"] == before["generation"] != ""
+        out, err = first.communicate("go\n", timeout=300)
+    assert first.returncode == 0, out + err
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert after["generation"] == before["generation"]
+    assert left_behind(config) == []
+
+
 def read_until(fd: int, text: str, seen: bytearray, seconds: float = 120) -> None:
     """Read the terminal's output into `seen` until it holds `text`, bounded."""
     deadline = time.monotonic() + seconds
