@@ -147,6 +147,14 @@ def delete_image(config: Config, name: str) -> None:
         shutil.rmtree(Layout.of(config).path(key).parent, ignore_errors=True)
 
 
+def drop_shell_layers(config: Config, name: str) -> None:
+    """Remove what `image shell` added to the image (shell.json, the tarballs), as
+    `delete_image` does: its replacement is saved (`image import --force`)."""
+    layout = Layout.of(config)
+    layout.image_shell_layers(name).unlink(missing_ok=True)
+    shutil.rmtree(layout.image_shell_dir(name), ignore_errors=True)
+
+
 def referenced_digests(config: Config) -> set[str]:
     """Every blob a manifest names (one edited by hand, or trimmed, too: gc stopped with a
     KeyError on a manifest without a kernel)."""

@@ -16,15 +16,15 @@ shells of different images and a failed rebuild taking its entry back lose nobod
 From its shell's clean exit to the end of the rebuild the session holds the image's lock:
 an `image delete` done during the shell is seen there (the rebuild would bring the image
 back), one asked for later waits for the rebuild. So is an image deleted and built (or
-imported) again, of another recipe perhaps: its manifest's generation is not the one the
-session opened, and the session's layer, made on another base, is not added to it but
-kept as a tarball the error names. A rebuild of the image during the session keeps its
-generation, and the layer goes on top of it, as its earlier shell layers do.
-The saved manifest is the commit: a rebuild that did not save it (a failure, Ctrl-C) takes
-the listing's entry back out and keeps the tarball, the error naming it; an interrupt after
-the save changes nothing. gc does not wait for a session: it keeps the layer trees the
-session's `lowers` file names, and a build does not make them again while the session is
-open (it is refused).
+imported) again, of another recipe perhaps, or replaced by `image import --force`: its
+manifest's generation is not the one the session opened, and the session's layer, made
+on another base, is not added to it but kept as a tarball the error names. A rebuild of
+the image during the session keeps its generation, and the layer goes on top of it, as
+its earlier shell layers do. The saved manifest is the commit: a rebuild that did not
+save it (a failure, Ctrl-C) takes the listing's entry back out and keeps the tarball, the
+error naming it; an interrupt after the save changes nothing. gc does not wait for a
+session: it keeps the layer trees the session's `lowers` file names, and a build does not
+make them again while the session is open (it is refused).
 """
 
 from __future__ import annotations

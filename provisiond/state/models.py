@@ -133,8 +133,9 @@ class ImageManifest(Document):
     layer_build_seconds: list[Number] = []
     mounted: Mounted | None = None
     generation: str = ""
-    """made at the image's first build (the first after a delete too), kept by every
-    rebuild: which image an `image shell` session opened (provisiond.images.shell)"""
+    """made at the image's first build (the first after a delete too, and `image import
+    --force`), kept by every rebuild: which image an `image shell` session opened
+    (provisiond.images.shell)"""
 
 
 class LayerRecord(Document):

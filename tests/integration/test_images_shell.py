@@ -25,6 +25,7 @@ from provisiond.images import build as build_module
 from provisiond.images import build_image, chroot, load_manifest, shell
 from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
+from tests.integration.test_images_oci import BOTTOM, layer_tar, oci_archive
 from tests.tools import private_deb_cache
 
 pytestmark = pytest.mark.slow  # downloads the tiny image's Debian packages once
@@ -412,6 +413,29 @@ def test_an_image_deleted_and_built_again_during_the_session_gets_no_layer(tiny,
         assert layer.getnames() == ["etc", "etc/marker"]
     assert load_manifest(config, "tiny") == rebuilt
     assert not (config.images_dir / "tiny/shell.json").exists()
+    assert left_behind(config) == []
+
+
+def test_an_import_with_force_during_the_session_replaces_the_image_it_opened(
+        tiny, tmp_path):
+    """`image import --force` over the image is a delete and an import: the session's
+    exit adds nothing to the imported image and keeps its tarball, as after a delete and
+    a build."""
+    config, _ = tiny
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            code, output = run_cli(config, "image", "import", str(archive), "tiny", "--force")
+            assert code == 0, output
+            imported = load_manifest(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+    finally:
+        shutil.rmtree(config.state_dir / "recipes/tiny", ignore_errors=True)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1 and f"they are kept in {tars[0]}" in err, err
+    assert load_manifest(config, "tiny") == imported
+    assert [layer["kind"] for layer in imported["layers"]] == ["oci-archive"]
     assert left_behind(config) == []
 
 
