@@ -14,7 +14,7 @@ import yaml
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import AlreadyExists, InvalidInput
+from provisiond.errors import AlreadyExists, Conflict, InvalidInput
 from provisiond.images.blobs import blob_path
 from provisiond.images import registry
 from provisiond.images.chroot import require_build_privileges
@@ -23,7 +23,7 @@ from provisiond.images.layout import LayoutWriter, copy_layout
 from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
                                          image_exists, list_images, load_manifest, lock_path)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe, read_shell_layers
-from provisiond.state.layout import Layout
+from provisiond.state.layout import Layout, recipe_search_path
 
 
 class OverExisting(enum.Enum):
@@ -49,6 +49,7 @@ def import_image(config: Config, source: str, name: str, progress=None,
     """
     check_name(name)  # before anything is written under recipes/<name>
     require_build_privileges("an image import")
+    _refuse_shadowed(config, name)
     # one import of a name at a time: each would take the other's staging folder as stale
     with locked(Layout.of(config).image_import_lock(name)):
         _refuse_existing(config, name, over)  # before a download, and again at the swap
@@ -102,6 +103,19 @@ def _refuse_existing(config: Config, name: str, over: OverExisting) -> None:
     if folder.exists():
         raise AlreadyExists(f"image {name} is not built but has a recipe folder, {folder}: "
                             "--force replaces it")
+
+
+def _refuse_shadowed(config: Config, name: str) -> None:
+    """Conflict when a recipe of the name is found before the one the import writes (a
+    folder of the settings' image_dirs): the build made that recipe's image instead."""
+    target = Layout.of(config).recipe_dir(name)
+    for folder in recipe_search_path(config):
+        if Path(folder) == target.parent:
+            return
+        path = Path(folder) / name / RECIPE_FILE
+        if path.is_file():
+            raise Conflict(f"image {name}: the recipe {path} shadows the one an import "
+                           f"writes ({target}): import under another name")
 
 
 def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], init: str,

@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from provisiond.cli import main
-from provisiond.errors import AlreadyExists, BuildFailed, NotFound
+from provisiond.errors import AlreadyExists, BuildFailed, Conflict, NotFound
 from provisiond.images import blob_path, load_manifest
 
 KERNEL = b"MZ fake kernel for the import test"
@@ -591,3 +591,24 @@ def test_an_xattr_the_host_refuses_is_one_line(tmp_path):
         apply_layer(xattr_layer({"security.capability": b"\xff junk"}), tmp_path)
     assert str(failed.value).splitlines() == [
         "layer entry 'bin/ping': cannot set its xattr security.capability: Invalid argument"]
+
+
+def test_an_import_shadowed_by_a_site_recipe_is_refused(cli, state_dir, tmp_path):
+    """A recipe of the name in a folder of the settings' image_dirs is found before the one
+    the import writes to <state>/recipes/NAME: the import reported success and built the
+    site recipe instead (here: the directory tree, not the archive's layers)."""
+    site = tmp_path / "site"
+    (site / "shadowed/tree/boot").mkdir(parents=True)
+    (site / "shadowed/tree/boot/vmlinuz-0.0-site").write_bytes(KERNEL)
+    (site / "shadowed/image.yaml").write_text(
+        "layers:\n  - {kind: directory, path: tree}\n")
+    (state_dir / "provisiond.yaml").write_text(f"image_dirs: [{site}]\n")
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    for flags in ((), ("--force",)):
+        result = cli("image", "import", str(archive), "shadowed", *flags)
+        assert result.code == Conflict.exit_code, result.err
+        assert result.err.splitlines() == [
+            f"provisiond: error: image shadowed: the recipe {site}/shadowed/image.yaml "
+            f"shadows the one an import writes ({state_dir}/recipes/shadowed): import under "
+            "another name"], result.err
+    assert not (state_dir / "recipes").exists()
