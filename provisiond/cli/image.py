@@ -52,7 +52,8 @@ def register(subparsers) -> None:
                     "read: --authfile (else $REGISTRY_AUTH_FILE, else "
                     "$XDG_RUNTIME_DIR/containers/auth.json), "
                     "$XDG_CONFIG_HOME/containers/auth.json, ~/.docker/config.json "
-                    "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported.")
+                    "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported. "
+                    "An existing image NAME is refused without --force or --update.")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
     imp.add_argument("unexpected", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -79,6 +80,17 @@ def register(subparsers) -> None:
     imp.add_argument("--init", default="/sbin/init", help="the image's init (default %(default)s)")
     imp.add_argument("--kernel-arg", action="append", dest="kernel_args", default=[],
                      metavar="ARG", help="a default kernel argument (repeatable)")
+    over = imp.add_mutually_exclusive_group()
+    over.add_argument("--force", action="store_const", dest="over",
+                      const=images.OverExisting.REPLACE, default=images.OverExisting.REFUSE,
+                      help="replace an existing image NAME (or its recipe folder), as "
+                           "`image delete` then an import would: the layers `image shell` "
+                           "added to it are dropped")
+    over.add_argument("--update", action="store_const", dest="over",
+                      const=images.OverExisting.UPDATE,
+                      help="import into an existing image NAME: the new content replaces "
+                           "what it was made of, and the layers `image shell` added to it "
+                           "stay on top, as through a rebuild")
     imp.set_defaults(func=cmd_import)
     shell = verbs.add_parser(
         "shell", help="a shell in a writable copy of an image; changes become a new layer",
@@ -93,8 +105,10 @@ def register(subparsers) -> None:
                     "host's /etc/resolv.conf are mounted in the chroot: set the image's "
                     "resolv.conf in its recipe. The layer is "
                     "kept under <state>/images/NAME/shell/ and stays on top through later "
-                    "builds until the image is deleted. If the rebuild fails, the image "
-                    "stays as it was and the layer's tarball is kept there, listed nowhere: "
+                    "builds until the image is deleted (or replaced by `image import "
+                    "--force`). If the rebuild fails, or the image was deleted and built "
+                    "again or replaced meanwhile (another image), the image is "
+                    "left as it is and the layer's tarball is kept there, listed nowhere: "
                     "the error names it.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",
@@ -119,7 +133,7 @@ def cmd_import(args, ctx) -> int:
     with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_image(ctx.config, args.source, args.name, progress,
                                        kernel_args=args.kernel_args, init=args.init,
-                                       access=access)
+                                       access=access, over=args.over)
     _summary(ctx, manifest, False)
     return 0
 

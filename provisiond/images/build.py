@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,8 @@ from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
 from provisiond.images.layers import (LayerPlan, build_layer, cached_layer, layer_key,
                                       shell_mounting)
-from provisiond.images.manifests import gc_lock, lock_path, save_manifest
+from provisiond.images.manifests import (drop_shell_layers, gc_lock, image_generation,
+                                         lock_path, save_manifest)
 from provisiond.images.recipe import Recipe, Step, load_recipe
 from provisiond.state.layout import Layout
 
@@ -27,16 +29,18 @@ Progress = Callable[[dict], None]
 
 
 def build_image(config: Config, name: str, progress: Progress | None = None,
-                rebuild: bool = False, lock_held: bool = False) -> dict:
+                rebuild: bool = False, lock_held: bool = False, replace: bool = False) -> dict:
     """Build (or reuse) every layer of recipe `name` and publish its manifest.
 
     `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap).
     `lock_held`: the caller holds the image's lock (`image shell`, whose check that the
-    image is still there, listing of its layer and rebuild go as one)."""
+    image is still there, listing of its layer and rebuild go as one; `image import`).
+    `replace`: the build replaces the image (`image import --force`): a new generation,
+    without the layers `image shell` added to the one replaced, which go once it is saved."""
     chroot.require_build_privileges()
     started = time.monotonic()
     with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
-        recipe = load_recipe(config, name)
+        recipe = load_recipe(config, name, shell_layers=not replace)
         compression = recipe.compression or config.build.compression
         with (contextlib.nullcontext() if lock_held else locked(lock_path(config, name))), \
                 locked(gc_lock(config), shared=True):
@@ -46,10 +50,21 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
             mounted = squash.mounted_layers(config, records, kernel["version"], recipe.boot)
             manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
             manifest["mounted"] = mounted
+            manifest["generation"] = _generation(config, name, replace)
             save_manifest(config, manifest)
+            if replace:
+                drop_shell_layers(config, name)
         outcome.update(layers=len(records), size=manifest["total_size"],
                        seconds=manifest["build_seconds"])
     return manifest
+
+
+def _generation(config: Config, name: str, replace: bool) -> str:
+    """The image's generation, kept by a rebuild; a new one for a first build, the first
+    after a delete, or a replacement: an `image shell` session adds its layer only to the
+    generation it opened, not to an image deleted and built again meanwhile, of another
+    recipe perhaps."""
+    return (None if replace else image_generation(config, name)) or secrets.token_hex(8)
 
 
 @contextlib.contextmanager

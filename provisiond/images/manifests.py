@@ -96,6 +96,24 @@ def image_exists(config: Config, name: str) -> bool:
     return opening.open_store(config).get(manifest_key(config, name)) is not None
 
 
+def image_generation(config: Config, name: str) -> str | None:
+    """The generation of the image's current build (ImageManifest.generation): None when
+    it is not built, "" when its manifest has none (built before generations, damaged)."""
+    entry = opening.open_store(config).get(manifest_key(config, name))
+    if entry is None:
+        return None
+    try:
+        return generation_of(parse_manifest(entry))
+    except DamagedDocument:
+        return ""
+
+
+def generation_of(manifest: dict) -> str:
+    """A manifest's generation, "" when it has none."""
+    generation = manifest.get("generation")
+    return generation if isinstance(generation, str) else ""
+
+
 def save_manifest(config: Config, manifest: dict) -> None:
     """Publish a build: the manifest checked against ImageManifest, put on the store, where
     every server sharing it sees it."""
@@ -127,6 +145,14 @@ def delete_image(config: Config, name: str) -> None:
         key = manifest_entry(config, name).key
         opening.open_store(config).delete(key)
         shutil.rmtree(Layout.of(config).path(key).parent, ignore_errors=True)
+
+
+def drop_shell_layers(config: Config, name: str) -> None:
+    """Remove what `image shell` added to the image (shell.json, the tarballs), as
+    `delete_image` does: its replacement is saved (`image import --force`)."""
+    layout = Layout.of(config)
+    layout.image_shell_layers(name).unlink(missing_ok=True)
+    shutil.rmtree(layout.image_shell_dir(name), ignore_errors=True)
 
 
 def referenced_digests(config: Config) -> set[str]:
@@ -208,4 +234,4 @@ def _session_lowers(layout: Layout) -> set[str]:
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
-           "collect_garbage", "image_exists", "manifest_entry"]
+           "collect_garbage", "image_exists", "image_generation", "manifest_entry"]

@@ -165,7 +165,8 @@ class Layout:
         return self.images / name / "shell.json"
 
     @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, listed nowhere, "
-           "those of sessions whose rebuild failed (the error named them)")
+           "those of sessions whose rebuild failed or whose image was replaced (the error "
+           "named them)")
     def image_shell_dir(self, name: str):
         return self.images / name / "shell"
 

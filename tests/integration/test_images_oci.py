@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from provisiond.cli import main
-from provisiond.errors import BuildFailed, NotFound
+from provisiond.errors import AlreadyExists, BuildFailed, Conflict, NotFound
 from provisiond.images import blob_path, load_manifest
 
 KERNEL = b"MZ fake kernel for the import test"
@@ -198,7 +198,7 @@ def test_reimport_reuses_layers_and_bad_archive_fails_cleanly(cli, config, tmp_p
     assert [l["digest"] for l in load_manifest(config, "reused")["layers"]] == [
         l["digest"] for l in first["layers"]]
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
-    result = cli("image", "import", str(tmp_path / "junk.tar"), "reused")
+    result = cli("image", "import", str(tmp_path / "junk.tar"), "reused", "--force")
     assert result.code != 0 and result.err.count("\n") == 1, result.err
     assert "recipe reused: layer 1 (oci-archive)" in result.err
     assert load_manifest(config, "reused")["layers"] == first["layers"]
@@ -315,16 +315,122 @@ def test_import_refuses_a_bad_name_before_writing_anything(cli, config, tmp_path
     assert not (config.state_dir / "recipes").exists()
 
 
-def test_failed_reimport_keeps_the_previous_archive_and_recipe(cli, config, tmp_path):
+@pytest.mark.parametrize("over", ["--force", "--update"])
+def test_failed_reimport_keeps_the_previous_archive_and_recipe(cli, config, tmp_path, over):
     archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
     assert cli("image", "import", str(archive), "kept").code == 0
+    listed = with_a_shell_layer(cli, config, "kept")
+    before = load_manifest(config, "kept")
     recipe = (config.state_dir / "recipes/kept/image.yaml").read_text()
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
-    assert cli("image", "import", str(tmp_path / "junk.tar"), "kept").code != 0
+    assert cli("image", "import", str(tmp_path / "junk.tar"), "kept", over).code != 0
     assert (config.state_dir / "recipes/kept/image.yaml").read_text() == recipe
+    assert load_manifest(config, "kept") == before
+    assert (config.images_dir / "kept/shell.json").read_text() == listed
     rebuilt = cli("image", "build", "kept")
     assert rebuilt.code == 0, rebuilt.err
+    assert [l["digest"] for l in load_manifest(config, "kept")["layers"]] == [
+        l["digest"] for l in before["layers"]]
     assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["kept"]
+
+
+SHELL_MADE = {"etc": None, "etc/shell-made": b"from an image shell\n"}
+
+
+def with_a_shell_layer(cli, config, name: str) -> str:
+    """Image `name` rebuilt with one layer as `image shell` lists it (a tarball in
+    images/NAME/shell/, its entry in shell.json); returns the listing's text."""
+    folder = config.images_dir / name / "shell"
+    folder.mkdir(parents=True)
+    (folder / "made.tar").write_bytes(layer_tar(SHELL_MADE))
+    listing = json.dumps([{"path": "shell/made.tar", "description": "image shell: x"}])
+    (config.images_dir / name / "shell.json").write_text(listing)
+    result = cli("image", "build", name)
+    assert result.code == 0, result.err
+    assert load_manifest(config, name)["layers"][-1]["kind"] == "tar"
+    return listing
+
+
+def test_an_import_over_an_existing_image_is_refused_without_force_or_update(
+        cli, config, tmp_path):
+    """An import over a built image replaced its recipe and kept the layers `image shell`
+    added to it, now on top of other content: an image whose shell layers were made on
+    another base, not said. Refused in one line now (as `wwctl image import` refuses an
+    existing name without --force or --update); the image, its recipe and layers stay."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "site").code == 0
+    recipe = (config.state_dir / "recipes/site/image.yaml").read_text()
+    result = cli("image", "import", str(other), "site")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        "provisiond: error: image site already exists: --force replaces it"]
+    listed = with_a_shell_layer(cli, config, "site")
+    before = load_manifest(config, "site")
+    result = cli("image", "import", str(other), "site")
+    assert result.err.splitlines() == [
+        "provisiond: error: image site already exists, with 1 layer `image shell` added: "
+        "--force replaces it and drops them, --update imports under them"]
+    assert load_manifest(config, "site") == before
+    assert (config.state_dir / "recipes/site/image.yaml").read_text() == recipe
+    assert (config.images_dir / "site/shell.json").read_text() == listed
+
+
+def test_an_import_with_force_replaces_the_image_and_drops_its_shell_layers(
+        cli, config, tmp_path):
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "forced").code == 0
+    with_a_shell_layer(cli, config, "forced")
+    before = load_manifest(config, "forced")
+    result = cli("image", "import", str(other), "forced", "--force")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "forced")
+    assert [l["kind"] for l in after["layers"]] == ["oci-archive"]
+    assert after["generation"] not in ("", before["generation"])  # another image
+    assert not (config.images_dir / "forced/shell.json").exists()
+    assert not (config.images_dir / "forced/shell").exists()
+    root = tmp_path / "root"
+    unpack_image(config, after, root)
+    assert (root / "etc/b").read_bytes() == b"B\n" and not (root / "etc/shell-made").exists()
+    result = cli("image", "build", "forced")
+    assert result.code == 0 and load_manifest(config, "forced")["layers"] == after["layers"]
+
+
+def test_an_import_with_update_keeps_the_shell_layers_on_top(cli, config, tmp_path):
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "updated").code == 0
+    listed = with_a_shell_layer(cli, config, "updated")
+    before = load_manifest(config, "updated")
+    result = cli("image", "import", str(other), "updated", "--update")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "updated")
+    assert [l["kind"] for l in after["layers"]] == ["oci-archive", "tar"]
+    assert after["layers"][-1]["description"] == before["layers"][-1]["description"]
+    assert after["generation"] == before["generation"]  # the same image, updated
+    assert (config.images_dir / "updated/shell.json").read_text() == listed
+    root = tmp_path / "root"
+    unpack_image(config, after, root)
+    assert (root / "etc/b").read_bytes() == b"B\n"
+    assert (root / "etc/shell-made").read_bytes() == b"from an image shell\n"
+
+
+def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_path):
+    """A site recipe written into <state>/recipes/NAME (or a deleted image's import):
+    the import moved it aside and removed it once it had built."""
+    folder = config.state_dir / "recipes/written"
+    folder.mkdir(parents=True)
+    (folder / "image.yaml").write_text("layers:\n  - {kind: busybox}\n")
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    result = cli("image", "import", str(archive), "written")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: image written is not built but has a recipe folder, {folder}: "
+        "--force replaces it"]
+    assert (folder / "image.yaml").read_text() == "layers:\n  - {kind: busybox}\n"
+    assert cli("image", "import", str(archive), "written", "--force").code == 0
+    assert load_manifest(config, "written")["layers"][0]["kind"] == "oci-archive"
 
 
 def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_path):
@@ -485,3 +591,24 @@ def test_an_xattr_the_host_refuses_is_one_line(tmp_path):
         apply_layer(xattr_layer({"security.capability": b"\xff junk"}), tmp_path)
     assert str(failed.value).splitlines() == [
         "layer entry 'bin/ping': cannot set its xattr security.capability: Invalid argument"]
+
+
+def test_an_import_shadowed_by_a_site_recipe_is_refused(cli, state_dir, tmp_path):
+    """A recipe of the name in a folder of the settings' image_dirs is found before the one
+    the import writes to <state>/recipes/NAME: the import reported success and built the
+    site recipe instead (here: the directory tree, not the archive's layers)."""
+    site = tmp_path / "site"
+    (site / "shadowed/tree/boot").mkdir(parents=True)
+    (site / "shadowed/tree/boot/vmlinuz-0.0-site").write_bytes(KERNEL)
+    (site / "shadowed/image.yaml").write_text(
+        "layers:\n  - {kind: directory, path: tree}\n")
+    (state_dir / "provisiond.yaml").write_text(f"image_dirs: [{site}]\n")
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    for flags in ((), ("--force",)):
+        result = cli("image", "import", str(archive), "shadowed", *flags)
+        assert result.code == Conflict.exit_code, result.err
+        assert result.err.splitlines() == [
+            f"provisiond: error: image shadowed: the recipe {site}/shadowed/image.yaml "
+            f"shadows the one an import writes ({state_dir}/recipes/shadowed): import under "
+            "another name"], result.err
+    assert not (state_dir / "recipes").exists()

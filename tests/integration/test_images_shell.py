@@ -25,6 +25,7 @@ from provisiond.images import build as build_module
 from provisiond.images import build_image, chroot, load_manifest, shell
 from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
+from tests.integration.test_images_oci import BOTTOM, layer_tar, oci_archive
 from tests.tools import private_deb_cache
 
 pytestmark = pytest.mark.slow  # downloads the tiny image's Debian packages once
@@ -369,6 +370,87 @@ def test_an_image_deleted_during_the_session_stays_deleted(tiny):
         "dropped"), err
     assert not image_exists(config, "tiny")
     assert not (config.images_dir / "tiny").exists()
+    assert left_behind(config) == []
+
+
+# tiny's first layer alone (cached): another recipe of the name, whose image has no
+# /etc/inittab, /etc/init.d/rcS...
+TINY_BASE = """description: tiny's busybox layer alone
+layers:
+  - kind: busybox
+    package: busybox-static
+    kernel: linux-image-amd64
+    modules: [virtio_net, virtio_pci, virtio_blk, e1000, af_packet, loop, squashfs, overlay]
+"""
+
+
+@pytest.mark.parametrize("recipe", ["the same recipe", "another recipe"])
+def test_an_image_deleted_and_built_again_during_the_session_gets_no_layer(tiny, recipe):
+    """`image delete` then `image build` of the name while a shell ran on it: the shell's
+    clean exit saw an image of that name and added its layer, made on the deleted image,
+    to the new one (on another base, of another recipe). It adds nothing now: the new
+    image stays as built, and the session's work is kept in a tarball the one line names."""
+    config, _ = tiny
+    site = config.state_dir / "recipes/tiny"  # shadows the shipped recipe
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            code, output = run_cli(config, "image", "delete", "tiny")
+            assert code == 0, output
+            if recipe == "another recipe":
+                site.mkdir(parents=True)
+                (site / "image.yaml").write_text(TINY_BASE)
+            rebuilt = build_image(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1, err
+    assert err.strip().splitlines()[-1] == (
+        "provisiond: error: image tiny was replaced during the session (deleted and built or "
+        f"imported again): its changes are not added to it; they are kept in {tars[0]}"), err
+    with tarfile.open(tars[0]) as layer:
+        assert layer.getnames() == ["etc", "etc/marker"]
+    assert load_manifest(config, "tiny") == rebuilt
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert left_behind(config) == []
+
+
+def test_an_import_with_force_during_the_session_replaces_the_image_it_opened(
+        tiny, tmp_path):
+    """`image import --force` over the image is a delete and an import: the session's
+    exit adds nothing to the imported image and keeps its tarball, as after a delete and
+    a build."""
+    config, _ = tiny
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            code, output = run_cli(config, "image", "import", str(archive), "tiny", "--force")
+            assert code == 0, output
+            imported = load_manifest(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+    finally:
+        shutil.rmtree(config.state_dir / "recipes/tiny", ignore_errors=True)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1 and f"they are kept in {tars[0]}" in err, err
+    assert load_manifest(config, "tiny") == imported
+    assert [layer["kind"] for layer in imported["layers"]] == ["oci-archive"]
+    assert left_behind(config) == []
+
+
+def test_a_rebuild_during_the_session_keeps_the_image_and_takes_the_layer(tiny):
+    """`image build` of the image while a shell is open on it is a rebuild of the same
+    image (its generation kept): the session's layer goes on top, as before."""
+    config, before = tiny
+    with held_shell(config, "tiny", "marker") as first:
+        rebuilt = build_image(config, "tiny")
+        assert rebuilt["generation"] == before["generation"] != ""
+        out, err = first.communicate("go\n", timeout=300)
+    assert first.returncode == 0, out + err
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert after["generation"] == before["generation"]
     assert left_behind(config) == []
 
 

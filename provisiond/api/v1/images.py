@@ -38,6 +38,8 @@ class Image(BaseModel):
     built_at: str
     build_seconds: float
     total_size: int
+    generation: str = Field("", description="made at the image's first build (and by "
+                            "`image import --force`), kept by every rebuild")
 
 
 class ImageName(BaseModel):
