@@ -22,6 +22,7 @@ from provisiond.errors import InvalidInput
 
 TRAILER = "TRAILER!!!"
 MAGIC = b"070701"
+HEADER = MAGIC + b"%08X" * 13  # one format for the 13 fields (a join of 13 was 2x slower)
 CHUNK = 1 << 20
 ZSTD_LEVEL = 3
 GZIP_LEVEL = 6
@@ -84,10 +85,10 @@ class Writer:
             self.ino += 1
             ino = self.ino
         encoded = name.encode("utf-8", "surrogateescape") + b"\0"
-        fields = (ino, mode, uid, gid, 2 if stat.S_ISDIR(mode) else 1,
-                  max(0, min(int(mtime), self.mtime)), size, 0, 0, os.major(rdev),
-                  os.minor(rdev), len(encoded), 0)
-        head = MAGIC + b"".join(b"%08X" % f for f in fields)
+        major, minor = (os.major(rdev), os.minor(rdev)) if rdev else (0, 0)
+        head = HEADER % (ino, mode, uid, gid, 2 if stat.S_ISDIR(mode) else 1,
+                         max(0, min(int(mtime), self.mtime)), size, 0, 0, major, minor,
+                         len(encoded), 0)
         self.out.write(head + encoded + _pad(len(head) + len(encoded)))
 
     def add(self, entry: Entry) -> None:
