@@ -51,6 +51,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(_fail(f"{where}{message} (see `{self.prog} --help`)",
                         ExitCode.INVALID_INPUT))
 
+    def parse_known_args(self, args=None, namespace=None):
+        """A command's own parser (one without subcommands) refuses the words it did not
+        take, naming itself: argparse left them to `provisiond`'s parser, whose error
+        pointed at `provisiond --help`, which lists no option of the command. (Options of
+        `provisiond` itself come before the command, as argparse reads them anyway.)"""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(

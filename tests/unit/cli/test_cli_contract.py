@@ -213,7 +213,7 @@ def test_usage_errors_exit_with_the_invalid_input_code(capsys):
      "power on: argument --timeout: invalid float value: 'soon'"),
     (["secret", "rotate", "n1", "munge.key"], "secret rotate: argument what: invalid choice"),
     (["node"], "node: the following arguments are required: VERB"),
-    (["node", "list", "n1", "\x1b[2J"], "unrecognized arguments: \\x1b[2J"),
+    (["node", "list", "n1", "\x1b[2J"], "node list: unrecognized arguments: \\x1b[2J"),
 ])
 def test_a_usage_error_is_one_line_without_the_usage(capsys, argv, says):
     """As every other error (README, Exit codes): argparse's usage synopsis, eight lines for
@@ -224,6 +224,26 @@ def test_a_usage_error_is_one_line_without_the_usage(capsys, argv, says):
     assert caught.value.code == ExitCode.INVALID_INPUT
     assert err.startswith(f"provisiond: error: {says}") and err.count("\n") == 1, err
     assert err.endswith(" --help`)\n") and "usage:" not in err
+
+
+@pytest.mark.parametrize("argv,command,stray", [
+    (["node", "set", "n1", "--imgae", "x"], "node set", "--imgae x"),  # a mistyped option
+    (["node", "list", "n1", "n2"], "node list", "n2"),  # a second word
+    (["secret", "unset", "node", "n1", "key", "--json"], "secret unset", "--json"),
+    (["--bogus"], "", "--bogus"),
+])
+def test_unrecognized_arguments_name_the_command_that_did_not_take_them(capsys, argv,
+                                                                         command, stray):
+    """The commonest usage error: argparse finds the stray words only once the command's
+    parser has returned, and said `see provisiond --help`, which lists no option of it."""
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    err = capsys.readouterr().err
+    assert caught.value.code == ExitCode.INVALID_INPUT
+    where = f"{command}: " if command else ""
+    prog = f"provisiond {command}".strip()
+    assert err == (f"provisiond: error: {where}unrecognized arguments: {stray} "
+                   f"(see `{prog} --help`)\n")
 
 
 def test_tls_verify_takes_skopeos_true_and_false_after_an_equals_sign(cli):
