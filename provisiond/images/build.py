@@ -22,7 +22,7 @@ from provisiond.images.layers import (LayerPlan, build_layer, cached_layer, laye
                                       shell_mounting)
 from provisiond.images.manifests import (drop_shell_layers, gc_lock, image_generation,
                                          lock_path, save_manifest)
-from provisiond.images.recipe import Recipe, Step, load_recipe
+from provisiond.images.recipe import Recipe, Step, find_recipe, load_recipe
 from provisiond.state.layout import Layout
 
 Progress = Callable[[dict], None]
@@ -40,10 +40,13 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
     chroot.require_build_privileges()
     started = time.monotonic()
     with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
-        recipe = load_recipe(config, name, shell_layers=not replace)
-        compression = recipe.compression or config.build.compression
+        find_recipe(config, name)  # a bad or unknown name: refused before the lock is made
+        # the recipe and shell.json read under the lock: a build that waited for a shell's
+        # exit or an import's swap builds what they left, not what was there before
         with (contextlib.nullcontext() if lock_held else locked(lock_path(config, name))), \
                 locked(gc_lock(config), shared=True):
+            recipe = load_recipe(config, name, shell_layers=not replace)
+            compression = recipe.compression or config.build.compression
             records = _build_layers(config, recipe, compression,
                                     progress or (lambda e: None), rebuild)
             kernel = _store_kernel(config, recipe, records)

@@ -10,15 +10,19 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
+from provisiond.atomic import locked
 from provisiond.cli import main
 from provisiond.errors import AlreadyExists, BuildFailed, Conflict, NotFound
 from provisiond.images import blob_path, load_manifest
+from provisiond.images.manifests import lock_path
+from tests.waits import blocked_on_a_lock, wait_until
 
 KERNEL = b"MZ fake kernel for the import test"
 
@@ -431,6 +435,37 @@ def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_pa
     assert (folder / "image.yaml").read_text() == "layers:\n  - {kind: busybox}\n"
     assert cli("image", "import", str(archive), "written", "--force").code == 0
     assert load_manifest(config, "written")["layers"][0]["kind"] == "oci-archive"
+
+
+def provisiond(config, *args: str) -> subprocess.Popen:
+    """`provisiond ARGS...` as a process of its own, on the test's state dir."""
+    return subprocess.Popen([sys.executable, "-m", "provisiond", "--state-dir",
+                             str(config.state_dir), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_build_that_waited_for_the_image_s_lock_builds_what_is_listed_then(
+        cli, config, tmp_path):
+    """`image build` read the recipe and the image's shell layers before it took the
+    image's lock: one that waited for an `image shell`'s exit (which lists its layer and
+    rebuilds under that lock) then saved the image without the session's layer, the
+    admin's work gone from what nodes boot until the next build, the shell having said
+    it was added. The build reads them once it holds the lock now."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    assert cli("image", "import", str(archive), "waited").code == 0
+    with locked(lock_path(config, "waited")):  # as a shell's exit holds it
+        build = provisiond(config, "image", "build", "waited")
+        wait_until(lambda: build.poll() is not None or blocked_on_a_lock(build.pid), 60,
+                   "the build to wait for the image's lock")
+        folder = config.images_dir / "waited/shell"
+        folder.mkdir(parents=True)
+        (folder / "made.tar").write_bytes(layer_tar(SHELL_MADE))
+        (config.images_dir / "waited/shell.json").write_text(json.dumps(
+            [{"path": "shell/made.tar", "description": "image shell: x"}]))
+    out, _ = build.communicate(timeout=120)
+    assert build.returncode == 0, out
+    assert [l["kind"] for l in load_manifest(config, "waited")["layers"]] == [
+        "oci-archive", "tar"], out
 
 
 def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_path):

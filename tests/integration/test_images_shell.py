@@ -27,6 +27,7 @@ from provisiond.images.manifests import image_exists
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
 from tests.integration.test_images_oci import BOTTOM, layer_tar, oci_archive
 from tests.tools import private_deb_cache
+from tests.waits import blocked_on_a_lock
 
 pytestmark = pytest.mark.slow  # downloads the tiny image's Debian packages once
 
@@ -651,13 +652,6 @@ def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
     assert left_behind(config) == []
     code, output = run_cli(config, "image", "gc")
     assert code == 0 and not tree.exists(), output
-
-
-def blocked_on_a_lock(pid: int) -> bool:
-    """The process waits for an flock (a `->` line of /proc/locks names it)."""
-    with open("/proc/locks") as handle:
-        return any(len(words) > 5 and words[1] == "->" and words[5] == str(pid)
-                   for words in (line.split() for line in handle))
 
 
 def test_a_delete_as_the_session_saves_its_layer_waits_and_the_image_stays_deleted(
