@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -19,8 +20,9 @@ import zstandard
 
 from provisiond.atomic import locked
 from provisiond.cli import main
-from provisiond.errors import AlreadyExists, BuildFailed, Conflict, NotFound
+from provisiond.errors import AlreadyExists, BuildFailed, Conflict, ExitCode, NotFound
 from provisiond.images import blob_path, load_manifest
+from provisiond.images import build as build_module
 from provisiond.images.manifests import lock_path
 from tests.waits import blocked_on_a_lock, wait_until
 
@@ -418,6 +420,67 @@ def test_an_import_with_update_keeps_the_shell_layers_on_top(cli, config, tmp_pa
     unpack_image(config, after, root)
     assert (root / "etc/b").read_bytes() == b"B\n"
     assert (root / "etc/shell-made").read_bytes() == b"from an image shell\n"
+
+
+@pytest.mark.parametrize("over", ["--force", "--update"])
+def test_an_interrupt_once_the_import_s_manifest_is_saved_keeps_the_import(
+        cli, config, tmp_path, monkeypatch, over):
+    """Ctrl-C (or SIGTERM) landing after the import's manifest was saved, before the build
+    returned: the undo put the previous recipe folder back under the new manifest (and
+    --force left the replaced image's shell layers listed), so the next `image build`
+    made the previous image again, with --force's dropped shell layers on top and the
+    new generation. The save is the import's commit: it stands, and is finished."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "cut").code == 0
+    with_a_shell_layer(cli, config, "cut")
+    real = build_module.save_manifest
+
+    def save_then_interrupt(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a KeyboardInterrupt before the build returns
+
+    monkeypatch.setattr(build_module, "save_manifest", save_then_interrupt)
+    result = cli("image", "import", str(other), "cut", over)
+    monkeypatch.undo()
+    imported = load_manifest(config, "cut")
+    assert cli("image", "build", "cut").code == 0
+    assert load_manifest(config, "cut")["layers"] == imported["layers"], result.err
+    assert result.code == 0, result.err  # the import is done: the interrupt came after
+    kinds = [l["kind"] for l in imported["layers"]]
+    assert kinds == (["oci-archive"] if over == "--force" else ["oci-archive", "tar"])
+    assert (config.images_dir / "cut/shell.json").exists() == (over == "--update")
+    root = tmp_path / "root"
+    unpack_image(config, imported, root)
+    assert (root / "etc/b").read_bytes() == b"B\n"
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["cut"]
+
+
+def test_a_second_ctrl_c_as_a_failed_import_is_undone_keeps_the_recipe(
+        cli, config, tmp_path, monkeypatch):
+    """A failed import removed its own recipe folder, then put the previous one back: a
+    second Ctrl-C during that removal (seconds for a large archive) left the image with
+    no recipe folder, the previous one aside where the next import removed it. The
+    folders are swapped back first now, by two renames, then the failed one removed."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
+    assert cli("image", "import", str(archive), "undone").code == 0
+    recipe = (config.state_dir / "recipes/undone/image.yaml").read_text()
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    recipes, real = config.state_dir / "recipes", shutil.rmtree
+
+    def rmtree_then_interrupt(path, *args, **kwargs):
+        removed = Path(path).parent == recipes and Path(path).name != ".undone.import" \
+            and Path(path).exists()  # the failed import's own recipe folder
+        real(path, *args, **kwargs)
+        if removed:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_then_interrupt)
+    result = cli("image", "import", str(tmp_path / "junk.tar"), "undone", "--update")
+    monkeypatch.undo()
+    assert result.code == ExitCode.INTERRUPTED, result.err
+    assert (recipes / "undone/image.yaml").read_text() == recipe
+    assert cli("image", "build", "undone").code == 0
 
 
 def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_path):
