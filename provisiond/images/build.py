@@ -72,19 +72,23 @@ def _generation(config: Config, name: str, replace: bool) -> str:
 
 @contextlib.contextmanager
 def interrupt_on_term() -> Iterator[None]:
-    """A SIGTERM stops a build like Ctrl-C does: mounts and temp trees are cleaned up."""
+    """A SIGTERM or a hangup (a dropped ssh session) stops a build like Ctrl-C does:
+    mounts and temp trees are cleaned up, an import undone (a hangup's default ended the
+    process at once, an import's recipe folder swapped, a build's mounts in place)."""
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+        previous = {signum: signal.signal(signum, raise_interrupt)
+                    for signum in (signal.SIGTERM, signal.SIGHUP)}
     except ValueError:  # not the main thread (e.g. the CLI run inside a server)
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def plan_layers(config: Config, recipe: Recipe, compression: str) -> list[LayerPlan]:

@@ -483,6 +483,43 @@ def test_a_second_ctrl_c_as_a_failed_import_is_undone_keeps_the_recipe(
     assert cli("image", "build", "undone").code == 0
 
 
+HANGUP_AT_SAVE = """
+import os, signal, sys
+from provisiond.cli import main
+from provisiond.images import build
+
+def hang_up(*args):  # the ssh session drops as the build is about to save
+    os.kill(os.getpid(), signal.SIGHUP)  # its handler runs here, or the process ends
+
+build.save_manifest = hang_up
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("verb", ["import", "build"])
+def test_a_hangup_stops_an_import_or_build_as_ctrl_c_does(cli, config, tmp_path, verb):
+    """A dropped ssh session (SIGHUP) during `image import`'s build ended the process at
+    once: the recipe folder stayed swapped, the previous one aside (removed by the next
+    import), so the next `image build` made the half-done import's image (--force: under
+    the replaced image's shell layers); a build's chroot mounts were left in place. A
+    hangup now stops both as Ctrl-C and SIGTERM do: undone, exit 130."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "hungup").code == 0
+    before = load_manifest(config, "hungup")
+    args = ["image", "import", str(other), "hungup", "--force"] if verb == "import" else [
+        "image", "build", "hungup", "--no-cache"]
+    run = subprocess.run([sys.executable, "-c", HANGUP_AT_SAVE, "--state-dir",
+                          str(config.state_dir), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == ExitCode.INTERRUPTED, (run.returncode, run.stderr)
+    assert run.stderr.splitlines()[-1] == "provisiond: interrupted", run.stderr
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["hungup"]
+    assert load_manifest(config, "hungup") == before
+    assert cli("image", "build", "hungup").code == 0
+    assert load_manifest(config, "hungup")["layers"] == before["layers"]
+
+
 def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_path):
     """A site recipe written into <state>/recipes/NAME (or a deleted image's import):
     the import moved it aside and removed it once it had built."""
