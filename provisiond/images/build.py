@@ -66,8 +66,11 @@ def _generation(config: Config, name: str, replace: bool) -> str:
     """The image's generation, kept by a rebuild; a new one for a first build, the first
     after a delete, or a replacement: an `image shell` session adds its layer only to the
     generation it opened, not to an image deleted and built again meanwhile, of another
-    recipe perhaps."""
-    return (None if replace else image_generation(config, name)) or secrets.token_hex(8)
+    recipe perhaps. A manifest written before generations has none (""), and a rebuild
+    keeps that too: a new one would tell a session open on it that its image was
+    replaced."""
+    current = None if replace else image_generation(config, name)
+    return secrets.token_hex(8) if current is None else current
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
 from provisiond.images import build as build_module
 from provisiond.images import build_image, chroot, load_manifest, shell
-from provisiond.images.manifests import image_exists
+from provisiond.images.manifests import image_exists, save_manifest
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
 from tests.integration.test_images_oci import BOTTOM, layer_tar, oci_archive
 from tests.tools import private_deb_cache
@@ -438,6 +438,37 @@ def test_an_import_with_force_during_the_session_replaces_the_image_it_opened(
     assert load_manifest(config, "tiny") == imported
     assert [layer["kind"] for layer in imported["layers"]] == ["oci-archive"]
     assert left_behind(config) == []
+
+
+@pytest.mark.parametrize("meanwhile", ["rebuilt", "deleted and built again"])
+def test_a_session_on_an_image_built_before_generations(tiny, meanwhile):
+    """A manifest written before generations (a site upgraded) has none. The first build
+    after the upgrade gave it one, so a shell open on it across that plain rebuild was
+    refused, its line saying the image had been deleted and built again, which nobody
+    had done. A rebuild keeps the generation it finds, none too: the layer goes on top;
+    a delete and a build still make another image, which gets no layer."""
+    config, before = tiny
+    save_manifest(config, {k: v for k, v in before.items() if k != "generation"})
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            if meanwhile != "rebuilt":
+                code, output = run_cli(config, "image", "delete", "tiny")
+                assert code == 0, output
+            rebuilt = build_image(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+        after = load_manifest(config, "tiny")
+        if meanwhile == "rebuilt":
+            assert first.returncode == 0, out + err
+            assert digests(after)[:-1] == digests(before)
+            assert after["layers"][-1]["kind"] == "tar"
+        else:
+            assert first.returncode == BuildFailed.exit_code, out + err
+            assert "image tiny was replaced during the session" in err, err
+            assert after == rebuilt and rebuilt["generation"] != ""
+        assert left_behind(config) == []
+    finally:  # the next tests' tiny has a generation again
+        run_cli(config, "image", "delete", "tiny")
+        build_image(config, "tiny")
 
 
 def test_a_rebuild_during_the_session_keeps_the_image_and_takes_the_layer(tiny):
