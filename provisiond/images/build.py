@@ -20,9 +20,9 @@ from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
 from provisiond.images.layers import (LayerPlan, build_layer, cached_layer, layer_key,
                                       shell_mounting)
-from provisiond.images.manifests import (drop_shell_layers, gc_lock, image_generation,
-                                         lock_path, save_manifest)
+from provisiond.images.manifests import gc_lock, image_generation, lock_path, save_manifest
 from provisiond.images.recipe import Recipe, Step, find_recipe, load_recipe
+from provisiond.images.swap import end_swap, swapped_out
 from provisiond.state.layout import Layout
 
 Progress = Callable[[dict], None]
@@ -36,15 +36,17 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
     `lock_held`: the caller holds the image's lock (`image shell`, whose check that the
     image is still there, listing of its layer and rebuild go as one; `image import`).
     `replace`: the build replaces the image (`image import --force`): a new generation,
-    without the layers `image shell` added to the one replaced, which go once it is saved."""
+    without the layers `image shell` added to the one replaced (the import drops them once
+    the manifest is saved)."""
     chroot.require_build_privileges()
     started = time.monotonic()
     with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
-        find_recipe(config, name)  # a bad or unknown name: refused before the lock is made
+        if not swapped_out(config, name):  # (then end_swap puts its recipe folder back)
+            find_recipe(config, name)  # a bad or unknown name: refused before the lock is made
         # the recipe and shell.json read under the lock: a build that waited for a shell's
         # exit or an import's swap builds what they left, not what was there before
-        with (contextlib.nullcontext() if lock_held else locked(lock_path(config, name))), \
-                locked(gc_lock(config), shared=True):
+        held = contextlib.nullcontext() if lock_held else _locked_and_swap_ended(config, name)
+        with held, locked(gc_lock(config), shared=True):
             recipe = load_recipe(config, name, shell_layers=not replace)
             compression = recipe.compression or config.build.compression
             records = _build_layers(config, recipe, compression,
@@ -55,11 +57,18 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
             manifest["mounted"] = mounted
             manifest["generation"] = _generation(config, name, replace)
             save_manifest(config, manifest)
-            if replace:
-                drop_shell_layers(config, name)
         outcome.update(layers=len(records), size=manifest["total_size"],
                        seconds=manifest["build_seconds"])
     return manifest
+
+
+@contextlib.contextmanager
+def _locked_and_swap_ended(config: Config, name: str) -> Iterator[None]:
+    """The image's lock, and the recipe folder swap of an import killed outright ended
+    (provisiond.images.swap): the build makes the image's recipe, not a half-done import."""
+    with locked(lock_path(config, name)):
+        end_swap(config, name)
+        yield
 
 
 def _generation(config: Config, name: str, replace: bool) -> str:

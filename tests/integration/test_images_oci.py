@@ -520,6 +520,75 @@ def test_a_hangup_stops_an_import_or_build_as_ctrl_c_does(cli, config, tmp_path,
     assert load_manifest(config, "hungup")["layers"] == before["layers"]
 
 
+KILLED_AT = """
+import os, pathlib, signal, sys
+from provisiond.cli import main
+from provisiond.images import build
+
+WHEN, NAME = sys.argv.pop(1), sys.argv[-2]
+save, rename = build.save_manifest, pathlib.Path.rename
+
+def kill():  # the OOM killer, a power cut
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def save_manifest(*args):
+    if WHEN == "after the save":
+        save(*args)
+    kill()
+
+def swap(self, target):
+    if WHEN == "between the renames" and self.name == f".{NAME}.import":
+        kill()
+    return rename(self, target)
+
+build.save_manifest, pathlib.Path.rename = save_manifest, swap
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("then", ["build", "import"])
+@pytest.mark.parametrize("when", ["between the renames", "before the save", "after the save"])
+def test_an_import_killed_outright_is_undone_or_finished_by_the_next_build_or_import(
+        cli, config, tmp_path, when, then):
+    """`image import --force` killed outright (SIGKILL, the OOM killer, a power cut) as
+    it built: its recipe folder stayed swapped in, unbuilt, the previous one aside, where
+    the next import removed it; the next build made the killed import's image under the
+    replaced image's shell layers, with its generation (so an open shell's layer went on
+    top too). Killed once its manifest was saved: those shell layers stayed listed. The
+    next build, shell exit or import of the image ends the swap first now: the image as
+    it was, or the import finished."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "killed").code == 0
+    listed = with_a_shell_layer(cli, config, "killed")
+    before = load_manifest(config, "killed")
+    run = subprocess.run([sys.executable, "-c", KILLED_AT, when, "--state-dir",
+                          str(config.state_dir), "image", "import", str(other), "killed",
+                          "--force"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    if then == "import":  # one that fails: it changes nothing of itself
+        (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+        result = cli("image", "import", str(tmp_path / "junk.tar"), "killed", "--update")
+        assert result.code == BuildFailed.exit_code, result.err
+    result = cli("image", "build", "killed")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "killed")
+    if when == "after the save":
+        assert [l["kind"] for l in after["layers"]] == ["oci-archive"]
+        assert after["generation"] not in ("", before["generation"])
+        assert not (config.images_dir / "killed/shell.json").exists()
+        root = tmp_path / "root"
+        unpack_image(config, after, root)
+        assert (root / "etc/b").read_bytes() == b"B\n"
+    else:
+        assert after["layers"] == before["layers"]
+        assert after["generation"] == before["generation"]
+        assert (config.images_dir / "killed/shell.json").read_text() == listed
+    recipes = config.state_dir / "recipes"
+    assert not any((recipes / aside).exists() for aside in (
+        ".killed.previous", ".killed.failed", "killed/.import.json"))
+
+
 def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_path):
     """A site recipe written into <state>/recipes/NAME (or a deleted image's import):
     the import moved it aside and removed it once it had built."""

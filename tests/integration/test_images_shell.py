@@ -25,7 +25,7 @@ from provisiond.images import build as build_module
 from provisiond.images import build_image, chroot, load_manifest, shell
 from provisiond.images.manifests import image_exists, save_manifest
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
-from tests.integration.test_images_oci import BOTTOM, layer_tar, oci_archive
+from tests.integration.test_images_oci import KILLED_AT, BOTTOM, layer_tar, oci_archive
 from tests.tools import private_deb_cache
 from tests.waits import blocked_on_a_lock
 
@@ -469,6 +469,33 @@ def test_a_session_on_an_image_built_before_generations(tiny, meanwhile):
     finally:  # the next tests' tiny has a generation again
         run_cli(config, "image", "delete", "tiny")
         build_image(config, "tiny")
+
+
+def test_an_import_killed_during_the_session_is_undone_before_its_layer_goes_on(
+        tiny, tmp_path):
+    """`image import --force` over the image killed outright (SIGKILL) while a shell ran
+    on it: the session's rebuild made the killed import's unbuilt recipe, under the shell
+    layers of the image it was to replace, and with that image's generation. The shell's
+    exit ends the swap first now: the image it opened, with the session's layer on top."""
+    config, before = tiny
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            run = subprocess.run([sys.executable, "-c", KILLED_AT, "before the save",
+                                  "--state-dir", str(config.state_dir), "image", "import",
+                                  str(archive), "tiny", "--force"],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == -signal.SIGKILL, run.stderr
+            out, err = first.communicate("go\n", timeout=300)
+        recipes = sorted(p.name for p in (config.state_dir / "recipes").iterdir())
+    finally:  # the shipped recipe of tiny for the next tests
+        shutil.rmtree(config.state_dir / "recipes", ignore_errors=True)
+    assert first.returncode == 0, out + err
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert after["generation"] == before["generation"]
+    assert recipes == []  # the killed import's recipe folder gone: tiny's shipped one again
+    assert left_behind(config) == []
 
 
 def test_a_rebuild_during_the_session_keeps_the_image_and_takes_the_layer(tiny):
