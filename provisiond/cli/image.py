@@ -85,7 +85,8 @@ def register(subparsers) -> None:
                       const=images.OverExisting.REPLACE, default=images.OverExisting.REFUSE,
                       help="replace an existing image NAME (or its recipe folder), as "
                            "`image delete` then an import would: the layers `image shell` "
-                           "added to it are dropped")
+                           "added to it are dropped, and the session tarballs kept in "
+                           "<state>/images/NAME/shell/ with them")
     over.add_argument("--update", action="store_const", dest="over",
                       const=images.OverExisting.UPDATE,
                       help="import into an existing image NAME: the new content replaces "

@@ -21,8 +21,10 @@ from provisiond.images.chroot import require_build_privileges
 from provisiond.images.build import build_image
 from provisiond.images.layout import LayoutWriter, copy_layout
 from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
-                                         image_exists, list_images, load_manifest, lock_path)
+                                         image_exists, list_images, load_manifest, lock_path,
+                                         manifest_revision)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe, read_shell_layers
+from provisiond.images.swap import end_swap, swap_in
 from provisiond.state.layout import Layout, recipe_search_path
 
 
@@ -52,37 +54,42 @@ def import_image(config: Config, source: str, name: str, progress=None,
     _refuse_shadowed(config, name)
     # one import of a name at a time: each would take the other's staging folder as stale
     with locked(Layout.of(config).image_import_lock(name)):
-        _refuse_existing(config, name, over)  # before a download, and again at the swap
+        with locked(lock_path(config, name)):
+            end_swap(config, name)  # a killed import's: undone or finished first
+            _refuse_existing(config, name, over)  # before a download, and again at the swap
         return _import(config, source, name, progress, kernel_args or [], init, access, over)
 
 
 def _import(config: Config, source: str, name: str, progress, kernel_args: list[str],
             init: str, access: registry.Access | None, over: OverExisting) -> dict:
-    folder = Layout.of(config).recipe_dir(name)
-    staged, previous = folder.with_name(f".{name}.import"), folder.with_name(f".{name}.previous")
-    for stale in (staged, previous):
-        shutil.rmtree(stale, ignore_errors=True)
+    staged = Layout.of(config).recipe_aside(name, "import")
+    shutil.rmtree(staged, ignore_errors=True)  # a killed import's
     try:
         _stage(config, source, staged, kernel_args, init, access, progress)
         # the swap, the build and its undoing as one: no build or shell exit in between
         with locked(lock_path(config, name)):
             _refuse_existing(config, name, over)
-            if folder.exists():
-                folder.rename(previous)
-            staged.rename(folder)
-            try:
-                manifest = build_image(config, name, progress, lock_held=True,
-                                       replace=over is OverExisting.REPLACE)
-            except BaseException:
-                shutil.rmtree(folder, ignore_errors=True)
-                if previous.exists():
-                    previous.rename(folder)
-                raise
-    except BaseException:
+            return _swap_and_build(config, name, staged, progress,
+                                   over is OverExisting.REPLACE)
+    finally:
         shutil.rmtree(staged, ignore_errors=True)
-        raise
-    shutil.rmtree(previous, ignore_errors=True)
-    return manifest
+
+
+def _swap_and_build(config: Config, name: str, staged: Path, progress, replace: bool) -> dict:
+    """The staged folder as the image's recipe, built; the previous folder put back when
+    no manifest was saved (provisiond.images.swap). The saved manifest is the commit: an
+    interrupt after it (the undo put the previous recipe back under the new image, which
+    the next build made again) finishes the import, as `image shell`'s rebuild does."""
+    before = swap_in(config, name, staged, replace)
+    try:
+        manifest = build_image(config, name, progress, lock_held=True, replace=replace)
+        end_swap(config, name)
+        return manifest
+    except BaseException as exc:
+        end_swap(config, name)
+        if manifest_revision(config, name) == before or not isinstance(exc, KeyboardInterrupt):
+            raise
+        return load_manifest(config, name)
 
 
 def _refuse_existing(config: Config, name: str, over: OverExisting) -> None:

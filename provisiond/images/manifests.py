@@ -96,6 +96,13 @@ def image_exists(config: Config, name: str) -> bool:
     return opening.open_store(config).get(manifest_key(config, name)) is not None
 
 
+def manifest_revision(config: Config, name: str) -> int | None:
+    """The store revision of the image's manifest, None when it is not built: a build
+    that changed it saved its manifest (its commit)."""
+    entry = opening.open_store(config).get(manifest_key(config, name))
+    return None if entry is None else entry.revision
+
+
 def image_generation(config: Config, name: str) -> str | None:
     """The generation of the image's current build (ImageManifest.generation): None when
     it is not built, "" when its manifest has none (built before generations, damaged)."""
@@ -234,4 +241,5 @@ def _session_lowers(layout: Layout) -> set[str]:
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
-           "collect_garbage", "image_exists", "image_generation", "manifest_entry"]
+           "collect_garbage", "image_exists", "image_generation", "manifest_entry",
+           "manifest_revision"]

@@ -54,6 +54,7 @@ from provisiond.images.layers import claim_session, is_opaque
 from provisiond.images.manifests import (gc_lock, generation_of, image_generation,
                                           load_manifest, lock_path, manifest_entry)
 from provisiond.images.recipe import read_shell_layers
+from provisiond.images.swap import end_swap
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
@@ -110,6 +111,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
             if not changed:
                 return None
             held.enter_context(locked(lock_path(config, name)))  # to the rebuild's end
+            end_swap(config, name)  # an import killed outright: undone or finished first
             now = image_generation(config, name)
             if now is None:  # the rebuild would bring it back
                 raise ShellAborted(f"image {name} was deleted during the session: its "

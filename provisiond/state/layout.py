@@ -201,6 +201,18 @@ class Layout:
     def recipe_dir(self, name: str):
         return self.recipes / name
 
+    @entry("recipes/<name>/.import.json", "in a folder `image import` swapped in, until the "
+           "swap is ended: the manifest revision it started from, whether it replaces the "
+           "image (a killed import is undone or finished by the next build, shell exit or "
+           "import of the image)")
+    def recipe_swap_mark(self, name: str):
+        return self.recipes / name / ".import.json"
+
+    @entry("recipes/.<name>.<step>/", "an import's folders: `import` what it stages, "
+           "`previous` the recipe folder it swapped out, `failed` its own, being undone")
+    def recipe_aside(self, name: str, step: str):
+        return self.recipes / f".{name}.{step}"
+
     @property
     @entry("cache/layers/", "built layer trees, `<key>/` (root file systems, owned as on a "
            "node), and their records `<key>.json`")

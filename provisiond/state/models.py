@@ -135,7 +135,7 @@ class ImageManifest(Document):
     generation: str = ""
     """made at the image's first build (the first after a delete too, and `image import
     --force`), kept by every rebuild: which image an `image shell` session opened
-    (provisiond.images.shell)"""
+    (provisiond.images.shell); "", kept by rebuilds too, for one built before generations"""
 
 
 class LayerRecord(Document):

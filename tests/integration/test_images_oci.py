@@ -9,16 +9,22 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
+from provisiond.atomic import locked
 from provisiond.cli import main
-from provisiond.errors import AlreadyExists, BuildFailed, Conflict, NotFound
+from provisiond.errors import AlreadyExists, BuildFailed, Conflict, ExitCode, NotFound
 from provisiond.images import blob_path, load_manifest
+from provisiond.images import build as build_module
+from provisiond.images.manifests import lock_path
+from tests.waits import blocked_on_a_lock, wait_until
 
 KERNEL = b"MZ fake kernel for the import test"
 
@@ -416,6 +422,173 @@ def test_an_import_with_update_keeps_the_shell_layers_on_top(cli, config, tmp_pa
     assert (root / "etc/shell-made").read_bytes() == b"from an image shell\n"
 
 
+@pytest.mark.parametrize("over", ["--force", "--update"])
+def test_an_interrupt_once_the_import_s_manifest_is_saved_keeps_the_import(
+        cli, config, tmp_path, monkeypatch, over):
+    """Ctrl-C (or SIGTERM) landing after the import's manifest was saved, before the build
+    returned: the undo put the previous recipe folder back under the new manifest (and
+    --force left the replaced image's shell layers listed), so the next `image build`
+    made the previous image again, with --force's dropped shell layers on top and the
+    new generation. The save is the import's commit: it stands, and is finished."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "cut").code == 0
+    with_a_shell_layer(cli, config, "cut")
+    real = build_module.save_manifest
+
+    def save_then_interrupt(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a KeyboardInterrupt before the build returns
+
+    monkeypatch.setattr(build_module, "save_manifest", save_then_interrupt)
+    result = cli("image", "import", str(other), "cut", over)
+    monkeypatch.undo()
+    imported = load_manifest(config, "cut")
+    assert cli("image", "build", "cut").code == 0
+    assert load_manifest(config, "cut")["layers"] == imported["layers"], result.err
+    assert result.code == 0, result.err  # the import is done: the interrupt came after
+    kinds = [l["kind"] for l in imported["layers"]]
+    assert kinds == (["oci-archive"] if over == "--force" else ["oci-archive", "tar"])
+    assert (config.images_dir / "cut/shell.json").exists() == (over == "--update")
+    root = tmp_path / "root"
+    unpack_image(config, imported, root)
+    assert (root / "etc/b").read_bytes() == b"B\n"
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["cut"]
+
+
+def test_a_second_ctrl_c_as_a_failed_import_is_undone_keeps_the_recipe(
+        cli, config, tmp_path, monkeypatch):
+    """A failed import removed its own recipe folder, then put the previous one back: a
+    second Ctrl-C during that removal (seconds for a large archive) left the image with
+    no recipe folder, the previous one aside where the next import removed it. The
+    folders are swapped back first now, by two renames, then the failed one removed."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
+    assert cli("image", "import", str(archive), "undone").code == 0
+    recipe = (config.state_dir / "recipes/undone/image.yaml").read_text()
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    recipes, real = config.state_dir / "recipes", shutil.rmtree
+
+    def rmtree_then_interrupt(path, *args, **kwargs):
+        removed = Path(path).parent == recipes and Path(path).name != ".undone.import" \
+            and Path(path).exists()  # the failed import's own recipe folder
+        real(path, *args, **kwargs)
+        if removed:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_then_interrupt)
+    result = cli("image", "import", str(tmp_path / "junk.tar"), "undone", "--update")
+    monkeypatch.undo()
+    assert result.code == ExitCode.INTERRUPTED, result.err
+    assert (recipes / "undone/image.yaml").read_text() == recipe
+    assert cli("image", "build", "undone").code == 0
+
+
+HANGUP_AT_SAVE = """
+import os, signal, sys
+from provisiond.cli import main
+from provisiond.images import build
+
+def hang_up(*args):  # the ssh session drops as the build is about to save
+    os.kill(os.getpid(), signal.SIGHUP)  # its handler runs here, or the process ends
+
+build.save_manifest = hang_up
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("verb", ["import", "build"])
+def test_a_hangup_stops_an_import_or_build_as_ctrl_c_does(cli, config, tmp_path, verb):
+    """A dropped ssh session (SIGHUP) during `image import`'s build ended the process at
+    once: the recipe folder stayed swapped, the previous one aside (removed by the next
+    import), so the next `image build` made the half-done import's image (--force: under
+    the replaced image's shell layers); a build's chroot mounts were left in place. A
+    hangup now stops both as Ctrl-C and SIGTERM do: undone, exit 130."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "hungup").code == 0
+    before = load_manifest(config, "hungup")
+    args = ["image", "import", str(other), "hungup", "--force"] if verb == "import" else [
+        "image", "build", "hungup", "--no-cache"]
+    run = subprocess.run([sys.executable, "-c", HANGUP_AT_SAVE, "--state-dir",
+                          str(config.state_dir), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == ExitCode.INTERRUPTED, (run.returncode, run.stderr)
+    assert run.stderr.splitlines()[-1] == "provisiond: interrupted", run.stderr
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["hungup"]
+    assert load_manifest(config, "hungup") == before
+    assert cli("image", "build", "hungup").code == 0
+    assert load_manifest(config, "hungup")["layers"] == before["layers"]
+
+
+KILLED_AT = """
+import os, pathlib, signal, sys
+from provisiond.cli import main
+from provisiond.images import build
+
+WHEN, NAME = sys.argv.pop(1), sys.argv[-2]
+save, rename = build.save_manifest, pathlib.Path.rename
+
+def kill():  # the OOM killer, a power cut
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def save_manifest(*args):
+    if WHEN == "after the save":
+        save(*args)
+    kill()
+
+def swap(self, target):
+    if WHEN == "between the renames" and self.name == f".{NAME}.import":
+        kill()
+    return rename(self, target)
+
+build.save_manifest, pathlib.Path.rename = save_manifest, swap
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("then", ["build", "import"])
+@pytest.mark.parametrize("when", ["between the renames", "before the save", "after the save"])
+def test_an_import_killed_outright_is_undone_or_finished_by_the_next_build_or_import(
+        cli, config, tmp_path, when, then):
+    """`image import --force` killed outright (SIGKILL, the OOM killer, a power cut) as
+    it built: its recipe folder stayed swapped in, unbuilt, the previous one aside, where
+    the next import removed it; the next build made the killed import's image under the
+    replaced image's shell layers, with its generation (so an open shell's layer went on
+    top too). Killed once its manifest was saved: those shell layers stayed listed. The
+    next build, shell exit or import of the image ends the swap first now: the image as
+    it was, or the import finished."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "killed").code == 0
+    listed = with_a_shell_layer(cli, config, "killed")
+    before = load_manifest(config, "killed")
+    run = subprocess.run([sys.executable, "-c", KILLED_AT, when, "--state-dir",
+                          str(config.state_dir), "image", "import", str(other), "killed",
+                          "--force"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    if then == "import":  # one that fails: it changes nothing of itself
+        (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+        result = cli("image", "import", str(tmp_path / "junk.tar"), "killed", "--update")
+        assert result.code == BuildFailed.exit_code, result.err
+    result = cli("image", "build", "killed")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "killed")
+    if when == "after the save":
+        assert [l["kind"] for l in after["layers"]] == ["oci-archive"]
+        assert after["generation"] not in ("", before["generation"])
+        assert not (config.images_dir / "killed/shell.json").exists()
+        root = tmp_path / "root"
+        unpack_image(config, after, root)
+        assert (root / "etc/b").read_bytes() == b"B\n"
+    else:
+        assert after["layers"] == before["layers"]
+        assert after["generation"] == before["generation"]
+        assert (config.images_dir / "killed/shell.json").read_text() == listed
+    recipes = config.state_dir / "recipes"
+    assert not any((recipes / aside).exists() for aside in (
+        ".killed.previous", ".killed.failed", "killed/.import.json"))
+
+
 def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_path):
     """A site recipe written into <state>/recipes/NAME (or a deleted image's import):
     the import moved it aside and removed it once it had built."""
@@ -431,6 +604,37 @@ def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_pa
     assert (folder / "image.yaml").read_text() == "layers:\n  - {kind: busybox}\n"
     assert cli("image", "import", str(archive), "written", "--force").code == 0
     assert load_manifest(config, "written")["layers"][0]["kind"] == "oci-archive"
+
+
+def provisiond(config, *args: str) -> subprocess.Popen:
+    """`provisiond ARGS...` as a process of its own, on the test's state dir."""
+    return subprocess.Popen([sys.executable, "-m", "provisiond", "--state-dir",
+                             str(config.state_dir), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_build_that_waited_for_the_image_s_lock_builds_what_is_listed_then(
+        cli, config, tmp_path):
+    """`image build` read the recipe and the image's shell layers before it took the
+    image's lock: one that waited for an `image shell`'s exit (which lists its layer and
+    rebuilds under that lock) then saved the image without the session's layer, the
+    admin's work gone from what nodes boot until the next build, the shell having said
+    it was added. The build reads them once it holds the lock now."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    assert cli("image", "import", str(archive), "waited").code == 0
+    with locked(lock_path(config, "waited")):  # as a shell's exit holds it
+        build = provisiond(config, "image", "build", "waited")
+        wait_until(lambda: build.poll() is not None or blocked_on_a_lock(build.pid), 60,
+                   "the build to wait for the image's lock")
+        folder = config.images_dir / "waited/shell"
+        folder.mkdir(parents=True)
+        (folder / "made.tar").write_bytes(layer_tar(SHELL_MADE))
+        (config.images_dir / "waited/shell.json").write_text(json.dumps(
+            [{"path": "shell/made.tar", "description": "image shell: x"}]))
+    out, _ = build.communicate(timeout=120)
+    assert build.returncode == 0, out
+    assert [l["kind"] for l in load_manifest(config, "waited")["layers"]] == [
+        "oci-archive", "tar"], out
 
 
 def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_path):

@@ -39,7 +39,8 @@ class Image(BaseModel):
     build_seconds: float
     total_size: int
     generation: str = Field("", description="made at the image's first build (and by "
-                            "`image import --force`), kept by every rebuild")
+                            "`image import --force`), kept by every rebuild; empty for "
+                            "an image built before generations")
 
 
 class ImageName(BaseModel):
