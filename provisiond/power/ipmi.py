@@ -43,6 +43,7 @@ BOOT_DEVICES = {BootDevice.PXE: "network", BootDevice.DISK: "hd"}
 CIPHER_SUITES = {3: 1, 17: 256}
 BUSY_CODES = {0xC0}
 CIPHER_MISMATCH = "the BMC answered the session handshake in another cipher suite"
+GARBLED = "the BMC's answers are not IPMI"
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
 # pyghmi gives up on a BMC that never answers after one login (two tries, each a send and
 # a resend: 4-6 s), whatever the node's deadline (20 s by default). A login nobody answered
@@ -91,12 +92,25 @@ class CheckedSession(ipmi_session.Session):
             self.onlogon({"error": CIPHER_MISMATCH})
             return -9
 
+    def _handle_ipmi_packet(self, data, sockaddr=None, qent=None):
+        # pyghmi handles each session's packets in whichever thread waits for an answer,
+        # so a packet it fails to parse (cut short: IndexError, struct.error) raised in
+        # another node's call, failing that node with this BMC's garbage. Dropped here,
+        # as a lost packet would be; a login that then times out says why.
+        try:
+            return super()._handle_ipmi_packet(data, sockaddr, qent)
+        except Exception as exc:  # noqa: BLE001 - whatever the garbage made pyghmi raise
+            self.garbled = f"{type(exc).__name__}: {exc}"
+            return -1
+
     def _mark_broken(self, error=None):
         # pyghmi's _mark_broken logs out (which clears `logging` and sets `broken`) before
         # it stores `errormsg`. Another thread's wait_for_rsp may be the one that breaks
         # this session, so the thread logging in can see the login over and read
         # `errormsg` before it exists: "AttributeError: ... no attribute 'errormsg'" in
         # place of the BMC's error (seen in a loaded CI run). Store it first.
+        if error is None and getattr(self, "garbled", None):
+            error = f"{GARBLED} ({self.garbled})"
         self.errormsg = error
         super()._mark_broken(error)
 
