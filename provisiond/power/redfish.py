@@ -52,9 +52,32 @@ CONNECTION_REASONS = [
 ]
 
 
-def translate_error(exc: Exception, where: str) -> BmcError:
-    """The provisiond error for a sushy exception (one line, no credentials)."""
+# What sushy lets out of an answer that is no Redfish document (a web UI's HTML page, a
+# JSON list, a body cut short): requests' JSONDecodeError, or Python's own errors of
+# sushy's code reading fields of what it took for an object.
+ANSWER_ERRORS = (ValueError, AttributeError, TypeError, KeyError, IndexError)
+ANSWER_READERS = ("sushy", "requests", "json", "simplejson")
+
+
+def read_from_answer(exc: Exception) -> bool:
+    """Whether `exc` (one of ANSWER_ERRORS) was raised reading a BMC's answer: in sushy or
+    a JSON decoder, not in our own code (a bug of ours stays one)."""
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    module = trace.tb_frame.f_globals.get("__name__", "") if trace else ""
+    return module.partition(".")[0] in ANSWER_READERS
+
+
+def translate_error(exc: Exception, where: str) -> Exception:
+    """The provisiond error for a sushy exception (one line, no credentials); an error
+    of our own code comes back as it is."""
     message = " ".join(str(exc).split())[:300]
+    if not isinstance(exc, sushy_exc.SushyError):
+        if not read_from_answer(exc):
+            return exc
+        return BmcError(f"{where}: the answer is not Redfish ({type(exc).__name__}: "
+                        f"{message[:160]})")
     if isinstance(exc, sushy_exc.ConnectionError):
         reason = next((text for key, text in CONNECTION_REASONS if key in message),
                       message[:160])
@@ -69,7 +92,7 @@ def translate_error(exc: Exception, where: str) -> BmcError:
     return BmcError(f"{where}: {message}")
 
 
-_bmc_call = bmc_call((sushy_exc.SushyError,),
+_bmc_call = bmc_call((sushy_exc.SushyError, *ANSWER_ERRORS),
                      lambda driver, exc: translate_error(exc, driver.base_url))
 
 

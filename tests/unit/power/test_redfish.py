@@ -158,6 +158,21 @@ def test_wrong_password_is_one_clear_error_without_the_password(redfish_bmc):
     assert "wrong-one" not in str(caught.value) and PASSWORD not in str(caught.value)
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/redfish/v1", b"<html><body>Web UI login</body></html>"),  # a web UI, not Redfish
+    (SYSTEM, b"[1, 2, 3]"),  # JSON, but no Redfish document
+    (SYSTEM, b'{"@odata.id": '),  # cut short
+])
+def test_an_answer_that_is_not_redfish_is_a_bmc_error(redfish_bmc, path, body):
+    """sushy lets requests' JSONDecodeError (or an AttributeError on a JSON list) out: it
+    reached the table as 'internal error', counted as a bug of ours."""
+    port, state = redfish_bmc
+    state.raw[path] = body
+    with pytest.raises(BmcError, match="the answer is not Redfish") as caught:
+        driver(port).get_power_state()
+    assert "\n" not in str(caught.value)
+
+
 def test_nothing_listening_is_unreachable():
     with pytest.raises(BmcUnreachable, match="cannot connect"):
         driver(1, timeout=3.0).get_power_state()
