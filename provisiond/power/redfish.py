@@ -49,6 +49,7 @@ CONNECTION_REASONS = [
     ("Connection refused", "connection refused"),
     ("No route to host", "no route to host"),
     ("Name or service not known", "unknown host name"),
+    ("Temporary failure in name resolution", "host name not resolved (no DNS answer)"),
 ]
 
 
@@ -72,15 +73,16 @@ def read_from_answer(exc: Exception) -> bool:
 def translate_error(exc: Exception, where: str) -> Exception:
     """The provisiond error for a sushy exception (one line, no credentials); an error
     of our own code comes back as it is."""
-    message = " ".join(str(exc).split())[:300]
+    text = " ".join(str(exc).split())
+    message = text[:300]
     if not isinstance(exc, sushy_exc.SushyError):
         if not read_from_answer(exc):
             return exc
         return BmcError(f"{where}: the answer is not Redfish ({type(exc).__name__}: "
                         f"{message[:160]})")
     if isinstance(exc, sushy_exc.ConnectionError):
-        reason = next((text for key, text in CONNECTION_REASONS if key in message),
-                      message[:160])
+        reason = next((said for key, said in CONNECTION_REASONS if key in text),  # the
+                      message[:160])  # cause comes last, often past 300 characters
         return BmcUnreachable(f"{where}: cannot connect: {reason}")
     if isinstance(exc, sushy_exc.HTTPError) and exc.status_code in BUSY_STATUS:
         return BmcBusy(f"{where}: busy ({exc.status_code})")
