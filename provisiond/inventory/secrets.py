@@ -128,4 +128,7 @@ def bmc_password(config: Config, node: Node) -> str | None:
             raise InvalidInput(
                 f"node {node.name}: bmc.password_file: cannot read {bmc.password_file}: "
                 f"{exc.strerror}") from None
+        except UnicodeDecodeError:  # its message quotes a byte of the password
+            raise InvalidInput(f"node {node.name}: bmc.password_file: {bmc.password_file} "
+                               "is not UTF-8 text") from None
     return None

@@ -127,6 +127,21 @@ def test_password_never_reaches_output(cli, tmp_path):
     assert "hunter2" not in result.out + result.err
 
 
+def test_a_password_file_that_is_not_utf8_is_one_line_naming_the_file(cli, tmp_path, config):
+    """It was 'internal error: UnicodeDecodeError: ... can't decode byte 0xe4 in position
+    1' in the table and the job record: a byte of the password, and where it is."""
+    secret = tmp_path / "pw"
+    secret.write_bytes("p\u00e4ssw\u00f6rt\n".encode("latin-1"))
+    cli("node", "add", "r1", "--bmc-driver", "fake", "--bmc-address", "bmc",
+        "--bmc-password-file", str(secret))
+    result = cli("power", "status", "r1", "--json")
+    detail = json.loads(result.out)[0]["detail"]
+    assert result.code == 7
+    assert detail == f"node r1: bmc.password_file: {secret} is not UTF-8 text"
+    job = json.loads(cli("job", "list", "--json").out)["items"][0]
+    assert "0xe4" not in json.dumps(job) and "0xe4" not in result.err
+
+
 def test_firmware_update_refuses_a_url_a_bmc_cannot_fetch(nodes, config):
     for url in ("ftp://127.0.0.1/b.bin", "b.bin", "http://127.0.0.1/a b.bin"):
         result = nodes("firmware", "update", "n1", "--image", url)
