@@ -72,6 +72,18 @@ def test_timeout_flag_bounds_a_hung_bmc(nodes):
         ("n8", "no answer within 0.3 s")]
 
 
+@pytest.mark.parametrize("verb", [("firmware", "list"), ("bootdev", "settle")])
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0", "inf"])
+def test_a_timeout_out_of_range_is_refused_by_the_commands_that_run_no_job(nodes, verb,
+                                                                           timeout):
+    """As power and bootdev refuse it (their jobs check it): inf was a traceback
+    (OverflowError), nan no deadline at all, -1 'no answer within -1 s' for every node,
+    and 0 the default."""
+    result = nodes(*verb, "n1", "--timeout", timeout)
+    assert result.code == 2 and result.out == ""
+    assert result.err == f"provisiond: error: timeout: {float(timeout)} is outside 0.1-86400\n"
+
+
 def test_firmware_list_and_update(nodes):
     table = nodes("firmware", "list", "n1")
     assert table.out.splitlines()[0].split() == ["NODE", "RESULT", "COMPONENT", "VERSION"]
