@@ -77,18 +77,17 @@ def apply_rules(config: Config, machine: Machine) -> Machine | None:
         return None
 
 
-def _approve_by(config: Config, rule: Rule, machine: Machine, tries: int = 5) -> Machine:
-    """Approve by `rule`; a name another worker's rule took meanwhile: the next free one."""
-    def once() -> Machine:
-        return approve(config, f"rule:{rule.name}", [machine.mac], rule.names, rule.ipaddr,
-                       rule.profile, netdev=rule.netdev, gateway=rule.gateway)[0]
-
-    for _ in range(tries - 1):
+def _approve_by(config: Config, rule: Rule, machine: Machine) -> Machine:
+    """Approve by `rule`; a name another writer (another worker's rule) took meanwhile: the
+    next free one. Each such loss is one name of the sequence fewer, so this ends: at
+    worst with the sequence used up (InvalidInput)."""
+    for _ in range(len(expand_names(rule.names))):
         try:
-            return once()
+            return approve(config, f"rule:{rule.name}", [machine.mac], rule.names,
+                           rule.ipaddr, rule.profile, netdev=rule.netdev, gateway=rule.gateway)[0]
         except AlreadyExists:
             continue
-    return once()
+    raise InvalidInput(f"{rule.names}: every name was taken while approving")
 
 
 def next_action(config: Config, mac: str, node: str | None) -> dict:
