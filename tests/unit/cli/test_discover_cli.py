@@ -97,3 +97,13 @@ def test_rules_check_finds_what_would_make_every_approval_by_the_rule_fail(
     result = waiting("discover", "rules", "--file", str(bad))
     assert result.code == 2, result.out
     assert words in result.err and result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+def test_checking_a_rules_file_that_is_not_there_is_an_error(waiting, tmp_path):
+    """`discover rules --file F` checks F before it is put in place: a mistyped F printed
+    an empty table and exit 0, as if the file held no rule to fault."""
+    missing = tmp_path / "rules.yml"
+    result = waiting("discover", "rules", "--file", str(missing))
+    assert result.code == 2 and result.out == ""
+    assert result.err == f"provisiond: error: {missing}: cannot read: No such file or directory\n"
+    assert waiting("discover", "rules").code == 0  # the state dir's: none is no rules
