@@ -106,6 +106,10 @@ def test_a_report_enlists_the_machine_which_waits_and_is_listed(api, config):
                 ).encode(), 400, "invalid_input"),
     (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(dmi__product="x" * 129)}
                 ).encode(), 400, "invalid_input"),
+    (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(
+        nics=[{**FACTS["nics"][0], "name": "e\x1b[2J"}])}).encode(), 400, "invalid_input"),
+    (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(
+        nics=[{**FACTS["nics"][0], "name": "e\u202e0"}])}).encode(), 400, "invalid_input"),
     (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(disks=[FACTS["disks"][0]] * 65)}
                 ).encode(), 400, "invalid_input"),
     (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(extra=1)}).encode(), 400,
