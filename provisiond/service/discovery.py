@@ -19,7 +19,7 @@ from provisiond.discovery import machines as book
 from provisiond.discovery.facts import (FACT_NAMES, Facts, NodeFacts, facts_of, flat_facts,
                                         record_facts)
 from provisiond.discovery.machines import Machine, MachineState
-from provisiond.discovery.rules import Rule, first_match, load_rules
+from provisiond.discovery.rules import Rule, first_match, load_rules, rules_path
 from provisiond.errors import (AlreadyExists, InvalidInput, NodeNotFound, NotFound,
                                ProvisiondError)
 from provisiond.inventory.ranges import consecutive, fold
@@ -253,7 +253,23 @@ def reject(config: Config, actor: str, macs: list[str]) -> list[Machine]:
 
 
 def check_rules(config: Config, path=None) -> list[Rule]:
-    return load_rules(config, path)
+    """The rules of `path` (default: the state dir's), each also checked against this
+    inventory and discovery.pool: a profile the inventory lacks, or addresses the pool
+    leases, fail every approval by the rule (its machines only wait), so they are refused
+    here (the server, reading the rules at each report, applies the others)."""
+    rules = load_rules(config, path)
+    profiles = snapshot(config).inventory.profiles
+    for index, rule in enumerate(rules, 1):
+        try:
+            if rule.profile is not None and rule.profile not in profiles:
+                raise InvalidInput(f"profile {rule.profile} does not exist")
+            if rule.ipaddr is not None:
+                count = len(expand_names(rule.names))
+                check_outside_pool(config, consecutive(rule.ipaddr, count, "ipaddr"))
+        except InvalidInput as exc:
+            raise InvalidInput(f"{path or rules_path(config)}: rule {index} ({rule.name}): "
+                               f"{exc}") from None
+    return rules
 
 
 def list_sightings(config: Config, mac: str | None = None, *, limit: int = 100,
