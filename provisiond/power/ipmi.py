@@ -8,6 +8,7 @@ and such a mismatch fails the login cleanly with a hint instead of pyghmi's stru
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 
@@ -181,14 +182,27 @@ class IpmiDriver(Driver):
         # that hands a logged-out session to the next driver for the same BMC.
         s = self.settings
         session_class = Sha1Session if s.cipher_suite == 3 else CheckedSession
+        address = resolved(s.address, s.port or IPMI_PORT)
         while True:
             try:
-                return open_command(session_class, s.address, s.username.encode(),
+                return open_command(session_class, address, s.username.encode(),
                                     s.password.encode(), s.port or IPMI_PORT)
             except pyghmi_exc.IpmiException as exc:
                 if not unanswered(exc) or self.remaining() < LOGIN_RETRY_DELAY + LOGIN_SECONDS:
                     raise
             time.sleep(LOGIN_RETRY_DELAY)
+
+
+def resolved(bmc: str, port: int) -> str:
+    """The address of the BMC's host name, looked up here, in the node's own thread.
+
+    pyghmi looks the name up again when it sends its first packet, holding the session
+    table's lock, which every other session's wait takes: a slow lookup (a resolver that
+    answers late) held up every other BMC's call. Given an address, it looks up nothing.
+    IPv4 first: pyghmi, given a name, tried each address it has; given one, only that.
+    """
+    found = socket.getaddrinfo(bmc, port, 0, socket.SOCK_DGRAM)
+    return min(found, key=lambda entry: entry[0] != socket.AF_INET)[4][0]
 
 
 def open_command(session_class, bmc: str, userid: bytes, password: bytes,
