@@ -139,6 +139,36 @@ def test_password_never_reaches_output(cli, tmp_path):
     assert "hunter2" not in result.out + result.err
 
 
+def test_a_nodes_own_password_file_wins_over_its_profiles_password(cli, tmp_path,
+                                                                    redfish_bmc):
+    """The node's own value wins, then its profiles' right to left (README); a profile's
+    bmc_password secret won over the node's own bmc.password_file, so the one node whose
+    BMC has a password of its own got 'access denied' with its file never read."""
+    from tests.unit.power.redfish_bmc import PASSWORD, USER, start_redfish_bmc
+
+    port, _ = redfish_bmc
+    other, other_state = start_redfish_bmc()
+    (tmp_path / "rack-pw").write_text("the-racks-password\n")
+    (tmp_path / "own-pw").write_text(PASSWORD + "\n")
+    assert cli("profile", "add", "rack", "--bmc-driver", "redfish", "--bmc-address",
+               "127.0.0.1", "--bmc-scheme", "http", "--bmc-username", USER).code == 0
+    assert cli("secret", "set", "profile", "rack", "bmc_password", "--file",
+               str(tmp_path / "rack-pw")).code == 0
+    assert cli("node", "add", "r1", "--profile", "rack", "--bmc-port", str(port),
+               "--bmc-password-file", str(tmp_path / "own-pw")).code == 0
+    assert cli("node", "add", "r2", "--profile", "rack", "--bmc-port",
+               str(other.server_address[1])).code == 0
+    try:
+        out = cli("power", "status", "r[1-2]", "--json").out
+    finally:
+        other_state.release.set()
+        other.shutdown()
+        other.server_close()
+    rows = {r["node"]: r for r in json.loads(out)}
+    assert rows["r1"]["detail"] == "on"
+    assert "access denied" in rows["r2"]["detail"]  # the profile's password for the others
+
+
 def test_a_password_file_that_is_not_utf8_is_one_line_naming_the_file(cli, tmp_path, config):
     """It was 'internal error: UnicodeDecodeError: ... can't decode byte 0xe4 in position
     1' in the table and the job record: a byte of the password, and where it is."""
