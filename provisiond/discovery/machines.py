@@ -42,7 +42,8 @@ class Machine(BaseModel):
     reports: int = 1
     facts: Facts
     node: str | None = Field(None, description="the node it was approved as")
-    decided_by: str | None = Field(None, description="cli:USER, token:NAME or rule:NAME")
+    decided_by: str | None = Field(None, description="cli:USER, token:NAME, rule:NAME, or "
+                                   "inventory (a node was given its MAC otherwise)")
     decided_at: float | None = None
     problem: str | None = Field(None, description="why a matching rule did not approve it")
 
@@ -106,15 +107,17 @@ def get_machine(config: Config, mac: str) -> Machine:
     return machine
 
 
-def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = False
-           ) -> tuple[Machine, bool]:
+def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = False,
+           nodes: dict[str, str] | None = None) -> tuple[Machine, bool]:
     """Record a report from `mac` (a new machine, or new facts of a known one); returns
     the machine and whether it is new. `reopen`: the MAC is no node (any more), so an
-    approved record is stale and the machine enlists anew. A new one beyond the bounds:
-    TooManyRequests (its address has enough waiting) or Unavailable (the queue is full);
-    nothing is written."""
+    approved record is stale and the machine enlists anew. `nodes` (MAC -> node) settles
+    waiting machines whose MAC a node has now (see settle_nodes) before the bounds are
+    counted. A new one beyond the bounds: TooManyRequests (its address has enough waiting)
+    or Unavailable (the queue is full); nothing is written."""
     now = time.time()
     with edit_book(config) as book:
+        settle_nodes(book, nodes or {}, now)
         machine = book.machines.get(mac)
         if machine is not None and reopen and machine.state is MachineState.APPROVED:
             del book.machines[mac]
@@ -130,6 +133,17 @@ def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = 
         book.machines[mac] = machine
         trim_decided(book, config.discovery.max_pending)
         return machine, True
+
+
+def settle_nodes(book: Book, nodes: dict[str, str], now: float) -> None:
+    """Mark waiting machines whose MAC a node has (made by `node add --mac`, not approved
+    here, or an approval cut short before its book write) approved as that node: they boot
+    as it, cannot be rejected, and waiting they held room in the bounds for good."""
+    for machine in book.machines.values():
+        node = nodes.get(machine.mac)
+        if node is not None and machine.state is MachineState.PENDING:
+            machine.state, machine.node, machine.problem = MachineState.APPROVED, node, None
+            machine.decided_by, machine.decided_at = "inventory", now
 
 
 def check_room(config: Config, book: Book, address: str) -> None:

@@ -48,7 +48,8 @@ def report(config: Config, mac: str, address: str, facts: Facts, node: str | Non
     claiming that MAC adds no waiting machine that no approval could make a node."""
     if node is not None:
         return None
-    machine, new = book.enlist(config, mac, address, facts, reopen=True)
+    machine, new = book.enlist(config, mac, address, facts, reopen=True,
+                               nodes=node_macs(config))
     if new:
         emit(config, "discovery.enlisted", mac, {"seq": machine.seq, "address": address})
     if machine.state is MachineState.PENDING:
