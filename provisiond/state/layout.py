@@ -328,6 +328,12 @@ class Layout:
         return self.root / "discovery.jsonl"
 
     @property
+    @entry("discovery.jsonl.1", "the sightings before, once discovery.jsonl reached 8 MiB",
+           "Sighting")
+    def older_sightings(self):
+        return self.root / "discovery.jsonl.1"
+
+    @property
     @entry("discovery/", "discovered machines, reported facts, rules")
     def discovery(self):
         return self.root / "discovery"
