@@ -88,3 +88,16 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("screenshots")
         for path in SAVED:
             terminalreporter.line(str(path))
+
+
+@pytest.fixture(scope="session")
+def debian12_built(tmp_path_factory) -> tuple[Config, dict]:
+    """debian12 built once per session in a state dir of its own: (config, manifest).
+    tests/integration/test_images_debian.py checks it (and builds debian12-compute over it);
+    the VM lab copies its layers (tests/shared_images.py) rather than build them again."""
+    from tests.shared_images import build_shared
+
+    config, manifest, seconds = build_shared(tmp_path_factory.mktemp("debian") / "state",
+                                             "debian12")
+    print(f"debian12 full build: {seconds:.1f}s")
+    return config, manifest

@@ -12,23 +12,18 @@ import pytest
 from provisiond.config import load_config, write_default_config
 from provisiond.images import blob_path, build_image
 from provisiond.images.cpio import MTIME_CLAMP
+from tests.shared_images import SHARED_DEB_CACHE
 
 pytestmark = pytest.mark.slow
-SHARED_CACHE = "/var/tmp/provisiond-test-cache"
 
 
 @pytest.fixture(scope="module")
-def debian(tmp_path_factory):
-    """debian12 built once in a fresh state dir (.debs from the shared cache)."""
+def debian(debian12_built):
+    """debian12 built once per session in a fresh state dir (tests/conftest.py); this
+    module's own builds take their .debs from the same shared cache."""
     old = os.environ.get("PROVISIOND_CACHE_DIR")
-    os.environ["PROVISIOND_CACHE_DIR"] = old or SHARED_CACHE
-    state = tmp_path_factory.mktemp("debian") / "state"
-    write_default_config(state)
-    config = load_config(state)
-    started = time.monotonic()
-    manifest = build_image(config, "debian12")
-    print(f"debian12 full build: {time.monotonic() - started:.1f}s")
-    yield config, manifest
+    os.environ["PROVISIOND_CACHE_DIR"] = old or SHARED_DEB_CACHE
+    yield debian12_built
     if old is None:
         del os.environ["PROVISIOND_CACHE_DIR"]
 

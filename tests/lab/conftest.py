@@ -10,7 +10,9 @@ the end, failing the session if anything of it is still alive. What it offers
                    .firmware ('bios'|'uefi'), .image, .serial_log (path), .ipmi_port
                    n1 bios, n2 bios, n3 uefi (image tiny); n4 bios (image debian12);
                    n6, n7, n8 bios (image debian12-compute, built by the `compute_image`
-                   fixture, once per session, for the tests that boot them)
+                   fixture, once per session, for the tests that boot them; the
+                   `debian12_layers` fixture gives the lab the session's debian12 layers,
+                   so that neither image's build runs debootstrap again)
 - lab.boot(names) / lab.wait_ready(names, timeout) -> {name: status dict}
 - lab.phase_times(name, status), lab.serial_tail(name, lines)
 - lab.redfish      (host, port) of sushy-tools (libvirt driver, no auth; system id = UUID)
@@ -86,7 +88,18 @@ def lab():
 
 
 @pytest.fixture(scope="session")
-def compute_image(lab) -> str:
+def debian12_layers(lab, debian12_built) -> int:
+    """The session's debian12 build (tests/conftest.py; debian12-compute too once
+    tests/integration/test_images_debian.py has built it there) copied into the lab's
+    layer cache, so that the lab's `image build` of debian12 and debian12-compute reuses
+    those layers rather than run debootstrap and apt again; how many layers it has."""
+    from tests.shared_images import seed_layer_cache
+
+    return seed_layer_cache(debian12_built[0], lab.config.state_dir)
+
+
+@pytest.fixture(scope="session")
+def compute_image(lab, debian12_layers) -> str:
     """debian12-compute built once per session (its debian12 layers are shared with n4's
     image) and every node's overlays rebuilt against it; its name."""
     lab.build_image("debian12-compute")

@@ -1,7 +1,7 @@
 """Real VMs PXE-boot through provisiond (DHCP, iPXE script, blobs, overlays) to `ready`:
-4 VMs at once (3 BIOS + 1 UEFI) with the tiny image, and one VM with the debian12 image that
-is then logged into over ssh. The first tests check the lab's own logic (domain XML, node
-plan, router advertisement) without VMs."""
+4 VMs at once (3 BIOS + 1 UEFI) with the tiny image. The debian12 VM n4, and root's ssh login
+to it, are in test_mounted_layers_lab.py (both boot modes) and test_trust_lab.py. The first
+tests check the lab's own logic (domain XML, node plan, router advertisement) without VMs."""
 
 from __future__ import annotations
 
@@ -82,20 +82,3 @@ def test_four_vms_at_once_three_bios_one_uefi_boot_the_tiny_image_to_ready(lab):
         assert f"{lab.nodes[name].ipaddr}/255.255.255.0" in serial  # the reserved address
         assert "provisiond-init: switching root to" in serial
     assert {lab.nodes[n].firmware for n in TINY_NODES} == {"bios", "uefi"}
-
-
-@pytest.mark.lab
-@pytest.mark.slow
-def test_a_vm_boots_the_debian12_image_and_takes_an_ssh_login(lab):
-    """Root logs in with the lab's key (in authorized_keys by the ssh overlay), the node
-    showing the host key the ssh overlay gave it, and runs a command."""
-    node = lab.nodes["n4"]
-    lab.build_image(node.image)  # must build in CI: a failure here fails the test
-    statuses = boot_to_ready(lab, ["n4"], timeout=600)
-    assert statuses["n4"]["phase"] == NodePhase.READY.value
-    logins = []  # sshd may still be starting when the agent reports ready
-    assert _wait(lambda: logins.append(lab.ssh("n4", "hostname && systemctl is-active ssh"))
-                 or logins[-1].returncode == 0, 120), logins[-1].stderr
-    assert logins[-1].stdout.split() == ["n4", "active"], logins[-1]
-    serial = open(node.serial_log, errors="replace").read()
-    assert "provisiond-init: switching root to" in serial

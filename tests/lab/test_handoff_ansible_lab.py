@@ -4,12 +4,12 @@ The test serves examples/site with `git daemon` on the lab server's address and 
 it (`node set --system-overlay ansible-pull --ansible-repo ...`). n6 boots; its agent runs
 ansible-pull once and reports `configured`, then `ready`; over ssh the site role's user,
 /etc/motd and /etc/site.conf are there. A run of the timer's unit with the repository
-unchanged reports nothing. Then a commit breaks the playbook, the node's own timer fires (a
-drop-in makes it fire now) and the node reports `failed` with its log's last lines, shown by
-`provisiond node status` and `GET /api/v1/status/n6`. Then the boot's configure run fails
-(its unit started again with the playbook still broken), holding slurmd down; the
-repository fixed, the timer's unit reports ready and the agent starts the finish unit (no
-second playbook run) and slurmd. n6's record is put back and the VM powered off at the end.
+unchanged reports nothing. Then a commit breaks the playbook and the boot's configure run
+fails (its unit started again, as at a boot): it holds slurmd down and the node reports
+`failed` with its log's last lines, shown by `provisiond node status` and `GET
+/api/v1/status/n6`. The repository fixed, the node's own timer fires (a drop-in makes it
+fire now), its run reports ready and the agent starts the finish unit (no second playbook
+run) and slurmd. n6's record is put back and the VM powered off at the end.
 """
 
 from __future__ import annotations
@@ -127,8 +127,10 @@ def test_ansible_pull_configures_n6_then_a_broken_playbook_reports_failed(
     _site_role_applied(lab)
     _sshd_did_not_wait_for_the_configure_run(lab)
     _unchanged_repository_runs_nothing(lab)
-    original = _broken_playbook_reports_failed(lab, repo, tmp_path)
-    _a_good_run_after_a_failed_boot_run_releases_the_held_units(lab, repo, original)
+    original, slurmd_before = _a_broken_boot_run_reports_failed_and_holds_slurmd(
+        lab, repo, tmp_path)
+    _the_timer_runs_the_fixed_playbook_and_releases_the_held_units(lab, repo, original,
+                                                                    slurmd_before)
 
 
 def _site_role_applied(lab) -> None:
@@ -165,8 +167,14 @@ def _unchanged_repository_runs_nothing(lab) -> None:
     assert read_status(lab.config, NODE) == status
 
 
-def _broken_playbook_reports_failed(lab, repo, tmp_path) -> str:
-    """The site role's tasks broken; returns them as they were."""
+SLURMD_CHECKED = "systemctl show -p ConditionTimestampMonotonic --value slurmd.service"
+
+
+def _a_broken_boot_run_reports_failed_and_holds_slurmd(lab, repo, tmp_path) -> tuple[str, int]:
+    """The site role's tasks broken, the boot's configure run fails (provisiond-agent-finish
+    started again by hand, as at a boot), so slurmd, which Requires= that unit, is held
+    down, and the node reports `failed` with the run's last lines. Returns the tasks as they
+    were and when slurmd's start was last looked at."""
     tasks = repo / "roles" / "site" / "tasks" / "main.yml"
     original = tasks.read_text()
     tasks.write_text(original + f"""
@@ -176,11 +184,16 @@ def _broken_playbook_reports_failed(lab, repo, tmp_path) -> str:
     content: "never written\\n"
 """)
     gitserve.commit_all(repo, "site: a task that cannot succeed")
-    fired = lab.ssh(NODE, TIMER_NOW, timeout=60)  # the node's own timer, due now
-    assert fired.returncode == 0, fired
-    status = wait_phase(lab, NodePhase.FAILED, 900)
+    failed = lab.ssh(NODE, "systemctl restart provisiond-agent-finish.service", timeout=900)
+    assert failed.returncode != 0, failed
+    held = ssh_until(lab, f"systemctl is-failed provisiond-agent-finish.service; "
+                          f"{SLURMD_CHECKED}")
+    assert held.stdout.split()[0] == "failed", held
+    slurmd_before = int(held.stdout.split()[1])
+
+    status = wait_phase(lab, NodePhase.FAILED, 60)
     assert status.get("phase") == NodePhase.FAILED.value, \
-        f"{status}\n{lab.ssh(NODE, 'journalctl -u provisiond-ansible-pull -o cat').stdout}"
+        f"{status}\n{lab.ssh(NODE, 'journalctl -u provisiond-agent-finish -o cat').stdout}"
     detail = status["detail"]
     assert detail.startswith("provisiond-configure exit 2: "), detail
     assert f"Destination directory {BROKEN_DIR} does not exist" in detail, detail
@@ -200,37 +213,28 @@ def _broken_playbook_reports_failed(lab, repo, tmp_path) -> str:
                           f"{lab.serve['url']}/api/v1/status/{NODE}"], netns=lab.netns)
     body = json.loads(answer.stdout)
     assert body["phase"] == "failed" and body["detail"] == detail, body
-    return original
+    return original, slurmd_before
 
 
-def _a_good_run_after_a_failed_boot_run_releases_the_held_units(lab, repo, original) -> None:
-    """The boot's configure run fails (provisiond-agent-finish started again by hand with
-    the playbook still broken, as at a boot), so slurmd, which Requires= that unit, is held
-    down. The repository fixed, the timer's unit runs the playbook once and reports ready,
-    and the agent starts the finish unit (which ends at once: no second run) with slurmd in
-    one transaction: real systemd, not the tests' stand-in for systemctl."""
-    slurmd_checked = "systemctl show -p ConditionTimestampMonotonic --value slurmd.service"
-    failed = lab.ssh(NODE, "systemctl restart provisiond-agent-finish.service", timeout=900)
-    assert failed.returncode != 0, failed
-    held = ssh_until(lab, f"systemctl is-failed provisiond-agent-finish.service; "
-                          f"{slurmd_checked}")
-    assert held.stdout.split()[0] == "failed", held
-    slurmd_before = int(held.stdout.split()[1])
-    assert wait_phase(lab, NodePhase.FAILED, 60).get("phase") == NodePhase.FAILED.value
-
+def _the_timer_runs_the_fixed_playbook_and_releases_the_held_units(
+        lab, repo, original: str, slurmd_before: int) -> None:
+    """The repository fixed, the node's own timer (due now) runs the playbook once and
+    reports ready, and the agent starts the finish unit (which ends at once: no second run)
+    with slurmd in one transaction: real systemd, not the tests' stand-in for systemctl."""
     (repo / "roles" / "site" / "tasks" / "main.yml").write_text(original)
     gitserve.commit_all(repo, "site: the task that cannot succeed removed")
-    good = lab.ssh(NODE, "systemctl start provisiond-ansible-pull.service", timeout=900)
-    assert good.returncode == 0, good
-    status = wait_phase(lab, NodePhase.READY, 120)
-    assert status.get("phase") == NodePhase.READY.value, status
+    fired = lab.ssh(NODE, TIMER_NOW, timeout=60)
+    assert fired.returncode == 0, fired
+    status = wait_phase(lab, NodePhase.READY, 900)
+    assert status.get("phase") == NodePhase.READY.value, \
+        f"{status}\n{lab.ssh(NODE, 'journalctl -u provisiond-ansible-pull -o cat').stdout}"
 
     last_run = ("journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID="
                 "$(systemctl show -p InvocationID --value provisiond-agent-finish.service)")
     deadline = time.monotonic() + 120
     while True:  # the agent queued the start (--no-block): it may not have run yet
         seen = ssh_until(lab, f"systemctl is-active provisiond-agent-finish.service; "
-                              f"{slurmd_checked}; {last_run}")
+                              f"{SLURMD_CHECKED}; {last_run}")
         lines = seen.stdout.splitlines()
         if (lines and lines[0] == "active" and int(lines[1]) > slurmd_before) or \
                 time.monotonic() > deadline:

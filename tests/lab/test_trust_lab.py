@@ -61,7 +61,8 @@ def key_of(line: str) -> str:
         " ".join(line.split()[1:3])
 
 
-def test_tokens_credentials_and_an_unprivileged_user_on_a_debian12_vm(lab):
+def test_tokens_credentials_and_an_unprivileged_user_on_a_debian12_vm(
+        lab, debian12_layers):
     node = lab.nodes[NODE]
     url = lab.serve["url"]
     lab.build_image(node.image)
@@ -148,7 +149,8 @@ $N curl -s -o /dev/null --local-port 700-710 --data "token=$tok" \
     assert refusals(lab, before) == [(NODE, "unprivileged_port", node.ipaddr)]
 
 
-def test_secret_rotate_reaches_the_running_vm_without_a_reboot(lab):
+def test_secret_rotate_reaches_the_running_vm_without_a_reboot(
+        lab, debian12_layers):
     node = lab.nodes[NODE]
     if read_status(lab.config, NODE).get("phase") != NodePhase.READY.value:
         lab.build_image(node.image)
