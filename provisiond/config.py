@@ -195,6 +195,9 @@ class HttpSettings(_Section):
     """Open connections per worker (each a greenlet); beyond it, new ones wait in the backlog."""
     event_streams: Annotated[int, bounded(1, 10_000)] = 100
     """`GET /api/v1/events` streams per worker (each holds a connection); beyond it, 503."""
+    client_timeout: Annotated[float, bounded(1, 3600)] = 30.0
+    """Seconds one receive from or send to a client may wait (a TLS handshake's too): a
+    client silent or not reading for longer is disconnected, freeing its connection."""
 
 
 class ApiSettings(_Section):
@@ -787,6 +790,7 @@ http:
   workers: 2             # 1-64
   connections: 1000      # open connections per worker, 10-100000 (idle ones close after 5 s)
   event_streams: 100     # /api/v1/events streams per worker, 1-10000 (more: 503)
+  client_timeout: 30     # seconds a client may stall a receive or send, 1-3600 (then closed)
 
 api:
   # The HTTP API (/api/v1) on a listener of its own, e.g. on a management network.

@@ -3,7 +3,7 @@
 With gunicorn's thread worker, a client that sends half a request holds a thread until it
 finishes: 80 of them held all 32 threads and every boot request waited. Here an idle or slow
 connection costs a greenlet; the header read of each request is bounded by gunicorn's
-keepalive timeout (the worker's `timeout_ctx`), every other socket wait by `SOCKET_TIMEOUT`,
+keepalive timeout (the worker's `timeout_ctx`), every other socket wait by http.client_timeout,
 and the number of connections by `worker_connections`.
 
 gevent's socket copies a file through Python 8 KiB at a time (os.sendfile is not
@@ -23,8 +23,9 @@ from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
 from provisiond.api import error_document, status_slug
+from provisiond.boot.supervisor import CLIENT_TIMEOUT_ENV
+from provisiond.config import HttpSettings
 
-SOCKET_TIMEOUT = 30.0  # one send or receive waiting longer than this ends the connection
 MAX_CHUNK = 1 << 30
 
 
@@ -35,7 +36,7 @@ def _reset_on_timeout(method):
         try:
             return method(self, *args)
         except TimeoutError:
-            raise _timed_out() from None
+            raise _timed_out(self.gettimeout()) from None
 
     return bounded
 
@@ -59,7 +60,7 @@ class SendfileSocket(gsocket.socket):
             try:
                 done = os.sendfile(out, src, offset + sent, chunk)
             except BlockingIOError:
-                gsocket.wait_write(out, timeout=self.gettimeout(), timeout_exc=_timed_out())
+                gsocket.wait_write(out, timeout=self.gettimeout(), timeout_exc=_timed_out(self.gettimeout()))
                 continue
             if done == 0:  # end of file
                 break
@@ -68,8 +69,19 @@ class SendfileSocket(gsocket.socket):
         return sent
 
 
-def _timed_out() -> ConnectionResetError:
-    return ConnectionResetError(errno.ECONNRESET, f"client idle for {SOCKET_TIMEOUT:.0f} s")
+def client_timeout() -> float:
+    """Seconds one send or receive may wait before the connection ends: http.client_timeout
+    as serve passed it, else its default (gunicorn run by hand)."""
+    default = HttpSettings.model_fields["client_timeout"].default
+    try:
+        seconds = float(os.environ.get(CLIENT_TIMEOUT_ENV, default))
+    except ValueError:
+        return default
+    return seconds if seconds > 0 else default
+
+
+def _timed_out(seconds: float | None) -> ConnectionResetError:
+    return ConnectionResetError(errno.ECONNRESET, f"client idle for {seconds or 0:g} s")
 
 
 class _ErrorPage:
@@ -116,8 +128,9 @@ class BootWorker(GeventWorker):
     def init_process(self):
         # A greenlet's crash goes to the log as one line, not as a traceback on stderr.
         gevent.get_hub().print_exception = self._greenlet_failed
+        self.client_timeout = client_timeout()
         if self.cfg.is_ssl:  # gevent's server does the TLS handshake before handle():
-            gsocket.setdefaulttimeout(SOCKET_TIMEOUT)  # a silent client must not hold it
+            gsocket.setdefaulttimeout(self.client_timeout)  # a silent client must not hold it
         super().init_process()
 
     def _greenlet_failed(self, context, kind, value, tb) -> None:
@@ -137,6 +150,6 @@ class BootWorker(GeventWorker):
     def handle(self, listener, client, addr):
         if type(client) is gsocket.socket:  # with TLS (the API's listener), an SSLSocket
             client.__class__ = SendfileSocket  # no new slots: the same object, other methods
-        client.settimeout(SOCKET_TIMEOUT)
+        client.settimeout(self.client_timeout)
         # Not GeventWorker.handle: it makes the socket blocking, without a timeout.
         AsyncWorker.handle(self, listener, client, addr)

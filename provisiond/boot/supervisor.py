@@ -30,6 +30,7 @@ _HTTP_NAMES = {"all": "http", "boot": "http", "api": "api"}  # as logs and error
 SERVICES = ("http", "dhcp", "tftp", "dns")
 WATCH_SECONDS = 1.0  # the longest a watch of the inventory waits: then gunicorn is looked at
 LISTENER_ENV = "PROVISIOND_LISTENER"  # which routes a gunicorn answers (api/listeners.py)
+CLIENT_TIMEOUT_ENV = "PROVISIOND_CLIENT_TIMEOUT"  # http.client_timeout (api/worker.py)
 
 
 def gunicorn_command(config: Config, listener: str = "all") -> list[str]:
@@ -155,7 +156,8 @@ class Supervisor:
         config = self.config
         env = dict(os.environ, PROVISIOND_STATE_DIR=str(config.state_dir),
                    **{PHASE_FD_ENV: str(self.phases.fd), LISTENER_ENV: listener,
-                      LEVEL_ENV: config.log.level, FORMAT_ENV: config.log.format})
+                      LEVEL_ENV: config.log.level, FORMAT_ENV: config.log.format,
+                      CLIENT_TIMEOUT_ENV: repr(config.http.client_timeout)})
         self.gunicorns[listener] = subprocess.Popen(gunicorn_command(config, listener), env=env,
                                                     pass_fds=(self.phases.fd,))
         bind, port, _ = _listener_address(config, listener)

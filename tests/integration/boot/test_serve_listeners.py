@@ -27,6 +27,7 @@ from tests.certs import self_signed
 TOKEN = "pvd_Zq8t3XkVw0aBcDeF1234567890secret"
 BMC_SECRET = "bmc-pw-Kx81nQ"
 
+CLIENT_TIMEOUT = 10  # http.client_timeout here (default 30): the API listener too
 
 @pytest.fixture(scope="module")
 def apart(tmp_path_factory):
@@ -38,7 +39,8 @@ def apart(tmp_path_factory):
     ports = {"http": free_port(), "api": free_port()}
     (state).mkdir()
     (state / "provisiond.yaml").write_text("{}\n")
-    write_config(state, http={"bind": "127.0.0.1", "port": ports["http"], "workers": 1},
+    write_config(state, http={"bind": "127.0.0.1", "port": ports["http"], "workers": 1,
+                              "client_timeout": CLIENT_TIMEOUT},
                  api={"bind": "127.0.0.1", "port": ports["api"], "tls_cert": cert,
                       "tls_key": key},
                  log={"level": "DEBUG", "format": "json"})
@@ -120,7 +122,10 @@ def test_a_client_silent_in_the_tls_handshake_is_disconnected(apart):
     client that connects and says nothing held its connection slot for good."""
     host, port = apart["api"].removeprefix("https://").split(":")
     with socket.create_connection((host, int(port)), timeout=90) as sock:
+        started = time.monotonic()
         assert sock.recv(100) == b""  # closed by the server (a timeout here raises)
+        waited = time.monotonic() - started
+    assert CLIENT_TIMEOUT - 1 < waited < CLIENT_TIMEOUT + 15, waited  # http.client_timeout
     assert fetch(f"{apart['api']}/api/v1/openapi.json", apart["tls"])[0] == 200
 
 

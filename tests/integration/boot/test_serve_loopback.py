@@ -27,11 +27,13 @@ from tests.tools import command
 IPXE_ROOT = "/usr/lib/ipxe"
 LO1 = "127.0.0.2"  # node lo1: a loopback address that is not the server's own
 
+CLIENT_TIMEOUT = 10  # http.client_timeout here (default 30)
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     state = tmp_path_factory.mktemp("serve") / "state"
     ports = loopback_services(state)
+    write_config(state, http={"client_timeout": CLIENT_TIMEOUT})
     config = load_config(state)
     add_nodes(config, 20)
     with InventoryStore(config).edit() as inv:  # a node on loopback, beside the server's
@@ -212,15 +214,18 @@ def test_idle_and_half_sent_requests_do_not_hold_boot_requests(served):
             sock.close()
 
 
-@pytest.mark.slow  # 30 s: the server's socket timeout
+@pytest.mark.slow  # CLIENT_TIMEOUT s: http.client_timeout
 def test_a_client_stalled_in_its_body_is_disconnected(served):
     _, ports, _, _ = served
     with socket.create_connection(("127.0.0.1", ports["http"]), timeout=90) as sock:
         sock.sendall(b"POST /api/v1/credentials/n1 HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Length: 100\r\n"
                      b"Content-Type: application/json\r\n\r\n{")  # 99 bytes never come
+        started = time.monotonic()
         answer = read_until_closed(sock)
+        waited = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:100]  # werkzeug: ClientDisconnected
+    assert CLIENT_TIMEOUT - 1 < waited < CLIENT_TIMEOUT + 15, waited  # the setting, not 30 s
 
 
 def test_inventory_change_reaches_dns(served):

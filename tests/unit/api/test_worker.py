@@ -8,6 +8,8 @@ import pytest
 from gevent import socket as gsocket
 
 from provisiond.api import worker
+from provisiond.boot import supervisor
+from provisiond.config import load_config, write_default_config
 
 
 @pytest.fixture
@@ -54,25 +56,37 @@ def test_a_peer_that_stops_reading_ends_the_send_as_a_reset(pair, tmp_path):
 def test_a_silent_peer_ends_a_receive_as_a_reset(pair):
     ours, _ = pair
     ours.settimeout(0.2)
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(ConnectionResetError, match="client idle for 0.2 s"):
         ours.recv(10)
 
 
-def test_a_peer_that_stops_reading_ends_a_sendall_as_a_reset(pair):
-    """Responses not sent with sendfile (ranges, scripts, errors) go through sendall."""
-    ours, _ = pair
-    ours.settimeout(0.2)
-    with pytest.raises(ConnectionResetError):
-        ours.sendall(b"x" * (16 << 20))
+@pytest.mark.parametrize("passed, seconds", [(None, 30.0), ("12.5", 12.5), ("0", 30.0),
+                                             ("soon", 30.0)])
+def test_the_client_timeout_is_the_one_serve_passes_else_the_default(monkeypatch, passed,
+                                                                      seconds):
+    monkeypatch.delenv(worker.CLIENT_TIMEOUT_ENV, raising=False)
+    if passed is not None:
+        monkeypatch.setenv(worker.CLIENT_TIMEOUT_ENV, passed)
+    assert worker.client_timeout() == seconds
 
 
-def test_gunicorn_error_pages_become_the_api_json_errors():
-    page = b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\n\r\n<html>...</html>"
-    head, _, body = worker.json_error(page, ValueError("line too large")).partition(b"\r\n\r\n")
-    assert head.split(b"\r\n")[0] == b"HTTP/1.1 414 URI Too Long"
-    assert f"Content-Length: {len(body)}".encode() in head
-    assert json.loads(body) == {"error": {"code": "uri_too_long", "field": None,
-                                          "message": "URI Too Long: line too large"}}
-    crash = worker.json_error(b"HTTP/1.1 500 Internal Server Error\r\n\r\n", KeyError("/etc"))
-    assert json.loads(crash.partition(b"\r\n\r\n")[2]) == {
-        "error": {"code": "internal", "message": "internal error", "field": None}}
+def test_serve_passes_http_client_timeout_to_its_gunicorns(state_dir, monkeypatch):
+    write_default_config(state_dir)
+    assert load_config(state_dir).http.client_timeout == 30.0  # the default
+    text = (state_dir / "provisiond.yaml").read_text()
+    assert "client_timeout: 30 " in text  # documented in the file serve reads
+    (state_dir / "provisiond.yaml").write_text(text.replace("client_timeout: 30 ",
+                                                            "client_timeout: 7.5 "))
+    environments = []
+
+    class Started:
+        pid = 1
+
+    monkeypatch.setattr(supervisor.subprocess, "Popen",
+                        lambda command, env, pass_fds: environments.append(env) or Started())
+    run = supervisor.Supervisor.__new__(supervisor.Supervisor)  # no sockets, no services
+    run.config, run.gunicorns = load_config(state_dir), {}
+    run.phases = type("Phases", (), {"fd": 0})()
+    run._start_http("all")
+    monkeypatch.setenv(worker.CLIENT_TIMEOUT_ENV, environments[0][worker.CLIENT_TIMEOUT_ENV])
+    assert worker.client_timeout() == 7.5  # what the worker then reads
