@@ -4,6 +4,7 @@ without a backend."""
 
 from __future__ import annotations
 
+import collections
 import threading
 
 from provisiond.errors import StaleRevision
@@ -72,3 +73,31 @@ class MemoryStore(Store):
     def _changed(self, change):
         self.history.append(change)
         self._cond.notify_all()
+
+
+class RemoteMemoryStore(MemoryStore):
+    """A MemoryStore a server treats as remote (as etcd, whose every read is a request):
+    it counts the reads (`reads`: key -> gets) and watch calls, and its watch can be made
+    to fail (`watch_error`) or to hang until `watch_released` is set."""
+
+    remote = True
+
+    def __init__(self, url: str = "memory://remote"):
+        super().__init__(url)
+        self.reads: collections.Counter = collections.Counter()
+        self.watches = 0
+        self.watch_error: Exception | None = None
+        self.watch_released = threading.Event()
+        self.watch_released.set()
+
+    def get(self, key):
+        self.reads[key] += 1
+        return super().get(key)
+
+    def watch(self, prefix, since, timeout):
+        self.watches += 1
+        if not self.watch_released.wait(60):
+            raise TimeoutError("a test left the watch held")
+        if self.watch_error is not None:
+            raise self.watch_error
+        return super().watch(prefix, since, timeout)

@@ -112,6 +112,8 @@ Reply = dict
 
 
 class EtcdStore(Store):
+    remote = True
+
     def __init__(self, url: str, key_path: Path, timeout: float = REQUEST_TIMEOUT,
                  tls: StoreTlsSettings | None = None, auth: StoreAuthSettings | None = None):
         try:
