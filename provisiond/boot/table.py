@@ -1,9 +1,10 @@
 """The boot table: what the boot servers need from the inventory, keyed for fast lookups.
 
 Built once from the merged, validated inventory and rebuilt when `inventory.yaml` changes on
-the store (serve follows the store's watch; an HTTP worker compares the key's revision at most
-once a second), so DHCP, DNS and every HTTP worker answer from plain dicts, and a change made
-through any server or the CLI reaches each within a second.
+the store (serve follows the store's watch; an HTTP worker compares the key's revision: on
+etcd with each request, in the copy its watch keeps, provisiond.state.watched; on files at
+most once a second), so DHCP, DNS and every HTTP worker answer from plain dicts, and a change
+made through any server or the CLI reaches each within a second.
 """
 
 from __future__ import annotations
@@ -148,12 +149,16 @@ class TableWatcher:
     An inventory that does not load or validate is logged as one line and the last good
     table kept; at start there is none, so no node is served until the file is fixed (the
     fix is picked up like any change, no restart). A file that goes missing or empty while
-    serving (rm, a truncating editor) is refused the same way; at start it means no nodes."""
+    serving (rm, a truncating editor) is refused the same way; at start it means no nodes.
 
-    def __init__(self, config: Config, interval: float = 1.0):
+    `reads`: what `changed` reads the revision through (an HTTP worker's WatchedCopy), the
+    store by default."""
+
+    def __init__(self, config: Config, interval: float = 1.0, reads=None):
         self.config = config
         self.interval = interval
         self.store = opening.open_store(config)
+        self.reads = reads or self.store
         self._checked = 0.0
         self._seen = ABSENT
         self._seen = self._revision()  # taken before the load: a later change reloads
@@ -227,7 +232,7 @@ class TableWatcher:
     def _revision(self) -> int:
         """The inventory's revision on the store (ABSENT: there is none)."""
         try:
-            entry = self.store.get(INVENTORY_KEY)
+            entry = self.reads.get(INVENTORY_KEY)
         except (ProvisiondError, OSError) as exc:  # unreadable: the load says why
             log.debug("inventory: %s", exc)
             return self._seen

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from provisiond.config import Config
@@ -144,10 +145,13 @@ def image_digest(manifest: dict) -> str:
 
 
 class ImageCache:
-    """Image manifests by name, read once per build; a missing image gives None."""
+    """Image manifests by name, read once per build; a missing image gives None. `load`
+    reads one (a server's reads it from the copy its watch keeps), load_manifest by
+    default."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, load: Callable[[str], dict] | None = None):
         self.config = config
+        self._read = load or functools.partial(load_manifest, config)
         self._manifests: dict[str, tuple[dict | None, str]] = {}
 
     def get(self, name: str | None) -> tuple[dict | None, str]:
@@ -164,6 +168,6 @@ class ImageCache:
 
     def _load(self, name: str) -> dict | None:
         try:
-            return load_manifest(self.config, name)
+            return self._read(name)
         except NotFound:
             return None

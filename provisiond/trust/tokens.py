@@ -107,42 +107,42 @@ def key_path(config: Config) -> Path:
     return Layout.of(config).token_key
 
 
-def load_key(config: Config) -> bytes:
+def load_key(config: Config, reads=None) -> bytes:
     """The signing key, made on first use. Every process and server reads the same one: a
-    second maker loses the race (its put expects no key) and reads the winner's."""
-    return _load(config)[0]
+    second maker loses the race (its put expects no key) and reads the winner's. `reads`:
+    what to read it through (a server's WatchedCopy), the store by default."""
+    entry = (reads or opening.open_store(config)).get(KEY)
+    if entry is not None and len(entry.value) == KEY_BYTES:
+        return entry.value
+    return _load(config)
 
 
-def _load(config: Config) -> tuple[bytes, int]:
-    """The key and its revision on the store."""
+def _load(config: Config) -> bytes:
+    """The key on the store, made if there is none."""
     store = opening.open_store(config)
     entry = store.get(KEY)
     if entry is None:
         key = secrets.token_bytes(KEY_BYTES)
         try:
-            return key, store.put(KEY, key, expect=ABSENT)
+            store.put(KEY, key, expect=ABSENT)
+            return key
         except StaleRevision:
             entry = store.get(KEY)
     if entry is None or len(entry.value) != KEY_BYTES:
         size = len(entry.value) if entry else 0
         raise ProvisiondError(f"{key_path(config)} is not a token key ({size} bytes, not "
                               f"{KEY_BYTES}); delete it to make a new one")
-    return entry.value, entry.revision
+    return entry.value
 
 
 class SigningKey:
-    """The key as a long-lived process (a server minting tokens) holds it: read again
-    when it was replaced or deleted (then made anew), as every exchange reads it. A get of
-    its revision per use; a key kept for good would sign tokens no exchange accepts any
-    more."""
+    """The key as a long-lived process (a server minting tokens) holds it: read with each
+    use, so that a key replaced or deleted (then made anew) signs no token an exchange
+    refuses. Through `reads`, a server's WatchedCopy on etcd: no request per use."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, reads=None):
         self.config = config
-        self._key: bytes | None = None
-        self._revision: int | None = None
+        self.reads = reads
 
     def get(self) -> bytes:
-        entry = opening.open_store(self.config).get(KEY)
-        if self._key is None or entry is None or entry.revision != self._revision:
-            self._key, self._revision = _load(self.config)
-        return self._key
+        return load_key(self.config, self.reads)
