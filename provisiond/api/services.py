@@ -38,7 +38,7 @@ class BootServices:
         self.watcher = TableWatcher(config, interval=interval, reads=self.reads)
         self.manifests = ManifestCache(config, interval=interval, reads=self.reads)
         self.scripts = ScriptCache(config, self.manifests, reads=self.reads)
-        self.overlays = OverlayFiles(config, reads=self.reads)
+        self.overlays = OverlayFiles(config, table=lambda: self.table, reads=self.reads)
         self._etags = LruCache(ETAGS_KEPT)  # path -> (stat stamp, sha256)
         self._phases = None
         self.refusals = RefusalLog(config)

@@ -16,6 +16,7 @@ from bootdata import add_image, add_nodes, credential, ip_of, mac_of, node_env
 from provisiond.api import create_app
 from provisiond.auth import Role, TokenStore
 from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import NetDev, Record
 from provisiond.state import open as opening
 from provisiond.trust import revoke
 from tests.memstore import RemoteMemoryStore
@@ -152,3 +153,22 @@ def test_the_nodes_address_is_still_checked(client):
                           headers=auth)
     assert response.status_code == 403
 
+
+def test_overlays_follow_the_inventory_on_a_store_that_is_not_files(config, store):
+    """A worker's overlays came from take_snapshot, which watched inventory.yaml's stat: on
+    etcd that file is not the inventory, and a node added after the worker's first overlay
+    request had none (404) until a restart. They follow the boot table now."""
+    def node(index: int) -> Record:
+        dev = NetDev(mac=mac_of(index), ipaddr=ip_of(index), netmask="255.255.0.0")
+        return Record(image="tiny", system_overlays=["hostname", "hosts"], netdevs={"eth0": dev})
+
+    with InventoryStore(config).edit() as inv:
+        inv.nodes.update(n1=node(1), n2=node(2))
+    client = create_app(config).test_client()
+    first = [client.get(f"/overlays/n1/{kind}").data for kind in ("shared", "system")]
+    assert client.get("/overlays/n3/system").status_code == 404
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n3"] = node(3)
+    within(5, lambda: client.get("/overlays/n3/system").status_code == 200)
+    now = [client.get(f"/overlays/n1/{kind}").data for kind in ("shared", "system")]
+    assert now != first  # its /etc/hosts names n3
