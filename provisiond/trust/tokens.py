@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +112,12 @@ def load_key(config: Config, reads=None) -> bytes:
     """The signing key, made on first use. Every process and server reads the same one: a
     second maker loses the race (its put expects no key) and reads the winner's. `reads`:
     what to read it through (a server's WatchedCopy), the store by default."""
-    entry = (reads or opening.open_store(config)).get(KEY)
-    if entry is not None and len(entry.value) == KEY_BYTES:
-        return entry.value
-    return _load(config)
+    key = _usable((reads or opening.open_store(config)).get(KEY))
+    return key if key is not None else _load(config)
+
+
+def _usable(entry) -> bytes | None:
+    return entry.value if entry is not None and len(entry.value) == KEY_BYTES else None
 
 
 def _load(config: Config) -> bytes:
@@ -143,6 +146,16 @@ class SigningKey:
     def __init__(self, config: Config, reads=None):
         self.config = config
         self.reads = reads
+        self._making = threading.Lock()
+        self._made: tuple[int, bytes] | None = None  # (how many loads so far, the last key)
 
     def get(self) -> bytes:
-        return load_key(self.config, self.reads)
+        key = _usable((self.reads or opening.open_store(self.config)).get(KEY))
+        if key is not None:
+            return key
+        asked = self._made[0] if self._made else 0
+        with self._making:  # a storm's first scripts find none at once: one makes it
+            if self._made and self._made[0] != asked:  # loaded while this one waited
+                return self._made[1]
+            self._made = (asked + 1, _load(self.config))
+            return self._made[1]

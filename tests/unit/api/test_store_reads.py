@@ -172,3 +172,34 @@ def test_overlays_follow_the_inventory_on_a_store_that_is_not_files(config, stor
     within(5, lambda: client.get("/overlays/n3/system").status_code == 200)
     now = [client.get(f"/overlays/n1/{kind}").data for kind in ("shared", "system")]
     assert now != first  # its /etc/hosts names n3
+
+
+def test_a_storms_first_scripts_make_one_signing_key(client, remote, monkeypatch):
+    """Scripts asked at once before any key exists: each found none and made one (a put
+    with its receipt and lease on etcd: 37 of them in a 300-node storm), all but one
+    refused."""
+    import threading
+
+    puts = []
+    real_get, real_put = remote.get, remote.put
+
+    def slow_get(key):
+        time.sleep(0.02)  # a round trip: the others ask meanwhile
+        return real_get(key)
+
+    def counted_put(key, value, expect=None):
+        puts.append(key)
+        return real_put(key, value, expect)
+
+    monkeypatch.setattr(remote, "get", slow_get)
+    monkeypatch.setattr(remote, "put", counted_put)
+    app = client.application
+    scripts = []
+    threads = [threading.Thread(target=lambda i=i: scripts.append(app.test_client().get(
+        f"/boot/ipxe/{mac_of(i % 3 + 1)}").status_code)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert scripts == [200] * 20
+    assert puts.count("secrets/token.key") == 1
