@@ -297,21 +297,23 @@ SETTLE_MAX = 300.0  # seconds
 
 
 def settle(leader: int, cluster=None) -> tuple[float, float]:
-    """Wait (at most SETTLE_MAX s) until the server's session and the etcd members use
-    under 5% of a core over a second: the storm's phases written, so that they do not
-    weigh on the next storm. (seconds waited, CPU seconds used meanwhile)"""
-    def used() -> float:
-        return session_cpu(leader) + (etcd_usage(cluster)["cpu"] if cluster else 0.0)
+    """Wait (at most SETTLE_MAX s) until the server's session uses under 5% of a core over
+    a second and etcd takes no write in it (its members' own CPU never drops that low: 3
+    members' heartbeats): the storm's phases written, so that they do not weigh on the next
+    storm. (seconds waited, CPU seconds of the server and etcd meanwhile)"""
+    def used() -> tuple[float, float, int]:
+        etcd = etcd_usage(cluster) if cluster else collections.Counter()
+        return session_cpu(leader), etcd["cpu"], etcd["Txn"] + etcd["Put"] + etcd["DeleteRange"]
 
-    started, first = time.monotonic(), used()
-    last = first
+    started = time.monotonic()
+    first = last = used()
     while time.monotonic() - started < SETTLE_MAX:
         time.sleep(1.0)
         now = used()
-        if now - last < 0.05:
+        if now[0] - last[0] < 0.05 and now[2] == last[2]:
             break
         last = now
-    return time.monotonic() - started, last - first
+    return time.monotonic() - started, last[0] + last[1] - first[0] - first[1]
 
 
 ETCD_METHODS = ("Range", "Txn", "Put", "DeleteRange", "Watch", "LeaseGrant")
