@@ -289,7 +289,7 @@ def run_storm(name: str, port: int, leader: int, args, cluster=None) -> tuple[st
     if args.settle:
         waited, cpu = settle(leader, cluster)
         print(f"{'':<14} settled {waited:.1f} s after the storm (server and etcd CPU "
-              f"meanwhile {cpu:.1f} s: the phase writer catching up)", flush=True)
+              f"meanwhile {cpu:.1f} s)", flush=True)
     return name, result
 
 
