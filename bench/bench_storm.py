@@ -453,6 +453,9 @@ def two_servers(args) -> None:
                           f"{os.getloadavg()[0]:.1f})", flush=True)
                     for line in result["errors"][:5]:
                         print(f"    {line}")
+                    if args.settle:  # both servers' phases written before the next storm
+                        waited = sum(settle(proc.pid, cluster)[0] for proc in procs)
+                        print(f"{'':<12} settled {waited:.1f} s after the storm", flush=True)
                 runs.append(done)
             ratios = [r["two servers"]["seconds"] / r["one server"]["seconds"] for r in runs]
             errors = {name: sum(len(r[name]["errors"]) for r in runs)
