@@ -1,7 +1,7 @@
 """What a server reads on every request, answered from a copy the store's watch keeps current.
 
 With etcd every read is an HTTP round trip to a member: a boot storm of 1,000 nodes on one
-server read the store 2,300-5,600 times (the token signing key with each script, the image
+server read the store 3,100-7,200 times (the token signing key with each script, the image
 manifest with each blob, ...; bench/README.md). A WatchedCopy answers `get` from a dict. The
 first get of a key reads the store; from then on one loop per followed prefix (a thread, a
 greenlet in the gevent workers) applies the changes the store's watch hands over, so a
