@@ -41,7 +41,8 @@ EXIT_CODE_MEANINGS = {
                          "bootdev, firmware, slurm); the others were done",
     ExitCode.SERVE_FAILED: "serve: a boot service could not start",
     ExitCode.PREFLIGHT_FAILED: "doctor: a check found something that would stop a boot",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C; SIGTERM or a hangup too, during an image "
+                          "build, import or shell)",
     ExitCode.STDOUT_CLOSED: "the reader closed the output early (piped into head): the "
                             "command ends quietly, as one that SIGPIPE ends",
 }
@@ -130,6 +131,10 @@ class OverlayNotFound(NotFound):
 
 class JobNotFound(NotFound):
     """No job has the given id (or it left the bounded history)."""
+
+
+class SecretNotFound(NotFound):
+    """None of the named records has the secret key to remove."""
 
 
 class AlreadyExists(ProvisiondError):

@@ -17,3 +17,10 @@ def wait_until(check: Callable[[], object], timeout: float, what: str, interval:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"not within {timeout} s: {what}")
         time.sleep(interval)
+
+
+def blocked_on_a_lock(pid: int) -> bool:
+    """The process waits for an flock (a `->` line of /proc/locks names it)."""
+    with open("/proc/locks") as handle:
+        return any(len(words) > 5 and words[1] == "->" and words[5] == str(pid)
+                   for words in (line.split() for line in handle))

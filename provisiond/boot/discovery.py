@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import time
 
 from provisiond.config import Config
@@ -21,15 +22,22 @@ def enlisting(config: Config) -> bool:
     return config.dhcp.discovery and config.discovery.pool is not None
 
 
+SIGHTINGS_BYTES = 8 << 20  # about 80,000 lines
+
+
 class DiscoveryLog:
     """Appends unknown MACs to `<state>/discovery.jsonl` (Layout.sightings, one Sighting
-    a line): once per MAC per `per_mac`
-    seconds and at most `per_second` lines a second overall."""
+    a line): once per MAC per `per_mac` seconds and at most `per_second` lines a second
+    overall. Past `max_bytes` the file becomes discovery.jsonl.1 (the one before goes): a
+    host sending from ever new MACs fills no disk, and a listing reads two files at most."""
 
-    def __init__(self, config: Config, per_mac: float = 300.0, per_second: int = 20):
-        self.path = Layout.of(config).sightings
+    def __init__(self, config: Config, per_mac: float = 300.0, per_second: int = 20,
+                 max_bytes: int = SIGHTINGS_BYTES):
+        layout = Layout.of(config)
+        self.path, self.older = layout.sightings, layout.older_sightings
         self.per_mac = per_mac
         self.per_second = per_second
+        self.max_bytes = max_bytes
         self._seen: dict[str, float] = {}
         self._window = (0, 0)
 
@@ -45,6 +53,9 @@ class DiscoveryLog:
         try:
             with open(self.path, "a") as handle:
                 handle.write(line + "\n")
+                full = handle.tell() >= self.max_bytes
+            if full:
+                os.replace(self.path, self.older)
         except OSError as exc:
             log.error("cannot write %s: %s", self.path, exc)
             return False
@@ -59,13 +70,15 @@ class DiscoveryLog:
 
 
 def read_discovery(config: Config) -> list[dict]:
-    """The discovery events recorded so far, oldest first; a line that is no Sighting
-    (cut short by a full disk, edited by hand) is skipped."""
-    path = Layout.of(config).sightings
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
+    """The discovery events recorded so far (those the log still keeps), oldest first; a
+    line that is no Sighting (cut short by a full disk, edited by hand) is skipped."""
+    layout = Layout.of(config)
+    lines = []
+    for path in (layout.older_sightings, layout.sightings):
+        try:
+            lines += path.read_bytes().splitlines()
+        except FileNotFoundError:
+            continue
     found = []
     for line in lines:
         try:

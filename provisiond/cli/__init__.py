@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import select
 import sys
 import textwrap
@@ -31,8 +32,38 @@ def exit_codes_help() -> str:
     return "exit codes:\n" + "\n".join(rows)
 
 
+# argparse's words for a value given to an option that takes none (`--insecure=false`)
+_SWITCH_VALUE = re.compile(r"argument (\S+): ignored explicit argument (.*)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line as every other error is (a bad value, a
+    missing or stray word): its usage synopsis, eight lines for `image import`, hid the
+    line that said what was wrong. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        switch = _SWITCH_VALUE.fullmatch(message)
+        if switch:
+            message = (f"{switch[1]} takes no value, not {switch[2]}: give {switch[1]} "
+                       "alone, or leave it out")
+        command = self.prog.removeprefix("provisiond").strip()
+        where = f"{command}: " if command else ""
+        self.exit(_fail(f"{where}{message} (see `{self.prog} --help`)",
+                        ExitCode.INVALID_INPUT))
+
+    def parse_known_args(self, args=None, namespace=None):
+        """A command's own parser (one without subcommands) refuses the words it did not
+        take, naming itself: argparse left them to `provisiond`'s parser, whose error
+        pointed at `provisiond --help`, which lists no option of the command. (Options of
+        `provisiond` itself come before the command, as argparse reads them anyway.)"""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="provisiond",
         description="Stateless provisioning for HPC clusters: inventory, images, overlays, "
         "PXE boot services and BMC power control.",

@@ -52,10 +52,11 @@ def register(subparsers) -> None:
                     "read: --authfile (else $REGISTRY_AUTH_FILE, else "
                     "$XDG_RUNTIME_DIR/containers/auth.json), "
                     "$XDG_CONFIG_HOME/containers/auth.json, ~/.docker/config.json "
-                    "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported.")
+                    "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported. "
+                    "An existing image NAME is refused without --force or --update.")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
-    imp.add_argument("unexpected", nargs="*", help=argparse.SUPPRESS)
+    imp.add_argument("unexpected", nargs="*", default=[], help=argparse.SUPPRESS)
     imp.add_argument("--insecure", action="store_true",
                      help="allow plain HTTP to a registry (and its token service) that is "
                           "not on loopback, if it does not speak TLS (HTTPS is tried first)")
@@ -79,6 +80,18 @@ def register(subparsers) -> None:
     imp.add_argument("--init", default="/sbin/init", help="the image's init (default %(default)s)")
     imp.add_argument("--kernel-arg", action="append", dest="kernel_args", default=[],
                      metavar="ARG", help="a default kernel argument (repeatable)")
+    over = imp.add_mutually_exclusive_group()
+    over.add_argument("--force", action="store_const", dest="over",
+                      const=images.OverExisting.REPLACE, default=images.OverExisting.REFUSE,
+                      help="replace an existing image NAME (or its recipe folder), as "
+                           "`image delete` then an import would: the layers `image shell` "
+                           "added to it are dropped, and the session tarballs kept in "
+                           "<state>/images/NAME/shell/ with them")
+    over.add_argument("--update", action="store_const", dest="over",
+                      const=images.OverExisting.UPDATE,
+                      help="import into an existing image NAME: the new content replaces "
+                           "what it was made of, and the layers `image shell` added to it "
+                           "stay on top, as through a rebuild")
     imp.set_defaults(func=cmd_import)
     shell = verbs.add_parser(
         "shell", help="a shell in a writable copy of an image; changes become a new layer",
@@ -93,8 +106,10 @@ def register(subparsers) -> None:
                     "host's /etc/resolv.conf are mounted in the chroot: set the image's "
                     "resolv.conf in its recipe. The layer is "
                     "kept under <state>/images/NAME/shell/ and stays on top through later "
-                    "builds until the image is deleted. If the rebuild fails, the image "
-                    "stays as it was and the layer's tarball is kept there, listed nowhere: "
+                    "builds until the image is deleted (or replaced by `image import "
+                    "--force`). If the rebuild fails, or the image was deleted and built "
+                    "again or replaced meanwhile (another image), the image is "
+                    "left as it is and the layer's tarball is kept there, listed nowhere: "
                     "the error names it.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",
@@ -119,7 +134,7 @@ def cmd_import(args, ctx) -> int:
     with interrupt_on_term(), Progress(sys.stderr) as progress:
         manifest = images.import_image(ctx.config, args.source, args.name, progress,
                                        kernel_args=args.kernel_args, init=args.init,
-                                       access=access)
+                                       access=access, over=args.over)
     _summary(ctx, manifest, False)
     return 0
 
@@ -131,7 +146,8 @@ BOOLEANS = {**dict.fromkeys(("1", "t", "T", "true", "TRUE", "True"), True),
 
 def _boolean(text: str) -> bool:
     if text not in BOOLEANS:
-        raise argparse.ArgumentTypeError(f"not true or false: {text!r} (--tls-verify=false)")
+        raise argparse.ArgumentTypeError(f"expected true or false (or 1, 0, t, f, as skopeo "
+                                         f"takes them), not {text!r}")
     return BOOLEANS[text]
 
 
@@ -141,34 +157,38 @@ def _add_tls_verify(parser) -> None:
     `--tls-verify false SOURCE` as true and a stray word; argparse would take the next
     word as the value. So the import parser turns a bare --tls-verify into
     --tls-verify=true before it parses (an instance wrapper: argparse has no option
-    whose value comes only after '=')."""
+    whose value comes only after '='); `--tls-verify false`, wherever it stands, is one
+    line (a 'false' that is SOURCE or NAME is never what was meant)."""
     parser.add_argument("--tls-verify", type=_boolean, nargs="?", const=True, default=True,
                         metavar="BOOL", help="verify the registry's TLS certificate (the "
                         "default); --tls-verify=false accepts any (the value only after '=')")
     parse = parser.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
-        return parse(_explicit_tls_verify(sys.argv[1:] if args is None else args), namespace)
+        words, after_bare = _explicit_tls_verify(sys.argv[1:] if args is None else args)
+        for word in after_bare:
+            if word in BOOLEANS and not Path(word).exists():
+                parser.error(f"--tls-verify takes its value after '=': --tls-verify={word}")
+        return parse(words, namespace)
 
     parser.parse_known_args = parse_known_args
 
 
-def _explicit_tls_verify(words: list[str]) -> list[str]:
+def _explicit_tls_verify(words: list[str]) -> tuple[list[str], list[str]]:
     """Each bare --tls-verify (or an abbreviation, as argparse takes them) before a `--`
-    made --tls-verify=true."""
-    made, options = [], True
+    made --tls-verify=true; and the words that followed one."""
+    made, after_bare, options, bare = [], [], True, False
     for word in words:
+        if bare:
+            after_bare.append(word)
         options = options and word != "--"
         bare = options and word.startswith("--t") and "--tls-verify".startswith(word)
         made.append("--tls-verify=true" if bare else word)
-    return made
+    return made, after_bare
 
 
 def _no_stray_words(args) -> None:
-    """`--tls-verify false SOURCE [NAME]` (skopeo would refuse it too), or a third word."""
-    if args.source in BOOLEANS and not Path(args.source).exists():
-        raise InvalidInput(f"--tls-verify takes its value after '=': --tls-verify="
-                           f"{args.source} (a separate {args.source!r} is read as SOURCE)")
+    """A third word (argparse would list it as unrecognized, with no word of why)."""
     if args.unexpected:
         raise InvalidInput(f"image import takes SOURCE NAME; unexpected: "
                            f"{' '.join(args.unexpected)}")

@@ -20,7 +20,8 @@ PHASE_ORDER = [p.value for p in NodePhase if p is not NodePhase.FAILED]
 def register(subparsers) -> None:
     verbs = register_verbs(subparsers, NODES)
     status = verbs.add_parser("status", help="each node's boot phase and when it was reached")
-    status.add_argument("names", nargs="?", metavar="NAMES", help="node range")
+    status.add_argument("names", nargs="?", metavar="NAMES",
+                        help="node range: those of its nodes that exist")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=show_status)
     add_reprovision_parser(verbs)

@@ -33,7 +33,9 @@ def register_verbs(subparsers, kind: Kind) -> argparse._SubParsersAction:
     add_record_flags(edit, kind.noun == "node", editing=True)
     edit.set_defaults(func=lambda a, c: set_records(a, c, kind))
     listing = verbs.add_parser("list", help=f"list {kind.key} (a table; --json for scripts)")
-    listing.add_argument("names", nargs="?", metavar="NAMES", help=range_help)
+    listing.add_argument("names", nargs="?", metavar="NAMES",
+                         help=f"{range_help}: those of them that exist" if kind.noun == "node"
+                         else range_help)
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=lambda a, c: list_records(a, c, kind))
     show = verbs.add_parser("show", help=f"show one {kind.noun}'s record")
@@ -81,7 +83,7 @@ def list_records(args, ctx, kind: Kind) -> None:
     view = snapshot(ctx.config)
     inventory = view.inventory
     stored = kind.records(inventory)
-    names = kind.existing(inventory, args.names) if args.names else view.sorted_names(kind)[0]
+    names = kind.present(inventory, args.names) if args.names else view.sorted_names(kind)[0]
     if kind.noun == "node":
         merged = [view.merged(name) for name in names]
         if args.json:

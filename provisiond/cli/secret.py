@@ -7,6 +7,7 @@ from pathlib import Path
 
 from provisiond.audit import cli_actor
 from provisiond.errors import InvalidInput
+from provisiond.inventory.ranges import fold
 from provisiond.lifecycle import GENERATED_SECRETS
 from provisiond.service import secrets
 from provisiond.service.inventory import NODES, PROFILES, snapshot
@@ -22,7 +23,11 @@ def register(subparsers) -> None:
         "(a node's own value wins, then its profiles right to left); system overlays never "
         "see secrets. The value comes from --file (kept as it is) or stdin (one line at a "
         "terminal; else all of it without its last line end), never from the command line.")
-    unset = verbs.add_parser("unset", help="remove a secret")
+    unset = verbs.add_parser(
+        "unset", help="remove a secret",
+        description="Remove a secret from nodes (a range) or a profile: from those that "
+        "have it, saying which had none; if none has it, nothing is written and the exit "
+        "status is 3 (not found).")
     for sub in (put, unset):
         sub.add_argument("kind", choices=["node", "profile"])
         sub.add_argument("names", help="node range or profile name")
@@ -65,9 +70,14 @@ def _value(args, ctx) -> str:
 def _set(args, ctx, value: str | None) -> None:
     kind = NODES if args.kind == "node" else PROFILES
     names = kind.existing(snapshot(ctx.config).inventory, args.names)
-    secrets.set_secret(ctx.config, cli_actor(), kind, names, args.key, value)
-    print(f"{'stored' if value is not None else 'removed'} {args.key} for {len(names)} "
-          f"{args.kind}(s)")
+    changed = secrets.set_secret(ctx.config, cli_actor(), kind, names, args.key, value)
+    if value is not None:
+        print(f"stored {args.key} for {len(names)} {args.kind}(s)")
+        return
+    removed = set(changed)
+    rest = [name for name in names if name not in removed]
+    print(f"removed {args.key} from {len(changed)} of {len(names)} {args.kind}(s)"
+          + (f"; {fold(rest)} had none" if rest else ""))
 
 
 def _rotate(args, ctx) -> None:

@@ -22,10 +22,14 @@ from provisiond.inventory.values import check_node_mac
 from provisiond.state.layout import Layout
 from provisiond.state.local import read_json
 
-def _text(value: str) -> str:
+def _plain(value: str) -> str:
     if CONTROL_RE.search(value):
         raise ValueError("a control or format character")
-    return value.strip()
+    return value
+
+
+def _text(value: str) -> str:
+    return _plain(value).strip()
 
 
 def _address(value: str) -> str:
@@ -56,7 +60,7 @@ class Disk(_Shape):
 
 
 class Nic(_Shape):
-    name: Annotated[str, Field(pattern=r"^[^\s/:]{1,15}$")]
+    name: Annotated[str, Field(pattern=r"^[^\s/:]{1,15}$"), AfterValidator(_plain)]
     mac: Mac
     link: bool | None = None
     speed_mbps: int | None = Field(None, ge=0, le=10_000_000)

@@ -21,7 +21,7 @@ from provisiond.config import Config
 from provisiond.discovery.facts import Facts
 from provisiond.errors import NotFound, TooManyRequests, Unavailable
 from provisiond.state.layout import Layout
-from provisiond.state.local import edited, read_json
+from provisiond.state.local import Stamp, edited, file_stamp, read_json
 
 
 class MachineState(str, Enum):
@@ -42,7 +42,8 @@ class Machine(BaseModel):
     reports: int = 1
     facts: Facts
     node: str | None = Field(None, description="the node it was approved as")
-    decided_by: str | None = Field(None, description="cli:USER, token:NAME or rule:NAME")
+    decided_by: str | None = Field(None, description="cli:USER, token:NAME, rule:NAME, or "
+                                   "inventory (a node was given its MAC otherwise)")
     decided_at: float | None = None
     problem: str | None = Field(None, description="why a matching rule did not approve it")
 
@@ -60,9 +61,26 @@ def book_path(config: Config):
     return Layout.of(config).machines
 
 
+_read: dict[str, tuple[Stamp, Book]] = {}  # path -> the book last parsed, and its stat
+BOOKS_KEPT = 4
+
+
 def read_book(config: Config) -> Book:
-    """The machines as last written (no lock: writes replace the file whole)."""
-    return _book(read_json(book_path(config)))
+    """The machines as last written (no lock: writes replace the file whole), parsed again
+    only once the file changed: every waiting machine's poll reads it (at 1000 waiting,
+    100 a second; a parse of that book takes 50 ms). Shared: not to be changed."""
+    path = book_path(config)
+    stamp = file_stamp(path)  # before the read: a write meanwhile is parsed next time
+    kept = _read.get(str(path))
+    if stamp is not None and kept is not None and kept[0] == stamp:
+        return kept[1]
+    book = _book(read_json(path))
+    _read.pop(str(path), None)
+    if len(_read) >= BOOKS_KEPT:
+        _read.pop(next(iter(_read)))
+    if stamp is not None:
+        _read[str(path)] = (stamp, book)
+    return book
 
 
 def _book(data: dict) -> Book:
@@ -89,15 +107,17 @@ def get_machine(config: Config, mac: str) -> Machine:
     return machine
 
 
-def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = False
-           ) -> tuple[Machine, bool]:
+def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = False,
+           nodes: dict[str, str] | None = None) -> tuple[Machine, bool]:
     """Record a report from `mac` (a new machine, or new facts of a known one); returns
     the machine and whether it is new. `reopen`: the MAC is no node (any more), so an
-    approved record is stale and the machine enlists anew. A new one beyond the bounds:
-    TooManyRequests (its address has enough waiting) or Unavailable (the queue is full);
-    nothing is written."""
+    approved record is stale and the machine enlists anew. `nodes` (MAC -> node) settles
+    waiting machines whose MAC a node has now (see settle_nodes) before the bounds are
+    counted. A new one beyond the bounds: TooManyRequests (its address has enough waiting)
+    or Unavailable (the queue is full); nothing is written."""
     now = time.time()
     with edit_book(config) as book:
+        settle_nodes(book, nodes or {}, now)
         machine = book.machines.get(mac)
         if machine is not None and reopen and machine.state is MachineState.APPROVED:
             del book.machines[mac]
@@ -113,6 +133,17 @@ def enlist(config: Config, mac: str, address: str, facts: Facts, reopen: bool = 
         book.machines[mac] = machine
         trim_decided(book, config.discovery.max_pending)
         return machine, True
+
+
+def settle_nodes(book: Book, nodes: dict[str, str], now: float) -> None:
+    """Mark waiting machines whose MAC a node has (made by `node add --mac`, not approved
+    here, or an approval cut short before its book write) approved as that node: they boot
+    as it, cannot be rejected, and waiting they held room in the bounds for good."""
+    for machine in book.machines.values():
+        node = nodes.get(machine.mac)
+        if node is not None and machine.state is MachineState.PENDING:
+            machine.state, machine.node, machine.problem = MachineState.APPROVED, node, None
+            machine.decided_by, machine.decided_at = "inventory", now
 
 
 def check_room(config: Config, book: Book, address: str) -> None:

@@ -88,14 +88,15 @@ def rules_path(config: Config) -> Path:
 
 
 def load_rules(config: Config, path: Path | None = None) -> list[Rule]:
-    """The rules of `path` (default: the state dir's; a missing file is no rules).
-    InvalidInput names the file and the rule at fault."""
-    path = path or rules_path(config)
+    """The rules of `path` (default: the state dir's, where a missing file is no rules; a
+    file named to be checked must be there). InvalidInput names the file and the rule at
+    fault."""
+    default, path = path is None, path or rules_path(config)
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
     except OSError as exc:
+        if default and isinstance(exc, FileNotFoundError):
+            return []
         raise InvalidInput(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse_rules(decode_text(raw, str(path)), str(path))
 

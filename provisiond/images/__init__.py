@@ -6,6 +6,7 @@ plus delete_image, import_image and collect_garbage for the CLI.
 
 from __future__ import annotations
 
+import enum
 import shutil
 from pathlib import Path
 
@@ -13,61 +14,115 @@ import yaml
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import InvalidInput
+from provisiond.errors import AlreadyExists, Conflict, InvalidInput
 from provisiond.images.blobs import blob_path
 from provisiond.images import registry
 from provisiond.images.chroot import require_build_privileges
 from provisiond.images.build import build_image
 from provisiond.images.layout import LayoutWriter, copy_layout
 from provisiond.images.manifests import (check_name, collect_garbage, delete_image,
-                                         list_images, load_manifest, lock_path)
-from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe
-from provisiond.state.layout import Layout
+                                         image_exists, list_images, load_manifest, lock_path,
+                                         manifest_revision)
+from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe, read_shell_layers
+from provisiond.images.swap import end_swap, swap_in
+from provisiond.state.layout import Layout, recipe_search_path
+
+
+class OverExisting(enum.Enum):
+    """What an import does when the image (or its recipe in the state dir) exists."""
+
+    REFUSE = "refuse"
+    REPLACE = "replace"  # --force: as a delete then an import (its shell layers dropped)
+    UPDATE = "update"  # --update: the new content under the image's shell layers
 
 
 def import_image(config: Config, source: str, name: str, progress=None,
                  kernel_args: list[str] | None = None, init: str = "/sbin/init",
-                 access: registry.Access | None = None) -> dict:
+                 access: registry.Access | None = None,
+                 over: OverExisting = OverExisting.REFUSE) -> dict:
     """Make image `name` from `docker://REGISTRY/REPO:TAG`, `oci:DIR[:TAG]`, or an OCI
     layout or docker-archive tarball or folder given by its path, and build it.
 
     The image is copied into `<state>/recipes/<name>/` beside a generated image.yaml, so it
     can be rebuilt like any other; a failed import leaves nothing of itself and puts the
     previous folder back, so the image it built can still be rebuilt. `access`: a
-    registry's login and TLS options (registry_access.Access).
+    registry's login and TLS options (registry_access.Access). `over`: an existing image
+    of the name is refused (AlreadyExists), replaced, or updated (OverExisting).
     """
     check_name(name)  # before anything is written under recipes/<name>
     require_build_privileges("an image import")
+    _refuse_shadowed(config, name)
     # one import of a name at a time: each would take the other's staging folder as stale
     with locked(Layout.of(config).image_import_lock(name)):
-        return _import(config, source, name, progress, kernel_args or [], init, access)
+        with locked(lock_path(config, name)):
+            end_swap(config, name)  # a killed import's: undone or finished first
+            _refuse_existing(config, name, over)  # before a download, and again at the swap
+        return _import(config, source, name, progress, kernel_args or [], init, access, over)
 
 
 def _import(config: Config, source: str, name: str, progress, kernel_args: list[str],
-            init: str, access: registry.Access | None) -> dict:
-    folder = Layout.of(config).recipe_dir(name)
-    staged, previous = folder.with_name(f".{name}.import"), folder.with_name(f".{name}.previous")
-    for stale in (staged, previous):
-        shutil.rmtree(stale, ignore_errors=True)
+            init: str, access: registry.Access | None, over: OverExisting) -> dict:
+    staged = Layout.of(config).recipe_aside(name, "import")
+    shutil.rmtree(staged, ignore_errors=True)  # a killed import's
     try:
         _stage(config, source, staged, kernel_args, init, access, progress)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    with locked(lock_path(config, name)):  # not while a build of the name reads it
-        if folder.exists():
-            folder.rename(previous)
-        staged.rename(folder)
-    try:
-        manifest = build_image(config, name, progress)
-    except BaseException:
+        # the swap, the build and its undoing as one: no build or shell exit in between
         with locked(lock_path(config, name)):
-            shutil.rmtree(folder, ignore_errors=True)
-            if previous.exists():
-                previous.rename(folder)
-        raise
-    shutil.rmtree(previous, ignore_errors=True)
-    return manifest
+            _refuse_existing(config, name, over)
+            return _swap_and_build(config, name, staged, progress,
+                                   over is OverExisting.REPLACE)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _swap_and_build(config: Config, name: str, staged: Path, progress, replace: bool) -> dict:
+    """The staged folder as the image's recipe, built; the previous folder put back when
+    no manifest was saved (provisiond.images.swap). The saved manifest is the commit: an
+    interrupt after it (the undo put the previous recipe back under the new image, which
+    the next build made again) finishes the import, as `image shell`'s rebuild does."""
+    before = swap_in(config, name, staged, replace)
+    try:
+        manifest = build_image(config, name, progress, lock_held=True, replace=replace)
+        end_swap(config, name)
+        return manifest
+    except BaseException as exc:
+        end_swap(config, name)
+        if manifest_revision(config, name) == before or not isinstance(exc, KeyboardInterrupt):
+            raise
+        return load_manifest(config, name)
+
+
+def _refuse_existing(config: Config, name: str, over: OverExisting) -> None:
+    """AlreadyExists, one line, when `name` is a built image or has a recipe folder in the
+    state dir (an unbuilt site recipe, a deleted image's import) and `over` is REFUSE:
+    the import would replace it, and put the layers `image shell` added to the image on
+    top of content they were not made on."""
+    if over is not OverExisting.REFUSE:
+        return
+    if image_exists(config, name):
+        added = len(read_shell_layers(Layout.of(config).image_shell_layers(name), name))
+        if added:
+            raise AlreadyExists(f"image {name} already exists, with {added} layer"
+                                f"{'s' * (added > 1)} `image shell` added: --force replaces "
+                                "it and drops them, --update imports under them")
+        raise AlreadyExists(f"image {name} already exists: --force replaces it")
+    folder = Layout.of(config).recipe_dir(name)
+    if folder.exists():
+        raise AlreadyExists(f"image {name} is not built but has a recipe folder, {folder}: "
+                            "--force replaces it")
+
+
+def _refuse_shadowed(config: Config, name: str) -> None:
+    """Conflict when a recipe of the name is found before the one the import writes (a
+    folder of the settings' image_dirs): the build made that recipe's image instead."""
+    target = Layout.of(config).recipe_dir(name)
+    for folder in recipe_search_path(config):
+        if Path(folder) == target.parent:
+            return
+        path = Path(folder) / name / RECIPE_FILE
+        if path.is_file():
+            raise Conflict(f"image {name}: the recipe {path} shadows the one an import "
+                           f"writes ({target}): import under another name")
 
 
 def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], init: str,
@@ -119,4 +174,4 @@ def _kept_blob(config: Config, digest: str) -> Path | None:
 
 
 __all__ = ["blob_path", "build_image", "collect_garbage", "delete_image", "import_image",
-           "list_images", "load_manifest", "load_recipe", "RecipeError"]
+           "list_images", "load_manifest", "load_recipe", "OverExisting", "RecipeError"]

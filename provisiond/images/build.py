@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,33 +20,42 @@ from provisiond.images.blobs import store_file
 from provisiond.images.kernel import KERNEL_RE
 from provisiond.images.layers import (LayerPlan, build_layer, cached_layer, layer_key,
                                       shell_mounting)
-from provisiond.images.manifests import gc_lock, lock_path, save_manifest
-from provisiond.images.recipe import Recipe, Step, load_recipe
+from provisiond.images.manifests import gc_lock, image_generation, lock_path, save_manifest
+from provisiond.images.recipe import Recipe, Step, find_recipe, load_recipe
+from provisiond.images.swap import end_swap, swapped_out
 from provisiond.state.layout import Layout
 
 Progress = Callable[[dict], None]
 
 
 def build_image(config: Config, name: str, progress: Progress | None = None,
-                rebuild: bool = False, lock_held: bool = False) -> dict:
+                rebuild: bool = False, lock_held: bool = False, replace: bool = False) -> dict:
     """Build (or reuse) every layer of recipe `name` and publish its manifest.
 
     `rebuild` ignores the layer cache (e.g. to pick up a newer mirror for debootstrap).
     `lock_held`: the caller holds the image's lock (`image shell`, whose check that the
-    image is still there, listing of its layer and rebuild go as one)."""
+    image is still there, listing of its layer and rebuild go as one; `image import`).
+    `replace`: the build replaces the image (`image import --force`): a new generation,
+    without the layers `image shell` added to the one replaced (the import drops them once
+    the manifest is saved)."""
     chroot.require_build_privileges()
     started = time.monotonic()
     with build_events(config, f"image/{name}", {"what": "image", "name": name}) as outcome:
-        recipe = load_recipe(config, name)
-        compression = recipe.compression or config.build.compression
-        with (contextlib.nullcontext() if lock_held else locked(lock_path(config, name))), \
-                locked(gc_lock(config), shared=True):
+        if not swapped_out(config, name):  # (then end_swap puts its recipe folder back)
+            find_recipe(config, name)  # a bad or unknown name: refused before the lock is made
+        # the recipe and shell.json read under the lock: a build that waited for a shell's
+        # exit or an import's swap builds what they left, not what was there before
+        held = contextlib.nullcontext() if lock_held else _locked_and_swap_ended(config, name)
+        with held, locked(gc_lock(config), shared=True):
+            recipe = load_recipe(config, name, shell_layers=not replace)
+            compression = recipe.compression or config.build.compression
             records = _build_layers(config, recipe, compression,
                                     progress or (lambda e: None), rebuild)
             kernel = _store_kernel(config, recipe, records)
             mounted = squash.mounted_layers(config, records, kernel["version"], recipe.boot)
             manifest = _manifest(recipe, records, kernel, time.monotonic() - started)
             manifest["mounted"] = mounted
+            manifest["generation"] = _generation(config, name, replace)
             save_manifest(config, manifest)
         outcome.update(layers=len(records), size=manifest["total_size"],
                        seconds=manifest["build_seconds"])
@@ -53,20 +63,44 @@ def build_image(config: Config, name: str, progress: Progress | None = None,
 
 
 @contextlib.contextmanager
+def _locked_and_swap_ended(config: Config, name: str) -> Iterator[None]:
+    """The image's lock, and the recipe folder swap of an import killed outright ended
+    (provisiond.images.swap): the build makes the image's recipe, not a half-done import."""
+    with locked(lock_path(config, name)):
+        end_swap(config, name)
+        yield
+
+
+def _generation(config: Config, name: str, replace: bool) -> str:
+    """The image's generation, kept by a rebuild; a new one for a first build, the first
+    after a delete, or a replacement: an `image shell` session adds its layer only to the
+    generation it opened, not to an image deleted and built again meanwhile, of another
+    recipe perhaps. A manifest written before generations has none (""), and a rebuild
+    keeps that too: a new one would tell a session open on it that its image was
+    replaced."""
+    current = None if replace else image_generation(config, name)
+    return secrets.token_hex(8) if current is None else current
+
+
+@contextlib.contextmanager
 def interrupt_on_term() -> Iterator[None]:
-    """A SIGTERM stops a build like Ctrl-C does: mounts and temp trees are cleaned up."""
+    """A SIGTERM or a hangup (a dropped ssh session) stops a build like Ctrl-C does:
+    mounts and temp trees are cleaned up, an import undone (a hangup's default ended the
+    process at once, an import's recipe folder swapped, a build's mounts in place)."""
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+        previous = {signum: signal.signal(signum, raise_interrupt)
+                    for signum in (signal.SIGTERM, signal.SIGHUP)}
     except ValueError:  # not the main thread (e.g. the CLI run inside a server)
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def plan_layers(config: Config, recipe: Recipe, compression: str) -> list[LayerPlan]:

@@ -96,6 +96,31 @@ def image_exists(config: Config, name: str) -> bool:
     return opening.open_store(config).get(manifest_key(config, name)) is not None
 
 
+def manifest_revision(config: Config, name: str) -> int | None:
+    """The store revision of the image's manifest, None when it is not built: a build
+    that changed it saved its manifest (its commit)."""
+    entry = opening.open_store(config).get(manifest_key(config, name))
+    return None if entry is None else entry.revision
+
+
+def image_generation(config: Config, name: str) -> str | None:
+    """The generation of the image's current build (ImageManifest.generation): None when
+    it is not built, "" when its manifest has none (built before generations, damaged)."""
+    entry = opening.open_store(config).get(manifest_key(config, name))
+    if entry is None:
+        return None
+    try:
+        return generation_of(parse_manifest(entry))
+    except DamagedDocument:
+        return ""
+
+
+def generation_of(manifest: dict) -> str:
+    """A manifest's generation, "" when it has none."""
+    generation = manifest.get("generation")
+    return generation if isinstance(generation, str) else ""
+
+
 def save_manifest(config: Config, manifest: dict) -> None:
     """Publish a build: the manifest checked against ImageManifest, put on the store, where
     every server sharing it sees it."""
@@ -127,6 +152,14 @@ def delete_image(config: Config, name: str) -> None:
         key = manifest_entry(config, name).key
         opening.open_store(config).delete(key)
         shutil.rmtree(Layout.of(config).path(key).parent, ignore_errors=True)
+
+
+def drop_shell_layers(config: Config, name: str) -> None:
+    """Remove what `image shell` added to the image (shell.json, the tarballs), as
+    `delete_image` does: its replacement is saved (`image import --force`)."""
+    layout = Layout.of(config)
+    layout.image_shell_layers(name).unlink(missing_ok=True)
+    shutil.rmtree(layout.image_shell_dir(name), ignore_errors=True)
 
 
 def referenced_digests(config: Config) -> set[str]:
@@ -208,4 +241,5 @@ def _session_lowers(layout: Layout) -> set[str]:
 
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
-           "collect_garbage", "image_exists", "manifest_entry"]
+           "collect_garbage", "image_exists", "image_generation", "manifest_entry",
+           "manifest_revision"]

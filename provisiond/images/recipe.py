@@ -166,8 +166,11 @@ def find_recipe(config: Config, name: str) -> Path:
     raise RecipeNotFound(f"no recipe for image {name!r} (searched {searched})")
 
 
-def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recipe:
-    """Read and validate a recipe, expanding an `image` base into its parent's layers."""
+def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = (),
+                shell_layers: bool = True) -> Recipe:
+    """Read and validate a recipe, expanding an `image` base into its parent's layers;
+    the layers `image shell` added to the image after them, unless `shell_layers` is
+    False (an import replacing the image)."""
     if name in _seen:
         raise RecipeError(f"recipe {name}: parent images form a loop: {' -> '.join(_seen)}")
     path = find_recipe(config, name)
@@ -187,7 +190,7 @@ def load_recipe(config: Config, name: str, _seen: tuple[str, ...] = ()) -> Recip
         else:
             recipe.steps.append(step)
     _apply_head(recipe, head)
-    if not _seen:  # an image's shell layers are its own, not its children's
+    if not _seen and shell_layers:  # an image's shell layers are its own, not its children's
         recipe.steps.extend(shell_steps(config, name, len(recipe.steps)))
     return recipe
 

@@ -15,11 +15,16 @@ shells of different images and a failed rebuild taking its entry back lose nobod
 
 From its shell's clean exit to the end of the rebuild the session holds the image's lock:
 an `image delete` done during the shell is seen there (the rebuild would bring the image
-back), one asked for later waits for the rebuild. The saved manifest is the commit: a
-rebuild that did not save it (a failure, Ctrl-C) takes the listing's entry back out and
-keeps the tarball, the error naming it; an interrupt after the save changes nothing. gc
-does not wait for a session: it keeps the layer trees the session's `lowers` file names,
-and a build does not make them again while the session is open (it is refused).
+back), one asked for later waits for the rebuild. So is an image deleted and built (or
+imported) again, of another recipe perhaps, or replaced by `image import --force`: its
+manifest's generation is not the one the session opened, and the session's layer, made
+on another base, is not added to it but kept as a tarball the error names. A rebuild of
+the image during the session keeps its generation, and the layer goes on top of it, as
+its earlier shell layers do. The saved manifest is the commit: a rebuild that did not
+save it (a failure, Ctrl-C) takes the listing's entry back out and keeps the tarball, the
+error naming it; an interrupt after the save changes nothing. gc does not wait for a
+session: it keeps the layer trees the session's `lowers` file names, and a build does not
+make them again while the session is open (it is refused).
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ from provisiond.images.build import build_image
 from provisiond.images.cpio import is_whiteout, source_date_epoch, walk_tree
 from provisiond.images.blobs import file_sha256
 from provisiond.images.layers import claim_session, is_opaque
-from provisiond.images.manifests import (gc_lock, image_exists, load_manifest,
-                                          lock_path, manifest_entry)
+from provisiond.images.manifests import (gc_lock, generation_of, image_generation,
+                                          load_manifest, lock_path, manifest_entry)
 from provisiond.images.recipe import read_shell_layers
+from provisiond.images.swap import end_swap
 from provisiond.images.oci import WH_OPAQUE, WH_PREFIX, XATTR_RECORD, XATTRS_LEFT_OUT
 from provisiond.images.steps import drop_volatile, no_services
 from provisiond.state.layout import Layout, lock_of
@@ -90,7 +96,7 @@ def image_shell(config: Config, name: str, command: str | None = None,
     chroot.require_build_privileges("an image shell")
     manifest_entry(config, name)  # a bad or unknown name: refused before the lock is made
     with _hangup_interrupts(), _only_shell(config, name), contextlib.ExitStack() as held:
-        with _session(config, name) as (lowers, upper, work):
+        with _session(config, name) as (opened, lowers, upper, work):
             code = _run(lowers, upper, work, command, name)
             if code == -signal.SIGINT:
                 raise ShellInterrupted(f"image {name} unchanged: interrupted (Ctrl-C)")
@@ -105,10 +111,16 @@ def image_shell(config: Config, name: str, command: str | None = None,
             if not changed:
                 return None
             held.enter_context(locked(lock_path(config, name)))  # to the rebuild's end
-            if not image_exists(config, name):  # the rebuild would bring it back
+            end_swap(config, name)  # an import killed outright: undone or finished first
+            now = image_generation(config, name)
+            if now is None:  # the rebuild would bring it back
                 raise ShellAborted(f"image {name} was deleted during the session: its "
                                    "changes are dropped")
             tar = _save_layer(config, name, upper)
+            if now != opened:  # kept: the admin's work, made on the image that went
+                raise ShellAborted(f"image {name} was replaced during the session (deleted "
+                                   "and built or imported again): its changes are not added "
+                                   f"to it; they are kept in {tar}")
             # a Ctrl-C as the session is cleared (seconds): seen before the rebuild starts
             held.enter_context(_interrupts_held())
         return _add_layer(config, name, tar, command, progress)
@@ -166,8 +178,9 @@ def _holder(fd: int, wait: float) -> str:
 
 
 @contextlib.contextmanager
-def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path]]:
-    """The image's layer trees (top first) and a fresh upper and work dir, removed after.
+def _session(config: Config, name: str) -> Iterator[tuple[str, list[Path], Path, Path]]:
+    """The generation of the image opened, its layer trees (top first) and a fresh upper
+    and work dir, removed after.
     The trees' keys go in the session's `lowers` file, gc held off until they are there:
     gc keeps what it names (it would take the trees from under the mount), and no longer
     waits for the session to end (`image gc` waited silently while a shell was open).
@@ -199,7 +212,7 @@ def _session(config: Config, name: str) -> Iterator[tuple[list[Path], Path, Path
                          durable=False)
             claim = claim_session(folder / "lowers")  # builds leave these trees alone
         (folder / "upper").mkdir()
-        yield lowers, folder / "upper", folder / "work"
+        yield generation_of(manifest), lowers, folder / "upper", folder / "work"
     finally:
         if folder is not None:
             _clear_session(folder)

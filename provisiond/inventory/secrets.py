@@ -66,12 +66,18 @@ class SecretStore:
     def get(self, kind: str, name: str, key: str) -> str | None:
         return (self.read().get(kind) or {}).get(name, {}).get(key)
 
-    def set(self, kind: str, names: list[str], key: str, value: str | None) -> None:
-        """Set (or with None, remove) `key` for each name of `kind` (nodes or profiles)."""
+    def set(self, kind: str, names: list[str], key: str, value: str | None) -> list[str]:
+        """Set (or with None, remove) `key` for each name of `kind` (nodes or profiles);
+        the names whose value changed (removing: those that had one). No change, no write."""
+        changed: list[str] = []
+
         def change(data: dict) -> dict:
+            changed.clear()  # compare-and-swap may call this again on newer data
             group = data.setdefault(kind, {})
             for name in names:
                 entry = group.setdefault(name, {})
+                if entry.get(key) != value:
+                    changed.append(name)
                 if value is None:
                     entry.pop(key, None)
                 else:
@@ -80,7 +86,11 @@ class SecretStore:
                     group.pop(name)
             return data
 
+        group = self.read().get(kind) or {}
+        if value is None and not any(key in (group.get(name) or {}) for name in names):
+            return []  # nothing to remove: nothing written
         self._update(change)
+        return changed
 
     def forget(self, kind: str, names: list[str]) -> None:
         def change(data: dict) -> dict:
@@ -109,23 +119,31 @@ def runtime_secrets(data: dict, node: Node) -> dict[str, str]:
 
 
 def bmc_password(config: Config, node: Node) -> str | None:
-    """The node's BMC password: its own secret, else its profiles' (right wins), else the
-    content of bmc.password_file."""
-    store = SecretStore(config)
-    data = store.read()
-    own = (data.get("nodes") or {}).get(node.name, {}).get(BMC_PASSWORD)
-    if own is not None:
-        return own
-    for profile in reversed(node.record.profiles or []):
-        value = (data.get("profiles") or {}).get(profile, {}).get(BMC_PASSWORD)
+    """The node's BMC password, as every field merges: the node's own first, then its
+    profiles' right to left; at each, its bmc_password secret, else the content of its
+    bmc.password_file (the merged record's provenance says whose that is)."""
+    data = SecretStore(config).read()
+    holders = [("node", (data.get("nodes") or {}).get(node.name))]
+    holders += [(f"profile:{p}", (data.get("profiles") or {}).get(p))
+                for p in reversed(node.record.profiles or [])]
+    file_of = node.provenance.get("bmc.password_file")
+    for holder, secrets in holders:
+        value = (secrets or {}).get(BMC_PASSWORD)
         if value is not None:
             return value
+        if holder == file_of:
+            break
     bmc = node.record.bmc
-    if bmc and bmc.password_file:
-        try:
-            return Path(os.path.expanduser(bmc.password_file)).read_text().strip()
-        except OSError as exc:
-            raise InvalidInput(
-                f"node {node.name}: bmc.password_file: cannot read {bmc.password_file}: "
-                f"{exc.strerror}") from None
-    return None
+    return read_password_file(node.name, bmc.password_file) if bmc and bmc.password_file \
+        else None
+
+
+def read_password_file(node: str, path: str) -> str:
+    try:
+        return Path(os.path.expanduser(path)).read_text().strip()
+    except OSError as exc:
+        raise InvalidInput(f"node {node}: bmc.password_file: cannot read {path}: "
+                           f"{exc.strerror}") from None
+    except UnicodeDecodeError:  # its message quotes a byte of the password
+        raise InvalidInput(f"node {node}: bmc.password_file: {path} is not UTF-8 text") \
+            from None

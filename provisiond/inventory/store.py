@@ -4,7 +4,6 @@ every write a compare-and-swap of the whole text, revisioned."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import time
@@ -33,7 +32,8 @@ from provisiond.state.layout import KEYS, Layout
 __all__ = ["InventoryStore", "Version", "dump_yaml", "parse_inventory"]
 
 KEY = str(KEYS.inventory)
-HEADER = "# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked)\n"
+HEADER = ("# provisiond inventory; edit with `provisiond node|profile|apply` (atomic, locked).\n"
+          "# Each write makes this file anew: comments are not kept (a record has comment:).\n")
 # The file's format (`schema:`): no older one to migrate yet (Schema's migrations go here).
 INVENTORY_SCHEMA = Schema("inventory", 1)
 LOCK_WAIT = 30.0
@@ -41,7 +41,7 @@ LOCK_WAIT = 30.0
 compare-and-swap, then gives up with Unavailable."""
 VERSIONS_KEPT = 4  # inventories (state dirs) one process keeps parsed: tests make many
 CLAIMS_FORMAT = 1
-"""The claims file's format. It also names the checks that found them (_checks_identity):
+"""The claims file's format. It also names the checks that found them (CHECKS):
 claims are trusted only by the same checks, as a later version may check more."""
 
 
@@ -102,7 +102,6 @@ class Version:
 _versions: dict[str, Version] = {}
 
 
-@functools.cache
 def _checks_identity() -> str:
     """The release and the sha256 of the modules whose rules decide validity (the records'
     schema, merging, the whole-inventory checks): an upgrade, even one keeping the version
@@ -114,6 +113,13 @@ def _checks_identity() -> str:
         except (OSError, TypeError):  # no source to read: never the same as a saved one
             return f"unreadable {time.time_ns()}"
     return digest.hexdigest()
+
+
+CHECKS = _checks_identity()
+"""Hashed as this module is imported, just after the modules it names: the sources read
+later may be an upgrade installed under a running process (a server started on an empty
+inventory first saved claims at its first write), whose label would make the upgraded CLI
+trust what the older checks found."""
 
 
 class InventoryStore:
@@ -248,7 +254,7 @@ class InventoryStore:
             saved = json.loads(self.claims_path.read_bytes())
             if saved.get("sha256") != digest or saved.get("server") != server \
                     or saved.get("format") != CLAIMS_FORMAT \
-                    or saved.get("checks") != _checks_identity():
+                    or saved.get("checks") != CHECKS:
                 return None
             return Claims.from_json(saved["claims"])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -261,7 +267,7 @@ class InventoryStore:
         with contextlib.suppress(OSError, TypeError, ValueError):
             write_atomic(self.claims_path, json.dumps(
                 {"sha256": digest, "server": self.config.server.address,
-                 "format": CLAIMS_FORMAT, "checks": _checks_identity(),
+                 "format": CLAIMS_FORMAT, "checks": CHECKS,
                  "claims": claims.to_json()}, separators=(",", ":")), durable=False)
 
     def valid_nodes(self, before: tuple[Version, dict[str, Node]] | None = None

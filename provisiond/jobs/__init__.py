@@ -42,7 +42,7 @@ def start(config: Config, kind: JobKind | str, names: list[str], params: dict,
     except (OSError, ValueError) as exc:
         _fail_to_start(config, job, exc)
     store.record_runner(config, job.id, pid)
-    return store.read(config, job.id).model_dump(mode="json")
+    return _document(store.read(config, job.id))
 
 
 def run_here(config: Config, kind: JobKind | str, names: list[str], params: dict,
@@ -81,7 +81,7 @@ def _fail_to_start(config: Config, job: Job, exc: Exception) -> NoReturn:
 
 def get(config: Config, job_id: int) -> dict:
     """A job's record; JobNotFound if there is none (or it left the history)."""
-    return store.get(config, job_id).model_dump(mode="json")
+    return _document(store.get(config, job_id))
 
 
 def wait(config: Config, job_id: int, timeout: float, poll: float = 0.5) -> dict:
@@ -93,7 +93,7 @@ def wait(config: Config, job_id: int, timeout: float, poll: float = 0.5) -> dict
     while True:
         job = store.get(config, job_id)
         if not job.active:
-            return job.model_dump(mode="json")
+            return _document(job)
         if time.monotonic() >= deadline:
             raise ProvisiondError(f"job {job_id} ({job.kind.value} {job.target}) is still "
                                   f"{job.state.value} after {timeout:g} s")
@@ -116,12 +116,19 @@ def list_jobs(config: Config, limit: int = 100, before: int | None = None,
         except ProvisiondError:
             continue  # pruned meanwhile, or unreadable (logged)
         if (kind is None or job.kind is kind) and (state is None or job.state is state):
-            items.append(job.model_dump(mode="json"))
+            items.append(_document(job))
     return items, None
 
 
+def _document(job: Job) -> dict:
+    """The job as the API and `provisiond job` show it: its params as the audit record
+    has them (the runner reads the stored record, whole)."""
+    return {**job.model_dump(mode="json"), "params": _shown(job.params)}
+
+
 def _shown(params: dict) -> dict:
-    """The params for the audit record: a URL without the user and password it may hold."""
+    """The params for the audit record and the job's readers: a URL without the user and
+    password it may hold."""
     shown = dict(params)
     if "image" in shown:
         url = urlsplit(shown["image"])

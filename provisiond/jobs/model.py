@@ -13,10 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from provisiond.config import bounded
 from provisiond.errors import InvalidInput
 from provisiond.inventory.store import describe_validation_error
-from provisiond.power.operations import FIRMWARE_UPDATE_TIMEOUT, firmware_update
+from provisiond.power.operations import (FIRMWARE_UPDATE_TIMEOUT, TIMEOUT_RANGE,
+                                         firmware_update)
 from provisiond.states import BootDevice, JobKind, JobState, PowerAction
 
-Seconds = Annotated[float, bounded(0.1, 86400)]
+Seconds = Annotated[float, bounded(*TIMEOUT_RANGE)]
 POWER_STATUS = "status"
 POWER_VERBS = (*(action.value for action in PowerAction), POWER_STATUS)
 

@@ -25,7 +25,11 @@ from provisiond.overlays.source import Overlay, load_overlay
 from provisiond.overlays.templates import OverlayTemplateError, render_template, split_files
 from provisiond.state.layout import Layout
 
-FORMAT = "provisiond-overlay-3"
+FORMAT = "provisiond-overlay-4"  # 4: system overlays carry their copies (COPIES)
+# Where a system overlay's archive holds its entries again (files as hard links, no data
+# twice): the node's /init copies this tree over the image's root, after an unpacked boot's
+# whiteouts, as the mounted boot copies it over the stacked layers (init.j2, OVERLAYS).
+COPIES = ".provisiond/overlays"
 KINDS = ("shared", "system", "runtime")
 RUNTIME_COMPRESSION = "gzip"  # the node unpacks it with busybox, which has no zstd applet
 SHARED_LIMIT = 64
@@ -212,8 +216,9 @@ class Builder:
 
     def pack(self, node: str, kind: str) -> bytes:
         """The node's build: one archive per overlay, each compressed (the kernel unpacks a
-        concatenation of them), or an empty archive when there is none; runtime: a single
-        archive, as busybox cpio reads one only."""
+        concatenation of them) and holding its entries twice (in place and under COPIES),
+        or an empty archive when there is none; runtime: a single archive, as busybox cpio
+        reads one only (the agent unpacks it over the booted root)."""
         overlays = self.overlays(node, kind)
         if kind == "runtime":
             merged = [e for o in overlays for e in self.render(o, node, kind)]
@@ -236,7 +241,8 @@ class Builder:
 
     def _packed(self, overlay: Overlay, node: str) -> bytes:
         entries = self.render(overlay, node, "system")
-        return archive.compress(archive.pack(entries), self.compression("system"))
+        return archive.compress(archive.pack_with_copies(entries, COPIES),
+                                self.compression("system"))
 
     def render(self, overlay: Overlay, node: str, kind: str) -> list[archive.Entry]:
         return render_overlay(overlay, self.context(overlay, node, kind), node)

@@ -8,6 +8,7 @@ and such a mismatch fails the login cleanly with a hint instead of pyghmi's stru
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 
@@ -43,6 +44,7 @@ BOOT_DEVICES = {BootDevice.PXE: "network", BootDevice.DISK: "hd"}
 CIPHER_SUITES = {3: 1, 17: 256}
 BUSY_CODES = {0xC0}
 CIPHER_MISMATCH = "the BMC answered the session handshake in another cipher suite"
+GARBLED = "the BMC's answers are not IPMI"
 UNREACHABLE_HINTS = ("timeout", "unreachable", "no response", "logged out")
 # pyghmi gives up on a BMC that never answers after one login (two tries, each a send and
 # a resend: 4-6 s), whatever the node's deadline (20 s by default). A login nobody answered
@@ -91,12 +93,25 @@ class CheckedSession(ipmi_session.Session):
             self.onlogon({"error": CIPHER_MISMATCH})
             return -9
 
+    def _handle_ipmi_packet(self, data, sockaddr=None, qent=None):
+        # pyghmi handles each session's packets in whichever thread waits for an answer,
+        # so a packet it fails to parse (cut short: IndexError, struct.error) raised in
+        # another node's call, failing that node with this BMC's garbage. Dropped here,
+        # as a lost packet would be; a login that then times out says why.
+        try:
+            return super()._handle_ipmi_packet(data, sockaddr, qent)
+        except Exception as exc:  # noqa: BLE001 - whatever the garbage made pyghmi raise
+            self.garbled = f"{type(exc).__name__}: {exc}"
+            return -1
+
     def _mark_broken(self, error=None):
         # pyghmi's _mark_broken logs out (which clears `logging` and sets `broken`) before
         # it stores `errormsg`. Another thread's wait_for_rsp may be the one that breaks
         # this session, so the thread logging in can see the login over and read
         # `errormsg` before it exists: "AttributeError: ... no attribute 'errormsg'" in
         # place of the BMC's error (seen in a loaded CI run). Store it first.
+        if error is None and getattr(self, "garbled", None):
+            error = f"{GARBLED} ({self.garbled})"
         self.errormsg = error
         super()._mark_broken(error)
 
@@ -167,14 +182,27 @@ class IpmiDriver(Driver):
         # that hands a logged-out session to the next driver for the same BMC.
         s = self.settings
         session_class = Sha1Session if s.cipher_suite == 3 else CheckedSession
+        address = resolved(s.address, s.port or IPMI_PORT)
         while True:
             try:
-                return open_command(session_class, s.address, s.username.encode(),
+                return open_command(session_class, address, s.username.encode(),
                                     s.password.encode(), s.port or IPMI_PORT)
             except pyghmi_exc.IpmiException as exc:
                 if not unanswered(exc) or self.remaining() < LOGIN_RETRY_DELAY + LOGIN_SECONDS:
                     raise
             time.sleep(LOGIN_RETRY_DELAY)
+
+
+def resolved(bmc: str, port: int) -> str:
+    """The address of the BMC's host name, looked up here, in the node's own thread.
+
+    pyghmi looks the name up again when it sends its first packet, holding the session
+    table's lock, which every other session's wait takes: a slow lookup (a resolver that
+    answers late) held up every other BMC's call. Given an address, it looks up nothing.
+    IPv4 first: pyghmi, given a name, tried each address it has; given one, only that.
+    """
+    found = socket.getaddrinfo(bmc, port, 0, socket.SOCK_DGRAM)
+    return min(found, key=lambda entry: entry[0] != socket.AF_INET)[4][0]
 
 
 def open_command(session_class, bmc: str, userid: bytes, password: bytes,

@@ -24,6 +24,8 @@ DRIVER_CLASSES = {
 }
 Operation = Callable[[Driver], object]
 FIRMWARE_UPDATE_TIMEOUT = 1800.0  # per BMC: the BMC fetches the image and flashes it
+TIMEOUT_RANGE = (0.1, 86400)
+"""Seconds a --timeout (a job's `timeout`) may give: per BMC, or a reprovision's wait."""
 
 
 def find_nodes(config: Config, pattern: str) -> tuple[dict[str, Node], list[str]]:
@@ -62,6 +64,7 @@ def run_nodes(config: Config, nodes: dict[str, Node], operation: Operation,
               timeout: float | None = None, progress=None) -> list[NodeResult]:
     """`operation` on each of `nodes`; every call's seconds and outcome are recorded
     (provisiond.metrics: provisiond_bmc_call_duration_seconds)."""
+    check_timeout(timeout)
 
     def call(name: str):
         driver = open_driver(config, nodes[name], timeout)
@@ -76,6 +79,13 @@ def run_nodes(config: Config, nodes: dict[str, Node], operation: Operation,
     record_outcomes(config, "bmc_call_duration_seconds",
                     [((_driver_name(nodes[r.node]), r.error or "ok"), r.seconds) for r in results])
     return results
+
+
+def check_timeout(timeout: float | None) -> None:
+    """InvalidInput for a timeout outside TIMEOUT_RANGE (NaN is outside every range)."""
+    low, high = TIMEOUT_RANGE
+    if timeout is not None and not low <= timeout <= high:
+        raise InvalidInput(f"timeout: {timeout} is outside {low}-{high}", field="timeout")
 
 
 def _driver_name(node: Node) -> str:

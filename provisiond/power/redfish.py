@@ -49,15 +49,40 @@ CONNECTION_REASONS = [
     ("Connection refused", "connection refused"),
     ("No route to host", "no route to host"),
     ("Name or service not known", "unknown host name"),
+    ("Temporary failure in name resolution", "host name not resolved (no DNS answer)"),
 ]
 
 
-def translate_error(exc: Exception, where: str) -> BmcError:
-    """The provisiond error for a sushy exception (one line, no credentials)."""
-    message = " ".join(str(exc).split())[:300]
+# What sushy lets out of an answer that is no Redfish document (a web UI's HTML page, a
+# JSON list, a body cut short): requests' JSONDecodeError, or Python's own errors of
+# sushy's code reading fields of what it took for an object.
+ANSWER_ERRORS = (ValueError, AttributeError, TypeError, KeyError, IndexError)
+ANSWER_READERS = ("sushy", "requests", "json", "simplejson")
+
+
+def read_from_answer(exc: Exception) -> bool:
+    """Whether `exc` (one of ANSWER_ERRORS) was raised reading a BMC's answer: in sushy or
+    a JSON decoder, not in our own code (a bug of ours stays one)."""
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    module = trace.tb_frame.f_globals.get("__name__", "") if trace else ""
+    return module.partition(".")[0] in ANSWER_READERS
+
+
+def translate_error(exc: Exception, where: str) -> Exception:
+    """The provisiond error for a sushy exception (one line, no credentials); an error
+    of our own code comes back as it is."""
+    text = " ".join(str(exc).split())
+    message = text[:300]
+    if not isinstance(exc, sushy_exc.SushyError):
+        if not read_from_answer(exc):
+            return exc
+        return BmcError(f"{where}: the answer is not Redfish ({type(exc).__name__}: "
+                        f"{message[:160]})")
     if isinstance(exc, sushy_exc.ConnectionError):
-        reason = next((text for key, text in CONNECTION_REASONS if key in message),
-                      message[:160])
+        reason = next((said for key, said in CONNECTION_REASONS if key in text),  # the
+                      message[:160])  # cause comes last, often past 300 characters
         return BmcUnreachable(f"{where}: cannot connect: {reason}")
     if isinstance(exc, sushy_exc.HTTPError) and exc.status_code in BUSY_STATUS:
         return BmcBusy(f"{where}: busy ({exc.status_code})")
@@ -69,7 +94,7 @@ def translate_error(exc: Exception, where: str) -> BmcError:
     return BmcError(f"{where}: {message}")
 
 
-_bmc_call = bmc_call((sushy_exc.SushyError,),
+_bmc_call = bmc_call((sushy_exc.SushyError, *ANSWER_ERRORS),
                      lambda driver, exc: translate_error(exc, driver.base_url))
 
 

@@ -19,7 +19,7 @@ from provisiond.discovery import machines as book
 from provisiond.discovery.facts import (FACT_NAMES, Facts, NodeFacts, facts_of, flat_facts,
                                         record_facts)
 from provisiond.discovery.machines import Machine, MachineState
-from provisiond.discovery.rules import Rule, first_match, load_rules
+from provisiond.discovery.rules import Rule, first_match, load_rules, rules_path
 from provisiond.errors import (AlreadyExists, InvalidInput, NodeNotFound, NotFound,
                                ProvisiondError)
 from provisiond.inventory.ranges import consecutive, fold
@@ -48,7 +48,8 @@ def report(config: Config, mac: str, address: str, facts: Facts, node: str | Non
     claiming that MAC adds no waiting machine that no approval could make a node."""
     if node is not None:
         return None
-    machine, new = book.enlist(config, mac, address, facts, reopen=True)
+    machine, new = book.enlist(config, mac, address, facts, reopen=True,
+                               nodes=node_macs(config))
     if new:
         emit(config, "discovery.enlisted", mac, {"seq": machine.seq, "address": address})
     if machine.state is MachineState.PENDING:
@@ -77,18 +78,17 @@ def apply_rules(config: Config, machine: Machine) -> Machine | None:
         return None
 
 
-def _approve_by(config: Config, rule: Rule, machine: Machine, tries: int = 5) -> Machine:
-    """Approve by `rule`; a name another worker's rule took meanwhile: the next free one."""
-    def once() -> Machine:
-        return approve(config, f"rule:{rule.name}", [machine.mac], rule.names, rule.ipaddr,
-                       rule.profile, netdev=rule.netdev, gateway=rule.gateway)[0]
-
-    for _ in range(tries - 1):
+def _approve_by(config: Config, rule: Rule, machine: Machine) -> Machine:
+    """Approve by `rule`; a name another writer (another worker's rule) took meanwhile: the
+    next free one. Each such loss is one name of the sequence fewer, so this ends: at
+    worst with the sequence used up (InvalidInput)."""
+    for _ in range(len(expand_names(rule.names))):
         try:
-            return once()
+            return approve(config, f"rule:{rule.name}", [machine.mac], rule.names,
+                           rule.ipaddr, rule.profile, netdev=rule.netdev, gateway=rule.gateway)[0]
         except AlreadyExists:
             continue
-    return once()
+    raise InvalidInput(f"{rule.names}: every name was taken while approving")
 
 
 def next_action(config: Config, mac: str, node: str | None) -> dict:
@@ -254,7 +254,23 @@ def reject(config: Config, actor: str, macs: list[str]) -> list[Machine]:
 
 
 def check_rules(config: Config, path=None) -> list[Rule]:
-    return load_rules(config, path)
+    """The rules of `path` (default: the state dir's), each also checked against this
+    inventory and discovery.pool: a profile the inventory lacks, or addresses the pool
+    leases, fail every approval by the rule (its machines only wait), so they are refused
+    here (the server, reading the rules at each report, applies the others)."""
+    rules = load_rules(config, path)
+    profiles = snapshot(config).inventory.profiles
+    for index, rule in enumerate(rules, 1):
+        try:
+            if rule.profile is not None and rule.profile not in profiles:
+                raise InvalidInput(f"profile {rule.profile} does not exist")
+            if rule.ipaddr is not None:
+                count = len(expand_names(rule.names))
+                check_outside_pool(config, consecutive(rule.ipaddr, count, "ipaddr"))
+        except InvalidInput as exc:
+            raise InvalidInput(f"{path or rules_path(config)}: rule {index} ({rule.name}): "
+                               f"{exc}") from None
+    return rules
 
 
 def list_sightings(config: Config, mac: str | None = None, *, limit: int = 100,

@@ -78,6 +78,16 @@ class Kind:
             raise self.not_found(f"no such {self.noun}: {fold(missing)}")
         return names
 
+    def present(self, inventory: Inventory, pattern: str) -> list[str]:
+        """The names of `pattern` that exist, as a listing shows them (the API's
+        `?names=`): a range may name none; one plain name that does not exist is not
+        found, as a `show` of it is."""
+        names = self.names(pattern)
+        records = self.records(inventory)
+        if names == [pattern] and pattern not in records:
+            raise self.not_found(f"no such {self.noun}: {pattern}")
+        return [n for n in names if n in records]
+
 
 NODES, PROFILES = Kind("node"), Kind("profile")
 

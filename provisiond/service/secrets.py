@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from provisiond.config import Config
-from provisiond.errors import InvalidInput
+from provisiond.errors import InvalidInput, SecretNotFound
 from provisiond.inventory.ranges import fold
 from provisiond.inventory.secrets import BMC_PASSWORD, GENERATED, SecretStore
 from provisiond.inventory.values import check_text
@@ -38,8 +38,10 @@ def check_key(key: str) -> str:
 
 
 def set_secret(config: Config, actor: str, kind: Kind, names: list[str], key: str,
-               value: str | None) -> None:
-    """Set `key` to `value` (None: remove it) for each named, existing record."""
+               value: str | None) -> list[str]:
+    """Set `key` to `value` (None: remove it) for each named, existing record. Returns
+    the names set, or those it was removed from; removing it from records none of which
+    has it is SecretNotFound, and nothing is written or recorded."""
     check_key(key)
     if value is not None:
         _check_value(value)
@@ -48,13 +50,20 @@ def set_secret(config: Config, actor: str, kind: Kind, names: list[str], key: st
     missing = [n for n in names if n not in stored]
     if missing:
         raise kind.not_found(f"no such {kind.noun}: {fold(missing)}")
-    SecretStore(config).set(kind.key, names, key, value)
+    changed = SecretStore(config).set(kind.key, names, key, value)
+    if value is None:
+        if not changed:
+            raise SecretNotFound(f"no secret {key} is set for {kind.noun} {fold(names)}: "
+                                 "nothing to remove (`provisiond secret list` shows which "
+                                 "records hold it)", field="key")
+        names = changed
     target = f"{kind.noun}:{names_text(names, kind.noun)}"
     audit(config, actor, "secret.set" if value is not None else "secret.unset", target,
           [key])
     emit(config, "secret.changed", target, {"kind": kind.noun, "names": names_head(names),
                                             "count": len(names), "keys": [key],
                                             "removed": value is None})
+    return names
 
 
 def rotate_secret(config: Config, actor: str, names: list[str], what: str) -> dict:

@@ -32,13 +32,14 @@ def node_status(config: Config, name: str) -> dict:
 def list_status(config: Config, names: str | None = None, phase: str | None = None, *,
                 limit: int | None = None, after: str | None = None
                 ) -> tuple[list[dict], str | None]:
-    """A page of nodes' status in name order (`names`: a range of existing nodes; `phase`:
-    only nodes in it), and the next page's cursor; every one without `limit`."""
+    """A page of nodes' status in name order (`names`: only the nodes of this range;
+    `phase`: only nodes in it), and the next page's cursor; every one without `limit`
+    (the CLI's: one plain name that is no node is NodeNotFound there)."""
     view = snapshot(config)
     all_names, keys = view.sorted_names(NODES)
     wanted = None
     if names:
-        wanted = set(NODES.existing(view.inventory, names)) if limit is None else set(
+        wanted = set(NODES.present(view.inventory, names)) if limit is None else set(
             expand_names(names))
     statuses: dict[str, dict] = {}
 

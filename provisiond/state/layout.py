@@ -165,7 +165,8 @@ class Layout:
         return self.images / name / "shell.json"
 
     @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, listed nowhere, "
-           "those of sessions whose rebuild failed (the error named them)")
+           "those of sessions whose rebuild failed or whose image was replaced (the error "
+           "named them)")
     def image_shell_dir(self, name: str):
         return self.images / name / "shell"
 
@@ -199,6 +200,18 @@ class Layout:
     @entry("recipes/<name>/", "one imported or site recipe")
     def recipe_dir(self, name: str):
         return self.recipes / name
+
+    @entry("recipes/<name>/.import.json", "in a folder `image import` swapped in, until the "
+           "swap is ended: the manifest revision it started from, whether it replaces the "
+           "image (a killed import is undone or finished by the next build, shell exit or "
+           "import of the image)")
+    def recipe_swap_mark(self, name: str):
+        return self.recipes / name / ".import.json"
+
+    @entry("recipes/.<name>.<step>/", "an import's folders: `import` what it stages, "
+           "`previous` the recipe folder it swapped out, `failed` its own, being undone")
+    def recipe_aside(self, name: str, step: str):
+        return self.recipes / f".{name}.{step}"
 
     @property
     @entry("cache/layers/", "built layer trees, `<key>/` (root file systems, owned as on a "
@@ -313,6 +326,12 @@ class Layout:
            "(rate-limited)", "Sighting")
     def sightings(self):
         return self.root / "discovery.jsonl"
+
+    @property
+    @entry("discovery.jsonl.1", "the sightings before, once discovery.jsonl reached 8 MiB",
+           "Sighting")
+    def older_sightings(self):
+        return self.root / "discovery.jsonl.1"
 
     @property
     @entry("discovery/", "discovered machines, reported facts, rules")

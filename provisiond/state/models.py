@@ -132,6 +132,10 @@ class ImageManifest(Document):
     total_size: int = 0
     layer_build_seconds: list[Number] = []
     mounted: Mounted | None = None
+    generation: str = ""
+    """made at the image's first build (the first after a delete too, and `image import
+    --force`), kept by every rebuild: which image an `image shell` session opened
+    (provisiond.images.shell); "", kept by rebuilds too, for one built before generations"""
 
 
 class LayerRecord(Document):

@@ -9,16 +9,22 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
+from provisiond.atomic import locked
 from provisiond.cli import main
-from provisiond.errors import BuildFailed, NotFound
+from provisiond.errors import AlreadyExists, BuildFailed, Conflict, ExitCode, NotFound
 from provisiond.images import blob_path, load_manifest
+from provisiond.images import build as build_module
+from provisiond.images.manifests import lock_path
+from tests.waits import blocked_on_a_lock, wait_until
 
 KERNEL = b"MZ fake kernel for the import test"
 
@@ -198,7 +204,7 @@ def test_reimport_reuses_layers_and_bad_archive_fails_cleanly(cli, config, tmp_p
     assert [l["digest"] for l in load_manifest(config, "reused")["layers"]] == [
         l["digest"] for l in first["layers"]]
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
-    result = cli("image", "import", str(tmp_path / "junk.tar"), "reused")
+    result = cli("image", "import", str(tmp_path / "junk.tar"), "reused", "--force")
     assert result.code != 0 and result.err.count("\n") == 1, result.err
     assert "recipe reused: layer 1 (oci-archive)" in result.err
     assert load_manifest(config, "reused")["layers"] == first["layers"]
@@ -315,16 +321,320 @@ def test_import_refuses_a_bad_name_before_writing_anything(cli, config, tmp_path
     assert not (config.state_dir / "recipes").exists()
 
 
-def test_failed_reimport_keeps_the_previous_archive_and_recipe(cli, config, tmp_path):
+@pytest.mark.parametrize("over", ["--force", "--update"])
+def test_failed_reimport_keeps_the_previous_archive_and_recipe(cli, config, tmp_path, over):
     archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
     assert cli("image", "import", str(archive), "kept").code == 0
+    listed = with_a_shell_layer(cli, config, "kept")
+    before = load_manifest(config, "kept")
     recipe = (config.state_dir / "recipes/kept/image.yaml").read_text()
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
-    assert cli("image", "import", str(tmp_path / "junk.tar"), "kept").code != 0
+    assert cli("image", "import", str(tmp_path / "junk.tar"), "kept", over).code != 0
     assert (config.state_dir / "recipes/kept/image.yaml").read_text() == recipe
+    assert load_manifest(config, "kept") == before
+    assert (config.images_dir / "kept/shell.json").read_text() == listed
     rebuilt = cli("image", "build", "kept")
     assert rebuilt.code == 0, rebuilt.err
+    assert [l["digest"] for l in load_manifest(config, "kept")["layers"]] == [
+        l["digest"] for l in before["layers"]]
     assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["kept"]
+
+
+SHELL_MADE = {"etc": None, "etc/shell-made": b"from an image shell\n"}
+
+
+def with_a_shell_layer(cli, config, name: str) -> str:
+    """Image `name` rebuilt with one layer as `image shell` lists it (a tarball in
+    images/NAME/shell/, its entry in shell.json); returns the listing's text."""
+    folder = config.images_dir / name / "shell"
+    folder.mkdir(parents=True)
+    (folder / "made.tar").write_bytes(layer_tar(SHELL_MADE))
+    listing = json.dumps([{"path": "shell/made.tar", "description": "image shell: x"}])
+    (config.images_dir / name / "shell.json").write_text(listing)
+    result = cli("image", "build", name)
+    assert result.code == 0, result.err
+    assert load_manifest(config, name)["layers"][-1]["kind"] == "tar"
+    return listing
+
+
+def test_an_import_over_an_existing_image_is_refused_without_force_or_update(
+        cli, config, tmp_path):
+    """An import over a built image replaced its recipe and kept the layers `image shell`
+    added to it, now on top of other content: an image whose shell layers were made on
+    another base, not said. Refused in one line now (as `wwctl image import` refuses an
+    existing name without --force or --update); the image, its recipe and layers stay."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "site").code == 0
+    recipe = (config.state_dir / "recipes/site/image.yaml").read_text()
+    result = cli("image", "import", str(other), "site")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        "provisiond: error: image site already exists: --force replaces it"]
+    listed = with_a_shell_layer(cli, config, "site")
+    before = load_manifest(config, "site")
+    result = cli("image", "import", str(other), "site")
+    assert result.err.splitlines() == [
+        "provisiond: error: image site already exists, with 1 layer `image shell` added: "
+        "--force replaces it and drops them, --update imports under them"]
+    assert load_manifest(config, "site") == before
+    assert (config.state_dir / "recipes/site/image.yaml").read_text() == recipe
+    assert (config.images_dir / "site/shell.json").read_text() == listed
+
+
+def test_an_import_with_force_replaces_the_image_and_drops_its_shell_layers(
+        cli, config, tmp_path):
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "forced").code == 0
+    with_a_shell_layer(cli, config, "forced")
+    before = load_manifest(config, "forced")
+    result = cli("image", "import", str(other), "forced", "--force")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "forced")
+    assert [l["kind"] for l in after["layers"]] == ["oci-archive"]
+    assert after["generation"] not in ("", before["generation"])  # another image
+    assert not (config.images_dir / "forced/shell.json").exists()
+    assert not (config.images_dir / "forced/shell").exists()
+    root = tmp_path / "root"
+    unpack_image(config, after, root)
+    assert (root / "etc/b").read_bytes() == b"B\n" and not (root / "etc/shell-made").exists()
+    result = cli("image", "build", "forced")
+    assert result.code == 0 and load_manifest(config, "forced")["layers"] == after["layers"]
+
+
+def test_an_import_with_update_keeps_the_shell_layers_on_top(cli, config, tmp_path):
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "updated").code == 0
+    listed = with_a_shell_layer(cli, config, "updated")
+    before = load_manifest(config, "updated")
+    result = cli("image", "import", str(other), "updated", "--update")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "updated")
+    assert [l["kind"] for l in after["layers"]] == ["oci-archive", "tar"]
+    assert after["layers"][-1]["description"] == before["layers"][-1]["description"]
+    assert after["generation"] == before["generation"]  # the same image, updated
+    assert (config.images_dir / "updated/shell.json").read_text() == listed
+    root = tmp_path / "root"
+    unpack_image(config, after, root)
+    assert (root / "etc/b").read_bytes() == b"B\n"
+    assert (root / "etc/shell-made").read_bytes() == b"from an image shell\n"
+
+
+@pytest.mark.parametrize("over", ["--force", "--update"])
+def test_an_interrupt_once_the_import_s_manifest_is_saved_keeps_the_import(
+        cli, config, tmp_path, monkeypatch, over):
+    """Ctrl-C (or SIGTERM) landing after the import's manifest was saved, before the build
+    returned: the undo put the previous recipe folder back under the new manifest (and
+    --force left the replaced image's shell layers listed), so the next `image build`
+    made the previous image again, with --force's dropped shell layers on top and the
+    new generation. The save is the import's commit: it stands, and is finished."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "cut").code == 0
+    with_a_shell_layer(cli, config, "cut")
+    real = build_module.save_manifest
+
+    def save_then_interrupt(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a KeyboardInterrupt before the build returns
+
+    monkeypatch.setattr(build_module, "save_manifest", save_then_interrupt)
+    result = cli("image", "import", str(other), "cut", over)
+    monkeypatch.undo()
+    imported = load_manifest(config, "cut")
+    assert cli("image", "build", "cut").code == 0
+    assert load_manifest(config, "cut")["layers"] == imported["layers"], result.err
+    assert result.code == 0, result.err  # the import is done: the interrupt came after
+    kinds = [l["kind"] for l in imported["layers"]]
+    assert kinds == (["oci-archive"] if over == "--force" else ["oci-archive", "tar"])
+    assert (config.images_dir / "cut/shell.json").exists() == (over == "--update")
+    root = tmp_path / "root"
+    unpack_image(config, imported, root)
+    assert (root / "etc/b").read_bytes() == b"B\n"
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["cut"]
+
+
+def test_a_second_ctrl_c_as_a_failed_import_is_undone_keeps_the_recipe(
+        cli, config, tmp_path, monkeypatch):
+    """A failed import removed its own recipe folder, then put the previous one back: a
+    second Ctrl-C during that removal (seconds for a large archive) left the image with
+    no recipe folder, the previous one aside where the next import removed it. The
+    folders are swapped back first now, by two renames, then the failed one removed."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM), layer_tar(TOP)])
+    assert cli("image", "import", str(archive), "undone").code == 0
+    recipe = (config.state_dir / "recipes/undone/image.yaml").read_text()
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    recipes, real = config.state_dir / "recipes", shutil.rmtree
+
+    def rmtree_then_interrupt(path, *args, **kwargs):
+        removed = Path(path).parent == recipes and Path(path).name != ".undone.import" \
+            and Path(path).exists()  # the failed import's own recipe folder
+        real(path, *args, **kwargs)
+        if removed:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_then_interrupt)
+    result = cli("image", "import", str(tmp_path / "junk.tar"), "undone", "--update")
+    monkeypatch.undo()
+    assert result.code == ExitCode.INTERRUPTED, result.err
+    assert (recipes / "undone/image.yaml").read_text() == recipe
+    assert cli("image", "build", "undone").code == 0
+
+
+HANGUP_AT_SAVE = """
+import os, signal, sys
+from provisiond.cli import main
+from provisiond.images import build
+
+def hang_up(*args):  # the ssh session drops as the build is about to save
+    os.kill(os.getpid(), signal.SIGHUP)  # its handler runs here, or the process ends
+
+build.save_manifest = hang_up
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("verb", ["import", "build"])
+def test_a_hangup_stops_an_import_or_build_as_ctrl_c_does(cli, config, tmp_path, verb):
+    """A dropped ssh session (SIGHUP) during `image import`'s build ended the process at
+    once: the recipe folder stayed swapped, the previous one aside (removed by the next
+    import), so the next `image build` made the half-done import's image (--force: under
+    the replaced image's shell layers); a build's chroot mounts were left in place. A
+    hangup now stops both as Ctrl-C and SIGTERM do: undone, exit 130."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "hungup").code == 0
+    before = load_manifest(config, "hungup")
+    args = ["image", "import", str(other), "hungup", "--force"] if verb == "import" else [
+        "image", "build", "hungup", "--no-cache"]
+    run = subprocess.run([sys.executable, "-c", HANGUP_AT_SAVE, "--state-dir",
+                          str(config.state_dir), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == ExitCode.INTERRUPTED, (run.returncode, run.stderr)
+    assert run.stderr.splitlines()[-1] == "provisiond: interrupted", run.stderr
+    assert sorted(p.name for p in (config.state_dir / "recipes").iterdir()) == ["hungup"]
+    assert load_manifest(config, "hungup") == before
+    assert cli("image", "build", "hungup").code == 0
+    assert load_manifest(config, "hungup")["layers"] == before["layers"]
+
+
+KILLED_AT = """
+import os, pathlib, signal, sys
+from provisiond.cli import main
+from provisiond.images import build
+
+WHEN, NAME = sys.argv.pop(1), sys.argv[-2]
+save, rename = build.save_manifest, pathlib.Path.rename
+
+def kill():  # the OOM killer, a power cut
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def save_manifest(*args):
+    if WHEN == "after the save":
+        save(*args)
+    kill()
+
+def swap(self, target):
+    if WHEN == "between the renames" and self.name == f".{NAME}.import":
+        kill()
+    return rename(self, target)
+
+build.save_manifest, pathlib.Path.rename = save_manifest, swap
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("then", ["build", "import"])
+@pytest.mark.parametrize("when", ["between the renames", "before the save", "after the save"])
+def test_an_import_killed_outright_is_undone_or_finished_by_the_next_build_or_import(
+        cli, config, tmp_path, when, then):
+    """`image import --force` killed outright (SIGKILL, the OOM killer, a power cut) as
+    it built: its recipe folder stayed swapped in, unbuilt, the previous one aside, where
+    the next import removed it; the next build made the killed import's image under the
+    replaced image's shell layers, with its generation (so an open shell's layer went on
+    top too). Killed once its manifest was saved: those shell layers stayed listed. The
+    next build, shell exit or import of the image ends the swap first now: the image as
+    it was, or the import finished."""
+    first = oci_archive(tmp_path / "first.tar", [layer_tar(BOTTOM)])
+    other = oci_archive(tmp_path / "other.tar", [layer_tar({**BOTTOM, "etc/b": b"B\n"})])
+    assert cli("image", "import", str(first), "killed").code == 0
+    listed = with_a_shell_layer(cli, config, "killed")
+    before = load_manifest(config, "killed")
+    run = subprocess.run([sys.executable, "-c", KILLED_AT, when, "--state-dir",
+                          str(config.state_dir), "image", "import", str(other), "killed",
+                          "--force"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    if then == "import":  # one that fails: it changes nothing of itself
+        (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+        result = cli("image", "import", str(tmp_path / "junk.tar"), "killed", "--update")
+        assert result.code == BuildFailed.exit_code, result.err
+    result = cli("image", "build", "killed")
+    assert result.code == 0, result.err
+    after = load_manifest(config, "killed")
+    if when == "after the save":
+        assert [l["kind"] for l in after["layers"]] == ["oci-archive"]
+        assert after["generation"] not in ("", before["generation"])
+        assert not (config.images_dir / "killed/shell.json").exists()
+        root = tmp_path / "root"
+        unpack_image(config, after, root)
+        assert (root / "etc/b").read_bytes() == b"B\n"
+    else:
+        assert after["layers"] == before["layers"]
+        assert after["generation"] == before["generation"]
+        assert (config.images_dir / "killed/shell.json").read_text() == listed
+    recipes = config.state_dir / "recipes"
+    assert not any((recipes / aside).exists() for aside in (
+        ".killed.previous", ".killed.failed", "killed/.import.json"))
+
+
+def test_an_import_over_a_recipe_folder_not_built_is_refused(cli, config, tmp_path):
+    """A site recipe written into <state>/recipes/NAME (or a deleted image's import):
+    the import moved it aside and removed it once it had built."""
+    folder = config.state_dir / "recipes/written"
+    folder.mkdir(parents=True)
+    (folder / "image.yaml").write_text("layers:\n  - {kind: busybox}\n")
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    result = cli("image", "import", str(archive), "written")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: image written is not built but has a recipe folder, {folder}: "
+        "--force replaces it"]
+    assert (folder / "image.yaml").read_text() == "layers:\n  - {kind: busybox}\n"
+    assert cli("image", "import", str(archive), "written", "--force").code == 0
+    assert load_manifest(config, "written")["layers"][0]["kind"] == "oci-archive"
+
+
+def provisiond(config, *args: str) -> subprocess.Popen:
+    """`provisiond ARGS...` as a process of its own, on the test's state dir."""
+    return subprocess.Popen([sys.executable, "-m", "provisiond", "--state-dir",
+                             str(config.state_dir), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_build_that_waited_for_the_image_s_lock_builds_what_is_listed_then(
+        cli, config, tmp_path):
+    """`image build` read the recipe and the image's shell layers before it took the
+    image's lock: one that waited for an `image shell`'s exit (which lists its layer and
+    rebuilds under that lock) then saved the image without the session's layer, the
+    admin's work gone from what nodes boot until the next build, the shell having said
+    it was added. The build reads them once it holds the lock now."""
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    assert cli("image", "import", str(archive), "waited").code == 0
+    with locked(lock_path(config, "waited")):  # as a shell's exit holds it
+        build = provisiond(config, "image", "build", "waited")
+        wait_until(lambda: build.poll() is not None or blocked_on_a_lock(build.pid), 60,
+                   "the build to wait for the image's lock")
+        folder = config.images_dir / "waited/shell"
+        folder.mkdir(parents=True)
+        (folder / "made.tar").write_bytes(layer_tar(SHELL_MADE))
+        (config.images_dir / "waited/shell.json").write_text(json.dumps(
+            [{"path": "shell/made.tar", "description": "image shell: x"}]))
+    out, _ = build.communicate(timeout=120)
+    assert build.returncode == 0, out
+    assert [l["kind"] for l in load_manifest(config, "waited")["layers"]] == [
+        "oci-archive", "tar"], out
 
 
 def test_deleted_name_with_a_newline_never_lists_another_path(cli, config, tmp_path):
@@ -485,3 +795,24 @@ def test_an_xattr_the_host_refuses_is_one_line(tmp_path):
         apply_layer(xattr_layer({"security.capability": b"\xff junk"}), tmp_path)
     assert str(failed.value).splitlines() == [
         "layer entry 'bin/ping': cannot set its xattr security.capability: Invalid argument"]
+
+
+def test_an_import_shadowed_by_a_site_recipe_is_refused(cli, state_dir, tmp_path):
+    """A recipe of the name in a folder of the settings' image_dirs is found before the one
+    the import writes to <state>/recipes/NAME: the import reported success and built the
+    site recipe instead (here: the directory tree, not the archive's layers)."""
+    site = tmp_path / "site"
+    (site / "shadowed/tree/boot").mkdir(parents=True)
+    (site / "shadowed/tree/boot/vmlinuz-0.0-site").write_bytes(KERNEL)
+    (site / "shadowed/image.yaml").write_text(
+        "layers:\n  - {kind: directory, path: tree}\n")
+    (state_dir / "provisiond.yaml").write_text(f"image_dirs: [{site}]\n")
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    for flags in ((), ("--force",)):
+        result = cli("image", "import", str(archive), "shadowed", *flags)
+        assert result.code == Conflict.exit_code, result.err
+        assert result.err.splitlines() == [
+            f"provisiond: error: image shadowed: the recipe {site}/shadowed/image.yaml "
+            f"shadows the one an import writes ({state_dir}/recipes/shadowed): import under "
+            "another name"], result.err
+    assert not (state_dir / "recipes").exists()

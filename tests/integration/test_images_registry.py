@@ -188,7 +188,7 @@ def test_reimport_fetches_nothing_and_rebuilds_no_layer(cli, config, registry, l
     push(layout, "v1", f"{host}/site/again:v1")
     assert cli("image", "import", f"docker://{host}/site/again:v1", "again").code == 0
     first = load_manifest(config, "again")
-    result = cli("image", "import", f"docker://{host}/site/again:v1", "again")
+    result = cli("image", "import", f"docker://{host}/site/again:v1", "again", "--update")
     assert result.code == 0, result.err
     assert result.err.count("present") == 4 and "fetched" not in result.err, result.err
     assert result.err.count("cached") == 3 and "built" not in result.err, result.err
@@ -230,7 +230,7 @@ def test_oci_layout_by_tag(cli, config, layout, tmp_path):
     assert result.code == 0, result.err
     unpack_image(config, load_manifest(config, "fromdir"), tmp_path / "root")
     assert (tmp_path / "root/etc/which").read_bytes() == b"two\n"
-    result = cli("image", "import", f"oci:{layout.folder}:three", "fromdir")
+    result = cli("image", "import", f"oci:{layout.folder}:three", "fromdir", "--force")
     assert result.code == NotFound.exit_code and result.err.count("\n") == 1, result.err
     assert "the layout has no image tagged 'three'" in result.err
 
@@ -288,7 +288,7 @@ def test_a_failed_reimport_keeps_the_image_as_it_was(cli, config, registry, layo
     assert cli("image", "import", f"docker://{host}/site/kept:v1", "kept").code == 0
     before = load_manifest(config, "kept")
     recipe = (config.state_dir / "recipes/kept/image.yaml").read_text()
-    result = cli("image", "import", f"docker://{host}/site/kept:gone", "kept")
+    result = cli("image", "import", f"docker://{host}/site/kept:gone", "kept", "--force")
     assert result.code == NotFound.exit_code, result.err
     assert load_manifest(config, "kept") == before
     assert (config.state_dir / "recipes/kept/image.yaml").read_text() == recipe
@@ -442,7 +442,7 @@ def test_an_image_pushed_to_the_registry_and_imported_boots(registry, tmp_path, 
 def test_two_imports_of_one_name_at_once_both_succeed(config, registry, layout):
     """A second import of a name while the first is fetching: both staged into one
     folder, and the second's clean-up of a 'stale' staging folder took the first's."""
-    from provisiond.images import import_image
+    from provisiond.images import OverExisting, import_image
 
     host, _ = registry
     layout.tag("v1", layout.image(three_layers("twice")))
@@ -452,7 +452,8 @@ def test_two_imports_of_one_name_at_once_both_succeed(config, registry, layout):
 
     def second():
         try:
-            results["second"] = import_image(config, f"oci:{layout.folder}:v1", "twice")
+            results["second"] = import_image(config, f"oci:{layout.folder}:v1", "twice",
+                                             over=OverExisting.UPDATE)
         except Exception as exc:  # noqa: BLE001 - the test reports it
             results["second"] = exc
         second_done.set()
@@ -467,7 +468,7 @@ def test_two_imports_of_one_name_at_once_both_succeed(config, registry, layout):
 
     try:
         results["first"] = import_image(config, f"docker://{host}/site/twice:v1", "twice",
-                                        progress)
+                                        progress, over=OverExisting.UPDATE)
     except Exception as exc:  # noqa: BLE001
         results["first"] = exc
     threads[0].join(120)

@@ -23,9 +23,11 @@ from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ExitCode
 from provisiond.images import build as build_module
 from provisiond.images import build_image, chroot, load_manifest, shell
-from provisiond.images.manifests import image_exists
+from provisiond.images.manifests import image_exists, save_manifest
 from tests.integration.test_images import apply_whiteouts, run_cli, unpack
+from tests.integration.test_images_oci import KILLED_AT, BOTTOM, layer_tar, oci_archive
 from tests.tools import private_deb_cache
+from tests.waits import blocked_on_a_lock
 
 pytestmark = pytest.mark.slow  # downloads the tiny image's Debian packages once
 
@@ -372,6 +374,148 @@ def test_an_image_deleted_during_the_session_stays_deleted(tiny):
     assert left_behind(config) == []
 
 
+# tiny's first layer alone (cached): another recipe of the name, whose image has no
+# /etc/inittab, /etc/init.d/rcS...
+TINY_BASE = """description: tiny's busybox layer alone
+layers:
+  - kind: busybox
+    package: busybox-static
+    kernel: linux-image-amd64
+    modules: [virtio_net, virtio_pci, virtio_blk, e1000, af_packet, loop, squashfs, overlay]
+"""
+
+
+@pytest.mark.parametrize("recipe", ["the same recipe", "another recipe"])
+def test_an_image_deleted_and_built_again_during_the_session_gets_no_layer(tiny, recipe):
+    """`image delete` then `image build` of the name while a shell ran on it: the shell's
+    clean exit saw an image of that name and added its layer, made on the deleted image,
+    to the new one (on another base, of another recipe). It adds nothing now: the new
+    image stays as built, and the session's work is kept in a tarball the one line names."""
+    config, _ = tiny
+    site = config.state_dir / "recipes/tiny"  # shadows the shipped recipe
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            code, output = run_cli(config, "image", "delete", "tiny")
+            assert code == 0, output
+            if recipe == "another recipe":
+                site.mkdir(parents=True)
+                (site / "image.yaml").write_text(TINY_BASE)
+            rebuilt = build_image(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1, err
+    assert err.strip().splitlines()[-1] == (
+        "provisiond: error: image tiny was replaced during the session (deleted and built or "
+        f"imported again): its changes are not added to it; they are kept in {tars[0]}"), err
+    with tarfile.open(tars[0]) as layer:
+        assert layer.getnames() == ["etc", "etc/marker"]
+    assert load_manifest(config, "tiny") == rebuilt
+    assert not (config.images_dir / "tiny/shell.json").exists()
+    assert left_behind(config) == []
+
+
+def test_an_import_with_force_during_the_session_replaces_the_image_it_opened(
+        tiny, tmp_path):
+    """`image import --force` over the image is a delete and an import: the session's
+    exit adds nothing to the imported image and keeps its tarball, as after a delete and
+    a build."""
+    config, _ = tiny
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            code, output = run_cli(config, "image", "import", str(archive), "tiny", "--force")
+            assert code == 0, output
+            imported = load_manifest(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+    finally:
+        shutil.rmtree(config.state_dir / "recipes/tiny", ignore_errors=True)
+    assert first.returncode == BuildFailed.exit_code, out + err
+    tars = list((config.images_dir / "tiny/shell").glob("*.tar"))
+    assert len(tars) == 1 and f"they are kept in {tars[0]}" in err, err
+    assert load_manifest(config, "tiny") == imported
+    assert [layer["kind"] for layer in imported["layers"]] == ["oci-archive"]
+    assert left_behind(config) == []
+
+
+@pytest.mark.parametrize("meanwhile", ["rebuilt", "deleted and built again"])
+def test_a_session_on_an_image_built_before_generations(tiny, meanwhile):
+    """A manifest written before generations (a site upgraded) has none. The first build
+    after the upgrade gave it one, so a shell open on it across that plain rebuild was
+    refused, its line saying the image had been deleted and built again, which nobody
+    had done. A rebuild keeps the generation it finds, none too: the layer goes on top;
+    a delete and a build still make another image, which gets no layer."""
+    config, before = tiny
+    save_manifest(config, {k: v for k, v in before.items() if k != "generation"})
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            if meanwhile != "rebuilt":
+                code, output = run_cli(config, "image", "delete", "tiny")
+                assert code == 0, output
+            rebuilt = build_image(config, "tiny")
+            out, err = first.communicate("go\n", timeout=300)
+        after = load_manifest(config, "tiny")
+        if meanwhile == "rebuilt":
+            assert first.returncode == 0, out + err
+            assert digests(after)[:-1] == digests(before)
+            assert after["layers"][-1]["kind"] == "tar"
+        else:
+            assert first.returncode == BuildFailed.exit_code, out + err
+            assert "image tiny was replaced during the session" in err, err
+            assert after == rebuilt and rebuilt["generation"] != ""
+        assert left_behind(config) == []
+    finally:  # the next tests' tiny has a generation again
+        run_cli(config, "image", "delete", "tiny")
+        build_image(config, "tiny")
+
+
+def test_an_import_killed_during_the_session_is_undone_before_its_layer_goes_on(
+        tiny, tmp_path):
+    """`image import --force` over the image killed outright (SIGKILL) while a shell ran
+    on it: the session's rebuild made the killed import's unbuilt recipe, under the shell
+    layers of the image it was to replace, and with that image's generation. The shell's
+    exit ends the swap first now: the image it opened, with the session's layer on top."""
+    config, before = tiny
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    folders = [config.state_dir / "recipes" / name for name in (
+        "tiny", ".tiny.import", ".tiny.previous", ".tiny.failed")]
+    try:
+        with held_shell(config, "tiny", "marker") as first:
+            run = subprocess.run([sys.executable, "-c", KILLED_AT, "before the save",
+                                  "--state-dir", str(config.state_dir), "image", "import",
+                                  str(archive), "tiny", "--force"],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == -signal.SIGKILL, run.stderr
+            out, err = first.communicate("go\n", timeout=300)
+        left = [p.name for p in folders if p.exists()]
+    finally:  # the shipped recipe of tiny for the next tests
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    assert first.returncode == 0, out + err
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert after["generation"] == before["generation"]
+    assert left == []  # the killed import's recipe folder gone: tiny's shipped one again
+    assert left_behind(config) == []
+
+
+def test_a_rebuild_during_the_session_keeps_the_image_and_takes_the_layer(tiny):
+    """`image build` of the image while a shell is open on it is a rebuild of the same
+    image (its generation kept): the session's layer goes on top, as before."""
+    config, before = tiny
+    with held_shell(config, "tiny", "marker") as first:
+        rebuilt = build_image(config, "tiny")
+        assert rebuilt["generation"] == before["generation"] != ""
+        out, err = first.communicate("go\n", timeout=300)
+    assert first.returncode == 0, out + err
+    after = load_manifest(config, "tiny")
+    assert digests(after)[:-1] == digests(before) and after["layers"][-1]["kind"] == "tar"
+    assert after["generation"] == before["generation"]
+    assert left_behind(config) == []
+
+
 def read_until(fd: int, text: str, seen: bytearray, seconds: float = 120) -> None:
     """Read the terminal's output into `seen` until it holds `text`, bounded."""
     deadline = time.monotonic() + seconds
@@ -569,13 +713,6 @@ def test_gc_does_not_wait_for_an_open_shell_and_keeps_its_layer_trees(tiny):
     assert left_behind(config) == []
     code, output = run_cli(config, "image", "gc")
     assert code == 0 and not tree.exists(), output
-
-
-def blocked_on_a_lock(pid: int) -> bool:
-    """The process waits for an flock (a `->` line of /proc/locks names it)."""
-    with open("/proc/locks") as handle:
-        return any(len(words) > 5 and words[1] == "->" and words[5] == str(pid)
-                   for words in (line.split() for line in handle))
 
 
 def test_a_delete_as_the_session_saves_its_layer_waits_and_the_image_stays_deleted(

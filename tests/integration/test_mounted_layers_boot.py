@@ -3,9 +3,13 @@ file (a whiteout), replaces a directory (an opaque dir), has a symlink an overla
 replaces and a directory symlink (/var/run -> /run) where a site overlay has a directory,
 a file deleted by one layer and made again by the next, non-empty directories a later layer
 replaces by a symlink or a file (one made a directory again, one inside a directory deleted
-in between), its kernel blob and initrds as the iPXE script orders them, handed to QEMU
-(TCG). The mounted boot must show the same root as the unpacked one, on an overlayfs root
-stacked from read-only squashfs layers."""
+in between), and a site overlay whose files the image deletes or hides (a deleted file, a
+file in a deleted directory, files under directories replaced by a link or a file, a link
+over a directory with files, a file over a symlink, a file under a merged-/usr link), its
+kernel blob and initrds as the iPXE script orders them, handed to QEMU (TCG). The mounted
+boot must show the same root as the unpacked one, on an overlayfs root stacked from
+read-only squashfs layers; both with overlayfs's rule for the overlays: an overlay's entry
+hides the image's, unless both are directories."""
 
 from __future__ import annotations
 
@@ -42,6 +46,17 @@ echo "CHECK: opt/link -> $(readlink /opt/link)"
 [ -d /opt/back ] && [ ! -L /opt/back ] && echo "CHECK: opt/back is a dir:" $(ls /opt/back)
 echo "CHECK: opt/gone holds" $(ls /opt/gone) "-> $(readlink /opt/gone/inner)"
 [ -e /.provisiond/replacements.d ] && echo "CHECK: side copies stay:" $(find /.provisiond/replacements.d)
+echo "CHECK: ovl-deleted: $(cat /etc/ovl-deleted)"
+echo "CHECK: ovl-dir holds" $(ls -A /opt/ovl-dir)
+[ -d /opt/ovl-link ] && [ ! -L /opt/ovl-link ] && echo "CHECK: ovl-link is a dir:" \
+    $(ls -A /opt/ovl-link) "$(cat /opt/ovl-link/old)"
+[ -d /opt/ovl-file ] && echo "CHECK: ovl-file is a dir:" $(find /opt/ovl-file)
+echo "CHECK: ovl-over-dir -> $(readlink /opt/ovl-over-dir)"
+[ -f /etc/ovl-over-link ] && [ ! -L /etc/ovl-over-link ] && echo "CHECK: ovl-over-link is" \
+    "a file: $(cat /etc/ovl-over-link), its old target: $(cat /opt/ovl-target)"
+[ -L /lib64 ] && echo "CHECK: lib64 -> $(readlink /lib64):" $(ls /usr/lib64)
+[ -L /libx32 ] && echo "CHECK: libx32 -> $(readlink /libx32):" $(ls /usr/libx32)
+[ -e /.provisiond/overlays ] && echo "CHECK: overlay copies stay"
 echo "CHECK: root is $(grep ' / ' /proc/mounts | tail -n 1 | cut -d' ' -f3)"
 grep -q provisiond.boot /proc/cmdline || echo "CHECK: no boot arg"
 echo "CHECK: done"
@@ -55,12 +70,23 @@ RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args"
               {"kind": "run", "commands": [  # non-empty directories the next layers replace
                   "mkdir -p /opt/link /opt/file /opt/back/sub /opt/gone/inner",
                   "for d in var/run opt/link opt/file opt/back/sub opt/gone/inner; do "
-                  "echo old > /$d/old; done"]},
+                  "echo old > /$d/old; done",
+                  # where the site overlay "upper" has files
+                  "echo image > /etc/ovl-deleted",
+                  "mkdir -p /opt/ovl-dir /opt/ovl-link /opt/ovl-file/sub /opt/ovl-over-dir",
+                  "for d in opt/ovl-dir opt/ovl-link opt/ovl-file/sub opt/ovl-over-dir; do "
+                  "echo old > /$d/old; done",
+                  "echo target > /opt/ovl-target && ln -s /opt/ovl-target /etc/ovl-over-link",
+                  "mkdir -p /usr/lib64 && : > /usr/lib64/image-file && ln -s usr/lib64 /lib64",
+                  "mkdir -p /usr/libx32 && ln -s /usr/libx32 /libx32"]},
               {"kind": "run", "commands": [
                   "rm -rf /opt/link && ln -s /srv/x /opt/link",
                   "rm -rf /opt/file && echo file > /opt/file && chmod 640 /opt/file",
                   "rm -rf /opt/back && ln -s /srv/back /opt/back",
-                  "rm -rf /opt/gone"]},
+                  "rm -rf /opt/gone",
+                  "rm /etc/ovl-deleted", "rm -rf /opt/ovl-dir",
+                  "rm -rf /opt/ovl-link && ln -s /srv/x /opt/ovl-link",
+                  "rm -rf /opt/ovl-file && echo file > /opt/ovl-file"]},
               {"kind": "run", "commands": [
                   "rm /opt/back && mkdir /opt/back && echo new > /opt/back/new",
                   "mkdir /opt/gone && ln -s /srv/inner /opt/gone/inner"]},
@@ -77,6 +103,12 @@ RECIPE = {"description": "tiny with a whiteout and an opaque dir", "kernel_args"
               {"kind": "copy", "files": [{"src": "check", "dest": "/etc/init.d/S10check",
                                           "mode": "0755"}]}]}
 
+# the site overlay "upper": files where the image deletes or replaces (and a link, made there)
+UPPER = {"etc/ovl-deleted": "from the overlay\n", "opt/ovl-dir/cfg": "",
+         "opt/ovl-link/old": "from the overlay\n", "opt/ovl-file/sub/cfg": "",
+         "etc/ovl-over-link": "from the overlay\n", "lib64/ovl-file": "",
+         "libx32/sub/ovl-file": ""}
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -90,7 +122,12 @@ def built(tmp_path_factory):
     site = state / "overlays" / "varrun" / "var" / "run"
     site.mkdir(parents=True)
     (site / "marker").write_text("from the overlay\n")
-    node = {"image": "tinywh", "system_overlays": ["init", "network", "varrun"],
+    upper = state / "overlays" / "upper"
+    for rel, text in UPPER.items():
+        (upper / rel).parent.mkdir(parents=True, exist_ok=True)
+        (upper / rel).write_text(text)
+    (upper / "opt/ovl-over-dir").symlink_to("/srv/y")
+    node = {"image": "tinywh", "system_overlays": ["init", "network", "varrun", "upper"],
             "netdevs": {"eth0": {"mac": "52:54:00:00:00:01"}}}
     (state / "inventory.yaml").write_text(yaml.safe_dump({"nodes": {"n001": node}}))
     config = load_config(state)
@@ -166,6 +203,23 @@ def test_both_boots_show_the_same_root(built, tmp_path, mode):
     # stayed), are no part of the image: they held RAM (a file the kernel did put in place
     # over an empty directory twice)
     assert "CHECK: side copies stay" not in log, log[-3000:]
+    # the overlays' entries win as in overlayfs: the unpacked boot's whiteouts deleted the
+    # overlay's files with the image's (the kernel had unpacked them into one tree)
+    assert "CHECK: ovl-deleted: from the overlay" in log, log[-3000:]
+    assert "CHECK: ovl-dir holds cfg\n" in log.replace("\r", "")
+    assert "CHECK: ovl-link is a dir: old from the overlay" in log
+    assert "CHECK: ovl-file is a dir: /opt/ovl-file /opt/ovl-file/sub " \
+        "/opt/ovl-file/sub/cfg\n" in log.replace("\r", "")
+    # an overlay's link over a directory with files: the mounted boot's cp stopped there
+    # ("cannot overwrite directory"), the unpacked boot's kernel could not replace it
+    assert "CHECK: ovl-over-dir -> /srv/y" in log
+    # a file over the image's symlink: the mounted boot's cp wrote it through the link
+    assert "CHECK: ovl-over-link is a file: from the overlay, its old target: target" in log
+    # a merged-/usr link stays: the overlay's lib64 files go where it leads (in the root
+    # being made, an absolute link too)
+    assert "CHECK: lib64 -> usr/lib64: image-file ovl-file" in log
+    assert "CHECK: libx32 -> /usr/libx32: sub" in log
+    assert "CHECK: overlay copies stay" not in log
     count = len(manifest["layers"])
     if mode == "mounted":
         assert f"provisiond-init: mounted {count} layers read-only" in log, log[-3000:]

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -129,6 +130,38 @@ def silent_bmc_port():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]
+
+
+# Answers a garbling device gives to a login: RMCP headers of IPMI messages cut short, an
+# IPMI 2.0 one (payload type byte only) and an IPMI 1.5 one (no sequence number).
+GARBLED_ANSWERS = [bytes([6, 0, 0xFF, 7, 6, 0x11]), bytes([6, 0, 0xFF, 7, 0, 1, 2])]
+
+
+@pytest.fixture
+def garbling_bmc_port():
+    """UDP port of a device that answers every IPMI datagram with garbled packets, three
+    times each (as a misaddressed or broken BMC might)."""
+    stop = threading.Event()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(0.2)
+
+        def answer() -> None:
+            while not stop.is_set():
+                try:
+                    _, peer = sock.recvfrom(4096)
+                except OSError:
+                    continue
+                for garbage in GARBLED_ANSWERS * 3:
+                    sock.sendto(garbage, peer)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            yield sock.getsockname()[1]
+        finally:
+            stop.set()
+            thread.join(5)
 
 
 @pytest.fixture
@@ -264,6 +297,29 @@ def test_a_silent_bmc_holds_up_no_other_login(ipmi_nodes, silent_bmc_port, tmp_p
     status = rows(ipmi_nodes("power", "status", "dead1,i[1-4]", "--json", "--timeout", "3"))
     assert list(status)[0] == "dead1" and status["dead1"]["result"] == "error"
     assert {status[f"i{n}"]["detail"] for n in range(1, 5)} == {"off"}, status
+
+
+@pytest.mark.parametrize("ipmi_bmcs", [4], indirect=True)
+def test_a_bmc_answering_garbage_fails_alone(ipmi_nodes, garbling_bmc_port, tmp_path):
+    """pyghmi handles every session's packets in whichever thread waits for one: a garbled
+    answer from one BMC raised (IndexError, struct.error) in the thread of another node,
+    whose call then failed with an internal error or a cipher-suite hint not its own."""
+    added = ipmi_nodes("node", "add", "bad1", "--bmc-driver", "ipmi", "--bmc-address",
+                       "127.0.0.1", "--bmc-port", str(garbling_bmc_port), "--bmc-username",
+                       USER, "--bmc-password-file", str(tmp_path / "bmc-password"),
+                       "--bmc-cipher-suite", "3")
+    assert added.code == 0, added.err
+    details = []
+    for _ in range(3):
+        result = ipmi_nodes("power", "status", "bad1,i[1-4]", "--json", "--timeout", "10")
+        status = rows(result)
+        assert {status[f"i{n}"]["detail"] for n in range(1, 5)} == {"off"}, status
+        assert result.code == 7 and status["bad1"]["result"] == "error"
+        details.append(status["bad1"]["detail"])
+    # a login pyghmi dropped every garbled answer of says so (or, if pyghmi ignored them
+    # all, that nothing answered), in one line
+    assert all("not IPMI" in d or "no answer" in d for d in details), details
+    assert any("not IPMI" in d for d in details) and "\n" not in "".join(details), details
 
 
 def test_a_login_nobody_answered_is_tried_again_before_the_deadline(cli, state_dir, tmp_path):

@@ -27,6 +27,7 @@ from tests.integration.test_images_oci import unpack_image
 from tests.integration.test_images_registry import (Layout, nothing_stored, push,
                                                     running_registry, three_layers,
                                                     token_registry_running)
+from tests.conftest import CliResult
 from tests.tools import tool
 
 pytestmark = pytest.mark.skipif(not (tool("docker-registry") and tool("skopeo")),
@@ -265,9 +266,10 @@ def test_an_untrusted_ca_is_one_line_and_tls_verify_false_accepts_it(cli, config
 
 
 def test_tls_verify_takes_its_value_only_after_an_equals_sign(cli, config, private,
-                                                              tmp_path):
+                                                              tmp_path, capsys):
     """As skopeo and podman read it: a bare --tls-verify is true and the next word is the
-    SOURCE; `--tls-verify false SOURCE NAME` is one line, not a silent false."""
+    SOURCE; `--tls-verify false SOURCE NAME` is one line (a usage error), not a silent
+    false."""
     host, ca = private
     source = f"docker://{host}/site/private:v1"
     creds = ("--creds", f"{USER}:{PASSWORD}")
@@ -277,13 +279,16 @@ def test_tls_verify_takes_its_value_only_after_an_equals_sign(cli, config, priva
     result = cli("image", "import", *creds, "--ca-file", str(ca), "--tls-verify", source,
                  "verified")
     assert result.code == 0, result.err
-    for words in ((source, "spaced"), (source,)):  # NAME forgotten too
-        result = cli("image", "import", *creds, "--tls-verify", "false", *words)
+    for words in ((source, "spaced"), (source,), (source, "--tls-verify", "false")):
+        with pytest.raises(SystemExit) as usage:  # NAME forgotten, or false as NAME
+            cli("image", "import", *creds, "--tls-verify", "false", *words)
+        result = CliResult(usage.value.code, "", capsys.readouterr().err)
         assert one_line(result, InvalidInput.exit_code, "--tls-verify takes its value after "
                         "'=': --tls-verify=false"), result.err
-    with pytest.raises(SystemExit) as usage:  # argparse's usage error
+    with pytest.raises(SystemExit) as usage:
         cli("image", "import", "--tls-verify=maybe", source, "maybe")
-    assert usage.value.code == 2
+    result = CliResult(usage.value.code, "", capsys.readouterr().err)
+    assert one_line(result, InvalidInput.exit_code, "expected true or false"), result.err
     result = cli("image", "import", source, "x", "y")
     assert one_line(result, InvalidInput.exit_code, "takes SOURCE NAME; unexpected: y"), \
         result.err

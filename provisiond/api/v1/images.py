@@ -38,6 +38,9 @@ class Image(BaseModel):
     built_at: str
     build_seconds: float
     total_size: int
+    generation: str = Field("", description="made at the image's first build (and by "
+                            "`image import --force`), kept by every rebuild; empty for "
+                            "an image built before generations")
 
 
 class ImageName(BaseModel):

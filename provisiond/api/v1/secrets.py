@@ -50,6 +50,8 @@ def set_secret(principal, body: SecretValue, query, kind: str, names: str, key: 
 @route(RULE, "DELETE", role=Role.ADMIN, summary="Remove a secret", status=204,
        path=SecretPath)
 def unset_secret(principal, body, query, kind: str, names: str, key: str):
+    """Remove the key from those of the records that have it; none has it: 404, nothing
+    written."""
     record_kind, found = _records(kind, names)
     secrets.set_secret(config(), principal.actor, record_kind, found, key, None)
 

@@ -106,6 +106,10 @@ def test_a_report_enlists_the_machine_which_waits_and_is_listed(api, config):
                 ).encode(), 400, "invalid_input"),
     (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(dmi__product="x" * 129)}
                 ).encode(), 400, "invalid_input"),
+    (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(
+        nics=[{**FACTS["nics"][0], "name": "e\x1b[2J"}])}).encode(), 400, "invalid_input"),
+    (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(
+        nics=[{**FACTS["nics"][0], "name": "e\u202e0"}])}).encode(), 400, "invalid_input"),
     (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(disks=[FACTS["disks"][0]] * 65)}
                 ).encode(), 400, "invalid_input"),
     (json.dumps({"mac": "52:54:00:aa:00:01", "facts": facts(extra=1)}).encode(), 400,
@@ -337,6 +341,23 @@ def test_a_waiting_machine_whose_mac_became_a_node_is_not_approved_again(api, co
     answer = api.call(Role.ADMIN, "POST", "/api/v1/discovery/approve", json={"names": "x[1-9]"})
     assert answer.status_code == 200, answer.json
     assert [(m["mac"], m["node"]) for m in answer.json["items"]] == [(mac(2), "x1")]
+
+
+def test_waiting_machines_made_nodes_by_hand_hold_no_room_of_their_address(api, config):
+    """Machines leased the pool's first address one after another, each made a node by
+    `node add --mac` instead of `discover approve`, stayed `pending` for good (they cannot
+    be rejected: a node has the MAC), and at discovery.pending_per_address (4) of them no
+    new machine leased that address could ever enlist (429)."""
+    for i in range(1, 5):
+        assert report(api, i, address="10.99.200.1").status_code == 200
+    with InventoryStore(config).edit() as inv:
+        for i in range(1, 5):
+            inv.nodes[f"hand{i}"] = Record.model_validate({"netdevs": {"eth0": {"mac": mac(i)}}})
+    answer = report(api, 5, address="10.99.200.1")
+    assert answer.status_code == 200 and answer.json["action"] == "wait", answer.json
+    states = {m["mac"]: (m["state"], m["node"]) for m in machines(api)}
+    assert states == {**{mac(i): ("approved", f"hand{i}") for i in range(1, 5)},
+                      mac(5): ("pending", None)}
 
 
 def test_a_machine_approved_as_an_existing_node_cannot_be_rejected(api, config):

@@ -83,6 +83,9 @@ def test_secrets_are_write_only(api, config):
     assert b"s3cret" not in events and b"secret.changed" in events
     assert api.call(Role.ADMIN, "DELETE", path).status_code == 204
     assert SecretStore(config).get("nodes", "n2", "bmc_password") is None
+    gone = api.call(Role.ADMIN, "DELETE", path)  # nothing left to remove
+    assert_error(gone, 404, "not_found", "key")
+    assert "no secret bmc_password is set for node n[1-2]" in gone.json["error"]["message"]
 
 
 @pytest.mark.parametrize("path,body,status,code,field", [

@@ -11,9 +11,10 @@ from bootdata import add_image, add_nodes, ip_of, mac_of, relayed
 from provisiond.api import create_app
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp import DhcpServer
-from provisiond.boot.discovery import DiscoveryPool
+from provisiond.boot.discovery import DiscoveryLog, DiscoveryPool, read_discovery
 from provisiond.boot.table import build_table
 from provisiond.boot.udp import open_udp
+from provisiond.state.layout import Layout
 
 STRANGER = "52:54:00:ee:00:01"
 
@@ -128,3 +129,19 @@ def test_a_full_pool_answers_new_macs_without_scanning_it_again(pool_config):
     later = pool_config.discovery.lease_seconds + 0.001  # m0's lease ran out
     assert pool.offer("next", reserved, now=later) is not None
     assert pool.offer("next", {**reserved, "10.99.9.1": object()}, now=later) is not None
+
+
+def test_the_sightings_log_of_a_flood_of_new_macs_stays_bounded(config):
+    """One host sending DHCP requests from new MACs (20 lines a second pass the rate
+    limit) grew discovery.jsonl without end, about 170 MB a day, and every
+    GET /api/v1/discovery/sightings read and checked the whole of it."""
+    log = DiscoveryLog(config, per_mac=0, per_second=100_000, max_bytes=4096)
+    macs = [f"02:00:00:00:{i >> 8:02x}:{i & 255:02x}" for i in range(1000)]
+    for mac in macs:
+        assert log.note(mac, arch=0, vendor_class="PXEClient", relay="0.0.0.0")
+    sightings = Layout.of(config).sightings
+    older = sightings.with_name(sightings.name + ".1")
+    assert sightings.stat().st_size <= 4096 and older.stat().st_size <= 4096 + 200
+    kept = [s["mac"] for s in read_discovery(config)]
+    assert 30 < len(kept) < 100 and kept == macs[-len(kept):]  # the newest, in order
+    assert DiscoveryLog(config).max_bytes == 8 << 20  # the server's: about 80,000 lines

@@ -50,6 +50,21 @@ def test_each_bmc_command_is_audited_as_the_local_user(nodes, config, argv, acti
     assert job["actor"] == cli_actor() and job["state"] in ("finished", "failed")
 
 
+def test_a_firmware_urls_password_is_in_no_job_document_shown(nodes, config):
+    """The audit record left it out; the job record, which every reader may list (`job
+    show`, GET /api/v1/jobs), showed it. The BMC still gets the whole URL."""
+    url = "http://u:pw-s3cret@127.0.0.1/b.bin"
+    assert nodes("firmware", "update", "n3", "--image", url).code == 0
+    assert read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")["n3"][
+        "last_image"] == url
+    started = jobs.start(config, JobKind.FIRMWARE_UPDATE, ["n2"], {"image": url}, "token:op")
+    wait_until(lambda: not store.get(config, started["id"]).active, 60, "the API's job ends")
+    shown = [started, jobs.get(config, 1), jobs.wait(config, 1, 5), jobs.list_jobs(config)[0],
+             nodes("job", "show", "1", "--json").out, nodes("job", "list", "--json").out]
+    assert "s3cret" not in repr(shown)
+    assert jobs.get(config, 1)["params"]["image"] == "http://127.0.0.1/b.bin"
+
+
 def test_a_cli_power_tells_the_journal_what_an_api_power_job_does(nodes, config):
     result = nodes("power", "on", "n[1-2]")
     assert result.code == 0, result.err

@@ -193,6 +193,70 @@ def test_usage_errors_exit_with_the_invalid_input_code(capsys):
     assert main([]) == ExitCode.INVALID_INPUT
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["image", "import", "--tls-verify=no", "oci:x", "y"],
+     "image import: argument --tls-verify: expected true or false (or 1, 0, t, f, as skopeo "
+     "takes them), not 'no'"),
+    (["image", "import", "--tls-verify", "false", "oci:x", "y"],
+     "image import: --tls-verify takes its value after '=': --tls-verify=false"),
+    (["image", "import", "oci:x", "--tls-verify", "false"],  # NAME false, verifying
+     "image import: --tls-verify takes its value after '=': --tls-verify=false"),
+    (["image", "import", "oci:x", "y", "--tls-verify", "0"],
+     "image import: --tls-verify takes its value after '=': --tls-verify=0"),
+    (["image", "import", "--tls-verify=false"],
+     "image import: the following arguments are required: SOURCE, name "),
+    (["image", "import", "--insecure=false", "oci:x", "y"],
+     "image import: --insecure takes no value, not 'false': give --insecure alone, or "
+     "leave it out"),
+    (["bootdev", "pxe", "n1", "--uefi=false"], "bootdev pxe: --uefi takes no value"),
+    (["power", "on", "n1", "--timeout", "soon"],
+     "power on: argument --timeout: invalid float value: 'soon'"),
+    (["secret", "rotate", "n1", "munge.key"], "secret rotate: argument what: invalid choice"),
+    (["node"], "node: the following arguments are required: VERB"),
+    (["node", "list", "n1", "\x1b[2J"], "node list: unrecognized arguments: \\x1b[2J"),
+])
+def test_a_usage_error_is_one_line_without_the_usage(capsys, argv, says):
+    """As every other error (README, Exit codes): argparse's usage synopsis, eight lines for
+    `image import`, hid the one line that said what was wrong."""
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    err = capsys.readouterr().err
+    assert caught.value.code == ExitCode.INVALID_INPUT
+    assert err.startswith(f"provisiond: error: {says}") and err.count("\n") == 1, err
+    assert err.endswith(" --help`)\n") and "usage:" not in err
+
+
+@pytest.mark.parametrize("argv,command,stray", [
+    (["node", "set", "n1", "--imgae", "x"], "node set", "--imgae x"),  # a mistyped option
+    (["node", "list", "n1", "n2"], "node list", "n2"),  # a second word
+    (["secret", "unset", "node", "n1", "key", "--json"], "secret unset", "--json"),
+    (["--bogus"], "", "--bogus"),
+])
+def test_unrecognized_arguments_name_the_command_that_did_not_take_them(capsys, argv,
+                                                                         command, stray):
+    """The commonest usage error: argparse finds the stray words only once the command's
+    parser has returned, and said `see provisiond --help`, which lists no option of it."""
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    err = capsys.readouterr().err
+    assert caught.value.code == ExitCode.INVALID_INPUT
+    where = f"{command}: " if command else ""
+    prog = f"provisiond {command}".strip()
+    assert err == (f"provisiond: error: {where}unrecognized arguments: {stray} "
+                   f"(see `{prog} --help`)\n")
+
+
+def test_tls_verify_takes_skopeos_true_and_false_after_an_equals_sign(cli):
+    """Each value parsed: false is refused only as a registry option with a local source."""
+    assert cli("init").code == 0
+    for value, verify in (("false", False), ("False", False), ("0", False), ("f", False),
+                          ("TRUE", True), ("1", True), ("t", True)):
+        result = cli("image", "import", f"--tls-verify={value}", "oci:nothing-here", "y")
+        assert result.code == ExitCode.INVALID_INPUT and result.err.count("\n") == 1, result
+        assert ("--tls-verify" in result.err) is not verify, result.err
+        assert "nothing-here is not an OCI layout" in result.err or not verify, result.err
+
+
 # --- untrusted text is escaped ------------------------------------------------------------
 
 def test_status_detail_with_escape_codes_cannot_repaint_the_table(cli, config):

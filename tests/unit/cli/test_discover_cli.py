@@ -97,3 +97,33 @@ def test_rules_check_finds_what_would_make_every_approval_by_the_rule_fail(
     result = waiting("discover", "rules", "--file", str(bad))
     assert result.code == 2, result.out
     assert words in result.err and result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+def test_checking_a_rules_file_that_is_not_there_is_an_error(waiting, tmp_path):
+    """`discover rules --file F` checks F before it is put in place: a mistyped F printed
+    an empty table and exit 0, as if the file held no rule to fault."""
+    missing = tmp_path / "rules.yml"
+    result = waiting("discover", "rules", "--file", str(missing))
+    assert result.code == 2 and result.out == ""
+    assert result.err == f"provisiond: error: {missing}: cannot read: No such file or directory\n"
+    assert waiting("discover", "rules").code == 0  # the state dir's: none is no rules
+
+
+@pytest.mark.parametrize("rule,words", [
+    ("names: 'n[1-9]'\n  profile: nosuch", "rule 1 (x): profile nosuch does not exist"),
+    ("names: 'n[1-9]'\n  ipaddr: 10.10.0.195", "rule 1 (x): ipaddr: 10.10.0.200 is in "
+     "discovery.pool (10.10.0.200-10.10.0.250)"),
+])
+def test_rules_check_finds_what_this_inventory_and_pool_refuse_every_approval(
+        waiting, config, tmp_path, rule, words):
+    """A rule naming a profile the inventory lacks, or giving addresses the discovery pool
+    leases, approves no machine (each waits with the reason): `discover rules` said
+    nothing of it."""
+    (config.state_dir / "provisiond.yaml").write_text(
+        (config.state_dir / "provisiond.yaml").read_text().replace(
+            "pool: null", "pool: 10.10.0.200-10.10.0.250"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"- name: x\n  match: {{dmi.vendor: Dell*}}\n  {rule}\n")
+    result = waiting("discover", "rules", "--file", str(bad))
+    assert result.code == 2 and result.out == "" and result.err.count("\n") == 1
+    assert result.err.startswith(f"provisiond: error: {bad}: {words}")

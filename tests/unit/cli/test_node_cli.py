@@ -43,6 +43,31 @@ def test_list_table_and_range_filter(cluster):
     assert [line.split()[0] for line in out[1:]] == ["n002", "n003"]
 
 
+def test_a_listing_shows_the_nodes_of_a_range_that_exist_as_the_api_does(cluster):
+    table = cluster("node", "list", "n[003-128]")
+    assert table.code == 0, table.err
+    assert [line.split()[0] for line in table.out.splitlines()[1:]] == ["n003", "n004"]
+    listed = json.loads(cluster("node", "list", "n[003-128]", "--json").out)
+    assert [n["name"] for n in listed] == ["n003", "n004"]
+    status = cluster("node", "status", "n[003-128]", "--json")
+    assert status.code == 0 and list(json.loads(status.out)) == ["n003", "n004"], status.err
+    for verb, header, empty in (("list", "NAME", []), ("status", "NODE", {})):
+        none = cluster("node", verb, "n[065-128]", "--json")  # none of them: not an error
+        assert none.code == 0 and json.loads(none.out) == empty, none.err
+        table = cluster("node", verb, "n[065-128]")
+        assert table.code == 0 and table.out.split("\n")[1:] == [""], table
+        assert table.out.split()[0] == header
+
+
+@pytest.mark.parametrize("command", [("node", "list"), ("node", "status"),
+                                     ("node", "show"), ("profile", "list")])
+def test_one_plain_name_that_does_not_exist_is_not_found(cluster, command):
+    name = "nosuch" if command[0] == "profile" else "n999"
+    result = cluster(*command, name)
+    assert result.code == 3 and result.out == "", result
+    assert result.err == f"provisiond: error: no such {command[0]}: {name}\n"
+
+
 @pytest.mark.parametrize("names", ["\u00b2", "n[1-2],\u00b2"])
 def test_a_range_of_unicode_digits_is_one_line_not_a_traceback(cli, names):
     """'²' is str.isdigit() but no int(): the natural sort key raised ValueError."""

@@ -157,3 +157,25 @@ def test_a_munge_key_shorter_than_munged_takes_is_refused_and_nothing_stored(clu
     source.write_text("x" * 32)
     assert cluster("secret", "set", "profile", "default", "munge.key", "--file",
                    str(source)).code == 0
+
+
+def test_unset_says_which_nodes_had_none_and_refuses_when_none_has_it(cluster, config):
+    """A mistyped key, or one a profile holds, removed nothing: that is not `removed`."""
+    from provisiond import audit
+
+    cluster("node", "add", "n4")
+    SecretStore(config).set("nodes", ["n2", "n4"], "munge.key", "k" * 32)
+    result = cluster("secret", "unset", "node", "n[1-4]", "munge.key")
+    assert result.code == 0, result.err
+    assert result.out == "removed munge.key from 2 of 4 node(s); n[1,3] had none\n"
+    assert "munge.key" not in json.dumps(SecretStore(config).read())
+    assert [e["target"] for e in audit.read(config, action="secret.unset")] == ["node:n[2,4]"]
+    before = config.secrets_path.read_bytes()
+    for kind, names in (("node", "n[1-4]"), ("profile", "default")):
+        result = cluster("secret", "unset", kind, names, "munge.key")
+        assert result.code == 3 and result.out == "", result
+        assert result.err.startswith(f"provisiond: error: no secret munge.key is set for "
+                                     f"{kind} {names}: nothing to remove")
+        assert result.err.count("\n") == 1
+    assert config.secrets_path.read_bytes() == before
+    assert len(audit.read(config, action="secret.unset")) == 1

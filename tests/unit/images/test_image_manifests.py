@@ -8,8 +8,9 @@ import pytest
 
 from provisiond.errors import BuildFailed, ImageNotFound, InvalidInput
 from provisiond.images.layers import cached_layer, claim_session, shell_mounting
-from provisiond.images.manifests import (collect_garbage, delete_image, list_images,
-                                         load_manifest, manifest_key, save_manifest)
+from provisiond.images.manifests import (collect_garbage, delete_image, image_generation,
+                                         list_images, load_manifest, manifest_key,
+                                         save_manifest)
 from provisiond.state.layout import Layout
 from provisiond.state.models import DamagedDocument
 
@@ -75,6 +76,19 @@ def test_a_damaged_manifest_is_one_clear_error_naming_its_file(config):
     with pytest.raises(DamagedDocument, match="not a JSON object"):
         load_manifest(config, "tiny")
     assert list_images(config) == []
+
+
+def test_the_generation_of_an_image_none_when_it_is_not_built(config):
+    """What `image shell` compares at its exit: None (deleted), "" (a manifest built before
+    generations, or damaged: not the one a session opened on a whole one), or the value."""
+    assert image_generation(config, "tiny") is None
+    manifest = json.loads((FIXTURES / "manifest-mounted.json").read_text())
+    save_manifest(config, manifest)
+    assert image_generation(config, "tiny") == ""
+    save_manifest(config, {**manifest, "generation": "0123456789abcdef"})
+    assert image_generation(config, "tiny") == "0123456789abcdef"
+    Layout.of(config).image_manifest("tiny").write_text('{"name": "tiny", "gen')
+    assert image_generation(config, "tiny") == ""
 
 
 def test_a_saved_manifest_is_checked_and_written_as_the_builder_wrote_it(config):

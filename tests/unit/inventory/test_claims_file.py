@@ -6,6 +6,10 @@ found for."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -14,6 +18,7 @@ from provisiond.inventory import InventoryStore
 from provisiond.inventory import store as store_module
 from provisiond.inventory import validate
 from provisiond.inventory.model import Record
+from tests.conftest import REPO
 
 
 def _node(mac: str, ip: str, bmc: str | None = None) -> Record:
@@ -138,3 +143,55 @@ def test_serve_s_check_saves_the_claims_a_cli_run_then_uses(config, whole_checks
     with InventoryStore(config).edit_records() as inventory:
         inventory.nodes["n4"] = _node("52:54:00:00:00:04", "10.0.0.4")
     assert whole_checks == [1]
+
+
+STRICTER = """
+_older_check = check_inventory
+
+
+def check_inventory(inventory, config=None):
+    for name, record in inventory.nodes.items():
+        if record.comment == "legacy":
+            raise InvalidInventory(f"node {name}: comment: 'legacy' is refused now")
+    return _older_check(inventory, config)
+"""
+
+
+def test_claims_found_by_the_checks_a_process_runs_are_not_labelled_as_an_upgrade_s(
+        state_dir, tmp_path):
+    """A server started on an empty inventory reads no claims, so nothing had asked for
+    the checks' identity; its first write after the package was upgraded under it (same
+    release number: a git build) hashed the new sources and labelled what its old checks
+    found as theirs. The upgraded CLI then trusted them: a node its rules refuse stayed."""
+    source = tmp_path / "site-packages"
+    shutil.copytree(REPO / "provisiond", source / "provisiond",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    rules = source / "provisiond" / "inventory" / "validate.py"
+    setup = f"""
+from pathlib import Path
+from provisiond.config import load_config
+from provisiond.errors import InvalidInventory
+from provisiond.inventory import InventoryStore
+from provisiond.inventory.model import Record
+config = load_config(Path({str(state_dir)!r}))
+"""
+    old_server = setup + f"""
+rules = Path({str(rules)!r})
+rules.write_text(rules.read_text() + {STRICTER!r})  # the upgrade, under the running server
+with InventoryStore(config).edit_records() as inventory:
+    inventory.nodes["n1"] = Record(comment="legacy")
+"""
+    new_cli = setup + """
+try:
+    with InventoryStore(config).edit_records() as inventory:
+        inventory.nodes["n2"] = Record()
+except InvalidInventory as exc:
+    print(exc)
+"""
+    for script in (old_server, new_cli):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={"PYTHONPATH": str(source), "PYTHONDONTWRITEBYTECODE": "1"},
+                              cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert done.stdout == "node n1: comment: 'legacy' is refused now\n"
+    assert "n2" not in (state_dir / "inventory.yaml").read_text()

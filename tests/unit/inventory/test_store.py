@@ -6,7 +6,7 @@ import yaml
 from provisiond.errors import InvalidInventory, StaleRevision
 from provisiond.inventory import InventoryStore
 from provisiond.inventory import text as text_module
-from provisiond.inventory.store import dump_yaml
+from provisiond.inventory.store import HEADER, dump_yaml
 from provisiond.inventory.model import Record
 
 
@@ -29,6 +29,23 @@ def test_unchanged_edit_keeps_revision_and_file(config):
         inventory.nodes["n1"] = Record(image="tiny")
     assert config.inventory_path.read_bytes() == before
     assert store.read().revision == 1
+
+
+def test_a_write_drops_hand_written_comments_and_the_file_says_so(config):
+    """No comment-keeping YAML library is a dependency (PyYAML drops comments): the file's
+    own first lines tell whoever edits it by hand, and point at the comment field."""
+    store = InventoryStore(config)
+    with store.edit() as inventory:
+        inventory.nodes["n1"] = Record(image="tiny")
+    text = config.inventory_path.read_text()
+    config.inventory_path.write_text(text.replace("  n1:\n", "  # rack r1\n  n1:  # PSU\n")
+                                     .replace("image: tiny", "image: tiny2"))
+    with store.edit() as inventory:
+        inventory.nodes["n2"] = Record(comment="rack r1")
+    lines = config.inventory_path.read_text().splitlines()
+    assert lines[:2] == HEADER.splitlines() and "comments are not kept" in HEADER
+    assert not [line for line in lines[2:] if "#" in line]
+    assert store.read().nodes["n1"].image == "tiny2"  # the hand edit itself is kept
 
 
 def test_stale_revision_is_refused(config):
@@ -74,7 +91,7 @@ def test_json_cache_follows_the_yaml(config):
 def test_the_inventory_carries_its_schema_and_a_newer_one_is_refused(config):
     with InventoryStore(config).edit() as inventory:
         inventory.nodes["n1"] = Record()
-    assert config.inventory_path.read_text().splitlines()[1] == "schema: 1"
+    assert config.inventory_path.read_text().startswith(f"{HEADER}schema: 1\n")
     text = config.inventory_path.read_text().replace("schema: 1", "schema: 2")
     config.inventory_path.write_text(text)
     with pytest.raises(InvalidInventory, match="written by a newer provisiond \\(inventory "
@@ -101,7 +118,7 @@ def test_an_older_inventory_is_migrated_on_its_next_write_with_a_backup(config, 
     with InventoryStore(config).edit() as inventory:
         inventory.nodes["n2"] = Record()
     assert (config.state_dir / "inventory.yaml.schema-1.bak").read_text() == old
-    assert config.inventory_path.read_text().splitlines()[1] == "schema: 2"
+    assert config.inventory_path.read_text().startswith(f"{HEADER}schema: 2\n")
     assert InventoryStore(config).read().nodes["n1"].comment == "migrated"
 
 

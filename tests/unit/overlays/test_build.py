@@ -15,6 +15,7 @@ from provisiond.errors import BuildFailed, InvalidInput, NodeNotFound
 from provisiond import archive
 from provisiond.overlays import OverlayBuildFailed, build_overlays, ensure_overlay
 from provisiond.overlays.hostkeys import host_key_dir
+from provisiond.overlays.render import COPIES
 from provisiond.inventory.secrets import BMC_PASSWORD, SecretStore
 from provisiond.state.layout import Layout
 
@@ -92,6 +93,21 @@ def test_shared_part_is_stored_once_and_the_node_part_holds_the_rest(cfg):
     assert {"init", "etc/hosts", "usr/local/sbin/provisiond-agent"} <= common.keys()
     assert {"etc/hostname", "usr/local/sbin/provisiond-network"} <= own.keys()
     assert not common.keys() & own.keys()
+
+
+def test_system_parts_hold_their_files_again_for_init_and_runtime_parts_do_not(cfg):
+    """/init copies the system overlays over the image from COPIES (after an unpacked
+    boot's whiteouts); a file's data is in the build once, its name in place a hard link."""
+    build_overlays(cfg)
+    for kind, name in (("shared", "init"), ("system", "usr/local/sbin/provisiond-network")):
+        path = ensure_overlay(cfg, "n1", kind)
+        files = files_of(path)
+        placed = {p: d for p, d in files.items() if not p.startswith(f"{COPIES}/")}
+        assert {f"{COPIES}/{p}": d for p, d in placed.items()} == \
+            {p: d for p, d in files.items() if p.startswith(f"{COPIES}/")}
+        assert archive.decompress(path.read_bytes()).count(files[name]) == 1, name
+    runtime = files_of(ensure_overlay(cfg, "n1", "runtime"))
+    assert runtime and not any(p.startswith(".provisiond/") for p in runtime)
 
 
 def test_node_part_without_node_specific_overlays_is_an_empty_archive(state_dir):

@@ -83,3 +83,48 @@ def test_writer_numbered_trailer_and_mtime_clamp():
     trailer = head.rindex(b"070701")
     assert head[trailer + 6:trailer + 14] == b"00000002"  # the layers' format
     assert archive.pack([])[6:14] == b"00000000"  # the overlays' format
+
+
+COPIES = ".provisiond/overlays"
+
+
+def test_pack_with_copies_holds_each_entry_twice_and_a_file_s_data_once():
+    data = archive.pack_with_copies(sample(), COPIES)
+    assert data.count(b"secret\n") == 1 and data.count(b"#!/bin/sh\necho hi\n") == 1
+    found = {e.path: (e.mode, e.data) for e in archive.unpack(data)}
+    for e in sample():
+        assert found[e.path] == found[f"{COPIES}/{e.path}"] == (e.mode, e.data)
+    # the copies get the merged-/usr parent with_parents leaves out (the kernel creates no
+    # missing parent); in place there is still none, to leave an image's /bin link alone
+    assert found[f"{COPIES}/bin"][0] == 0o40755 and "bin" not in found
+    paths = [e.path for e in archive.unpack(data)]
+    assert paths.index(f"{COPIES}/etc/ssh/key") < paths.index("etc/ssh/key")  # copy first
+    assert archive.pack_with_copies([], COPIES) == archive.pack([])
+
+
+def test_pack_with_copies_leaves_a_top_level_merged_usr_dir_out_of_place():
+    entries = [archive.dir_entry("lib", 0o700), archive.file_entry("lib/x", b"x")]
+    found = {e.path: e.mode for e in archive.unpack(archive.pack_with_copies(entries, COPIES))}
+    assert "lib" not in found and found[f"{COPIES}/lib"] == 0o40700 and "lib/x" in found
+
+
+def test_real_cpio_tool_extracts_the_copies_as_hard_links(tmp_path):
+    packed = tmp_path / "a.cpio"
+    packed.write_bytes(archive.pack_with_copies(sample(), COPIES))
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["cpio", "-idm", "--quiet", "-F", str(packed)], cwd=out, check=True)
+    placed, copy = out / "etc/ssh/key", out / COPIES / "etc/ssh/key"
+    assert placed.read_bytes() == b"secret\n" and placed.stat().st_mode & 0o777 == 0o600
+    assert placed.stat().st_ino == copy.stat().st_ino and placed.stat().st_nlink == 2
+    assert str((out / COPIES / "etc/systemd/x.service").readlink()) == \
+        "/lib/systemd/system/x.service"
+
+
+def test_unpack_gives_every_name_of_a_hard_link_its_data_archive_by_archive():
+    """Inode numbers restart in each archive of a concatenation: a link of the second is
+    not the first's file of that number."""
+    one = archive.pack_with_copies([archive.file_entry("a", b"first")], COPIES)
+    two = archive.pack_with_copies([archive.file_entry("b", b"second")], COPIES)
+    found = {e.path: e.data for e in archive.unpack(one + two)}
+    assert (found["a"], found["b"], found[f"{COPIES}/b"]) == (b"first", b"second", b"second")

@@ -39,6 +39,7 @@ class FakeBmcState:
         self.extra_systems: list[str] = []
         self.without_firmware_inventory = False
         self.hanging = False
+        self.raw: dict[str, bytes] = {}  # path -> a body answered with 200 (not Redfish's)
         self.hung = threading.Event()  # set once a request hangs
         self.release = threading.Event()
 
@@ -86,6 +87,8 @@ class Handler(BaseHTTPRequestHandler):
             self.state.release.wait(30)
         if path != "/redfish/v1" and not self._authorized():
             return self._send(401, {"error": {"message": "Unauthorized"}})
+        if path in self.state.raw:  # a web server that is no Redfish service, or broken
+            return self._send_raw(self.state.raw[path])
         if self.state.busy_left > 0 and path != "/redfish/v1":
             self.state.busy_left -= 1  # sushy-tools's error document, with status 503
             return self._send(503, load("captured/error_bad_request.json"))
@@ -124,6 +127,14 @@ class Handler(BaseHTTPRequestHandler):
             self.state.task_polls_running -= 1
             return self._send(202, load("derived/task_running.json"))
         self._send(200, load(self.state.task_end))
+
+    def _send_raw(self, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if data.startswith(b"<") else
+                         "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _send(self, code: int, doc, headers: dict | None = None) -> None:
         data = json.dumps(doc).encode() if doc is not None else b""

@@ -72,6 +72,18 @@ def test_timeout_flag_bounds_a_hung_bmc(nodes):
         ("n8", "no answer within 0.3 s")]
 
 
+@pytest.mark.parametrize("verb", [("firmware", "list"), ("bootdev", "settle")])
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0", "inf"])
+def test_a_timeout_out_of_range_is_refused_by_the_commands_that_run_no_job(nodes, verb,
+                                                                           timeout):
+    """As power and bootdev refuse it (their jobs check it): inf was a traceback
+    (OverflowError), nan no deadline at all, -1 'no answer within -1 s' for every node,
+    and 0 the default."""
+    result = nodes(*verb, "n1", "--timeout", timeout)
+    assert result.code == 2 and result.out == ""
+    assert result.err == f"provisiond: error: timeout: {float(timeout)} is outside 0.1-86400\n"
+
+
 def test_firmware_list_and_update(nodes):
     table = nodes("firmware", "list", "n1")
     assert table.out.splitlines()[0].split() == ["NODE", "RESULT", "COMPONENT", "VERSION"]
@@ -125,6 +137,51 @@ def test_password_never_reaches_output(cli, tmp_path):
     result = cli("power", "status", "r1", "--timeout", "3", "--json")
     assert result.code == 7 and "cannot connect" in result.out
     assert "hunter2" not in result.out + result.err
+
+
+def test_a_nodes_own_password_file_wins_over_its_profiles_password(cli, tmp_path,
+                                                                    redfish_bmc):
+    """The node's own value wins, then its profiles' right to left (README); a profile's
+    bmc_password secret won over the node's own bmc.password_file, so the one node whose
+    BMC has a password of its own got 'access denied' with its file never read."""
+    from tests.unit.power.redfish_bmc import PASSWORD, USER, start_redfish_bmc
+
+    port, _ = redfish_bmc
+    other, other_state = start_redfish_bmc()
+    (tmp_path / "rack-pw").write_text("the-racks-password\n")
+    (tmp_path / "own-pw").write_text(PASSWORD + "\n")
+    assert cli("profile", "add", "rack", "--bmc-driver", "redfish", "--bmc-address",
+               "127.0.0.1", "--bmc-scheme", "http", "--bmc-username", USER).code == 0
+    assert cli("secret", "set", "profile", "rack", "bmc_password", "--file",
+               str(tmp_path / "rack-pw")).code == 0
+    assert cli("node", "add", "r1", "--profile", "rack", "--bmc-port", str(port),
+               "--bmc-password-file", str(tmp_path / "own-pw")).code == 0
+    assert cli("node", "add", "r2", "--profile", "rack", "--bmc-port",
+               str(other.server_address[1])).code == 0
+    try:
+        out = cli("power", "status", "r[1-2]", "--json").out
+    finally:
+        other_state.release.set()
+        other.shutdown()
+        other.server_close()
+    rows = {r["node"]: r for r in json.loads(out)}
+    assert rows["r1"]["detail"] == "on"
+    assert "access denied" in rows["r2"]["detail"]  # the profile's password for the others
+
+
+def test_a_password_file_that_is_not_utf8_is_one_line_naming_the_file(cli, tmp_path, config):
+    """It was 'internal error: UnicodeDecodeError: ... can't decode byte 0xe4 in position
+    1' in the table and the job record: a byte of the password, and where it is."""
+    secret = tmp_path / "pw"
+    secret.write_bytes("p\u00e4ssw\u00f6rt\n".encode("latin-1"))
+    cli("node", "add", "r1", "--bmc-driver", "fake", "--bmc-address", "bmc",
+        "--bmc-password-file", str(secret))
+    result = cli("power", "status", "r1", "--json")
+    detail = json.loads(result.out)[0]["detail"]
+    assert result.code == 7
+    assert detail == f"node r1: bmc.password_file: {secret} is not UTF-8 text"
+    job = json.loads(cli("job", "list", "--json").out)["items"][0]
+    assert "0xe4" not in json.dumps(job) and "0xe4" not in result.err
 
 
 def test_firmware_update_refuses_a_url_a_bmc_cannot_fetch(nodes, config):

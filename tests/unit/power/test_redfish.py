@@ -6,11 +6,12 @@ tests/integration/test_power_redfish.py."""
 from __future__ import annotations
 
 import pytest
+from sushy import exceptions as sushy_exc
 from tests.unit.power.redfish_bmc import PASSWORD, SYSTEM, TASK, USER, load
 
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
 from provisiond.power.base import BmcSettings
-from provisiond.power.redfish import RedfishDriver
+from provisiond.power.redfish import RedfishDriver, translate_error
 from provisiond.states import BmcDriver, BootDevice, PowerAction, PowerState
 
 
@@ -158,9 +159,48 @@ def test_wrong_password_is_one_clear_error_without_the_password(redfish_bmc):
     assert "wrong-one" not in str(caught.value) and PASSWORD not in str(caught.value)
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/redfish/v1", b"<html><body>Web UI login</body></html>"),  # a web UI, not Redfish
+    (SYSTEM, b"[1, 2, 3]"),  # JSON, but no Redfish document
+    (SYSTEM, b'{"@odata.id": '),  # cut short
+])
+def test_an_answer_that_is_not_redfish_is_a_bmc_error(redfish_bmc, path, body):
+    """sushy lets requests' JSONDecodeError (or an AttributeError on a JSON list) out: it
+    reached the table as 'internal error', counted as a bug of ours."""
+    port, state = redfish_bmc
+    state.raw[path] = body
+    with pytest.raises(BmcError, match="the answer is not Redfish") as caught:
+        driver(port).get_power_state()
+    assert "\n" not in str(caught.value)
+
+
 def test_nothing_listening_is_unreachable():
     with pytest.raises(BmcUnreachable, match="cannot connect"):
         driver(1, timeout=3.0).get_power_state()
+
+
+# What requests says, through sushy, of a BMC host name that does not resolve, and of a
+# connect that timed out (urllib3 2.x), each past 300 characters with a long host name.
+HOST = "bmc-rack12-chassis03-slot07.mgmt.example.org"
+UNRESOLVED = (
+    f"HTTPSConnectionPool(host='{HOST}', port=443): Max retries exceeded with url: "
+    "/redfish/v1/ (Caused by NameResolutionError(\"<urllib3.connection.HTTPSConnection "
+    f"object at 0x7f5e2c1d0a90>: Failed to resolve '{HOST}' ([Errno -2] Name or service "
+    "not known)\"))")
+TIMED_OUT = (
+    f"HTTPSConnectionPool(host='{HOST}', port=443): Max retries exceeded with url: "
+    "/redfish/v1/ (Caused by ConnectTimeoutError(<urllib3.connection.HTTPSConnection object "
+    f"at 0x7f5e2c1d0a90>, 'Connection to {HOST} timed out. (connect timeout=10.0)'))")
+
+
+@pytest.mark.parametrize("error,reason", [(UNRESOLVED, "unknown host name"),
+                                          (TIMED_OUT, "timed out")])
+def test_the_reason_a_connection_failed_is_found_past_300_characters(error, reason):
+    exc = sushy_exc.ConnectionError(url=f"https://{HOST}:443/redfish/v1/", error=error)
+    assert len(str(exc)) > 300
+    translated = translate_error(exc, f"https://{HOST}:443")
+    assert isinstance(translated, BmcUnreachable)
+    assert str(translated) == f"https://{HOST}:443: cannot connect: {reason}"
 
 
 def test_validate_never_contacts_the_bmc(tmp_path):
