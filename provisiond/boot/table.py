@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,7 +153,11 @@ class TableWatcher:
     serving (rm, a truncating editor) is refused the same way; at start it means no nodes.
 
     `reads`: what `changed` reads the revision through (an HTTP worker's WatchedCopy), the
-    store by default."""
+    store by default.
+
+    One rebuild at a time: the requests that meet a change while one rebuilds take the table
+    as it is (on etcd a worker compares with every request: a storm's requests each rebuilt
+    it, and an older rebuild that ended last put its table back over a later one's)."""
 
     def __init__(self, config: Config, interval: float = 1.0, reads=None):
         self.config = config
@@ -160,6 +165,7 @@ class TableWatcher:
         self.store = opening.open_store(config)
         self.reads = reads or self.store
         self._checked = 0.0
+        self._reloading = threading.Lock()
         self._seen = ABSENT
         self._seen = self._revision()  # taken before the load: a later change reloads
         self.table = BootTable.empty()
@@ -194,11 +200,19 @@ class TableWatcher:
         ours = [change for change in changes if change.key == INVENTORY_KEY]
         if changes and not ours:  # only keys that share its start (a schema backup)
             self._seen = max(self._seen, changes[-1].revision)
-        return bool(ours) and self._reload(ours[-1].revision)
+        if not ours:
+            return False
+        with self._reloading:
+            return self._reload(ours[-1].revision)
 
     def _compare(self) -> bool:
-        revision = self._revision()
-        return revision != self._seen and self._reload(revision)
+        if not self._reloading.acquire(blocking=False):
+            return False  # another request rebuilds it meanwhile: the table as it is
+        try:
+            revision = self._revision()
+            return revision != self._seen and self._reload(revision)
+        finally:
+            self._reloading.release()
 
     def _reload(self, revision: int) -> bool:
         keeping = (f"keeping the last good table ({len(self.table.nodes)} nodes)"
