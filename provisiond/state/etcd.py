@@ -141,7 +141,7 @@ class EtcdStore(Store):
         self._tokens: dict[object, str | None] = {}  # etcd3gw client: its member's token
         self._renewing = {client: threading.Lock() for client in self.clients}
         self._renewal_failed: dict[object, tuple[float, _Retry]] = {}
-        self._lock = threading.Lock()
+        self._granting = threading.Lock()  # held while the receipts' lease is granted
 
     # reads
 
@@ -261,15 +261,15 @@ class EtcdStore(Store):
         return {"succeeded": True, "header": {"revision": kvs[0]["mod_revision"]}}
 
     def _lease_id(self) -> int:
-        with self._lock:
+        """The lease of this store's receipts, granted by one caller at a time: writers at
+        once (a storm's first credentials) each granted one, 20 writers 20 leases."""
+        with self._granting:
             lease = self._lease
-        if lease and time.monotonic() < lease[1]:
-            return lease[0]
-        reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
-        lease = (int(reply["ID"]), time.monotonic() + RECEIPT_RENEW)
-        with self._lock:
-            self._lease = lease
-        return lease[0]
+            if lease and time.monotonic() < lease[1]:
+                return lease[0]
+            reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
+            self._lease = (int(reply["ID"]), time.monotonic() + RECEIPT_RENEW)
+            return self._lease[0]
 
     # talking to members
 

@@ -120,3 +120,28 @@ def test_a_watch_answer_that_is_not_etcds_is_a_member_failure(tmp_path, line):
     with pytest.raises(etcd._Retry, match="the watch answered"):
         store._watch_message(line)
     assert store._watch_message(b'{"result": {"events": []}}') == []
+
+
+def test_writers_at_once_share_one_lease_for_their_receipts(etcd_cluster, tmp_path, root):
+    """A server's first guarded writes, made at once (a storm's first credentials), each
+    found no lease and granted one: a lease per writer, each kept by etcd for its TTL."""
+    import base64
+    import threading
+
+    store = EtcdStore(etcd_cluster.url(root), tmp_path / "store.key")
+    start = threading.Barrier(20)
+
+    def write(index: int) -> None:
+        start.wait(30)
+        store.put(f"status/n{index}.json", b"{}", expect=0)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    prefix = f"{root}.receipts/".encode()
+    reply = store._call("kv/range", {"key": base64.b64encode(prefix).decode(),
+                                     "range_end": base64.b64encode(etcd._end(prefix)).decode()})
+    leases = {kv.get("lease") for kv in reply.get("kvs", [])}
+    assert len(reply["kvs"]) == 20 and len(leases) == 1
