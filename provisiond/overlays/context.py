@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 from provisiond.config import Config
 from provisiond.errors import NotFound
 from provisiond.images import load_manifest
-from provisiond.inventory import Node, load_nodes
+from provisiond.inventory import InventoryStore, Node, load_nodes
 from provisiond.inventory.model import Record, node_sort_key
-from provisiond.state.layout import Layout
-from provisiond.state.local import file_stamp
 
 
 BUILD_TIMES = frozenset({"built_at", "build_seconds", "layer_build_seconds"})
@@ -121,10 +119,14 @@ _SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}
 
 
 def take_snapshot(config: Config, reuse: bool = True) -> Snapshot:
-    """The inventory as it is now; with `reuse`, the last snapshot if nothing changed."""
-    inventory = Layout.of(config).inventory
-    key = str(inventory)
-    signature = (file_stamp(inventory), digest_of(server_context(config)))
+    """The inventory as it is now; with `reuse`, the last snapshot if nothing changed
+    (the inventory file's stat on the files store, the stored version elsewhere: on etcd
+    the file in the state dir is not the inventory)."""
+    store = InventoryStore(config)
+    key = str(store.path)
+    stamp = store.file_stamp()
+    signature = (stamp if stamp is not None else store.current().digest,
+                 digest_of(server_context(config)))
     cached = _SNAPSHOTS.get(key)
     if reuse and cached and cached[0] == signature:
         return cached[1]
