@@ -94,6 +94,7 @@ class WatchedCopy:
         self._reading: dict[str, threading.Lock] = {}  # key -> held while it is read
         self._lock = threading.Lock()  # the dicts above and every _Followed
         self._starting = threading.Lock()
+        self._unstarted = float("-inf")  # when a watch last failed to start
 
     def get(self, key: str) -> Entry | None:
         followed = self._follow(key)
@@ -137,7 +138,9 @@ class WatchedCopy:
     def _follow(self, key: str) -> _Followed | None:
         """The followed prefix of `key`, its watch started if it was not running; None for
         a key under no prefix, or when the store cannot say its revision (then the get
-        reads the store, and fails as it would)."""
+        reads the store, and fails as it would). Callers wait for one that starts it at
+        most `wait` s, and do not try again for RETRY s after one failed: the callers of a
+        store that is away fail together, not each after the one before."""
         prefix = next((p for p in self.prefixes if key.startswith(p)), None)
         if prefix is None:
             return None
@@ -145,15 +148,20 @@ class WatchedCopy:
             followed = self._followed.get(prefix)
         if followed is not None and followed.running and followed.pid == os.getpid():
             return followed
-        with self._starting:
+        if not self._starting.acquire(timeout=self.wait):
+            return None
+        try:
             with self._lock:
                 followed = self._followed.get(prefix)
             if followed is not None and followed.running and followed.pid == os.getpid():
                 return followed
+            if time.monotonic() - self._unstarted < RETRY:
+                return None
             try:
                 since = self.store.revision()  # before any read: the watch misses nothing
             except (ProvisiondError, OSError) as exc:
                 log.debug("store copy: %s: %s", prefix, exc)
+                self._unstarted = time.monotonic()
                 return None
             followed = _Followed(prefix, since)
             with self._lock:
@@ -161,6 +169,8 @@ class WatchedCopy:
             threading.Thread(target=self._run, args=(followed,), daemon=True,
                              name=f"watch {prefix}").start()
             return followed
+        finally:
+            self._starting.release()
 
     def _run(self, followed: _Followed) -> None:
         try:

@@ -192,3 +192,31 @@ def test_a_change_the_watch_passed_over_during_a_read_is_not_missed(remote, copy
     release.set()
     reader.join(30)
     assert answers(copy, KEY, b"new", seconds=MAX_AGE + 1) <= MAX_AGE + 0.2
+
+
+def test_with_the_store_away_requests_fail_together_not_one_after_another(remote, copy,
+                                                                          monkeypatch):
+    """A storm met a store that was away while no prefix was followed (a worker just
+    started, or idle for a minute): each request waited for the one before it to fail to
+    start the watch (etcd: 5 s with no member up, 30 s without a leader), then failed in
+    turn: the 20th after 20 times that."""
+    def away(*args):
+        time.sleep(0.3)  # a store that takes its time to fail
+        raise Unavailable("etcd: no member served the request")
+
+    monkeypatch.setattr(remote, "revision", away)
+    monkeypatch.setattr(remote, "get", away)
+    failed = []
+
+    def ask() -> None:
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            copy.get(KEY)
+        failed.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(failed) == 20 and max(failed) < 2.0, sorted(failed)
