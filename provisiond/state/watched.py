@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from provisiond.errors import ProvisiondError
+from provisiond.errors import ProvisiondError, Unavailable
 from provisiond.state.store import Compacted, Entry, Store
 
 log = logging.getLogger("provisiond.state")
@@ -59,6 +59,15 @@ class _Kept:
     """whether the watch hands over every later change: not so for a read during which
     the watch applied changes (one of them, to a key not kept yet, may have been this
     key's, newer than what the read found): that value lives max_age, then is read again"""
+
+
+@dataclass
+class _Read:
+    """A read of one key from the store, under way: what the callers that wait for it take."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    entry: Entry | None = None
+    error: BaseException | None = None
 
 
 @dataclass
@@ -91,7 +100,7 @@ class WatchedCopy:
         self.wait = wait
         self.idle = idle
         self._followed: dict[str, _Followed] = {}
-        self._reading: dict[str, threading.Lock] = {}  # key -> held while it is read
+        self._reading: dict[str, _Read] = {}  # key -> its read from the store under way
         self._lock = threading.Lock()  # the dicts above and every _Followed
         self._starting = threading.Lock()
         self._unstarted = float("-inf")  # when a watch last failed to start
@@ -115,18 +124,29 @@ class WatchedCopy:
         return None
 
     def _read(self, followed: _Followed, key: str) -> Entry | None:
-        """The key from the store, one read at a time (the greenlets of a storm that ask at
-        once for a key take the one read's answer)."""
+        """The key from the store, one read at a time: the greenlets of a storm that ask at
+        once for a key take the one read's answer, or its failure (with the store away,
+        one after another they each waited for the read before theirs to fail)."""
         with self._lock:
-            gate = self._reading.setdefault(key, threading.Lock())
-        with gate:
-            with self._lock:
-                kept = self._current(followed, key)  # read by another meanwhile
-                if kept is not None:
-                    return kept.entry
+            kept = self._current(followed, key)  # read by another meanwhile
+            if kept is not None:
+                return kept.entry
+            flight = self._reading.get(key)
+            if flight is None:
+                flight = self._reading[key] = _Read()
                 before, since = followed.kept.get(key), followed.since
+            else:
+                before = since = None
+        if since is None:
+            flight.done.wait()  # the store's read is bounded (etcd: RETRY_FOR)
+            if flight.error is not None:
+                raise flight.error
+            return flight.entry
+        flight.error = Unavailable(f"{self.url}: the read of {key} was interrupted")
+        try:
             started = time.monotonic()
-            entry = self.store.get(key)
+            flight.entry = entry = self.store.get(key)
+            flight.error = None
             with self._lock:
                 # unless the watch changed the key meanwhile: then its changes go on from there
                 if followed.running and followed.kept.get(key) is before:
@@ -134,6 +154,13 @@ class WatchedCopy:
                     followed.kept[key] = _Kept(entry, revision, started,
                                                watched=followed.since == since)
             return entry
+        except Exception as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._reading[key]
+            flight.done.set()
 
     def _follow(self, key: str) -> _Followed | None:
         """The followed prefix of `key`, its watch started if it was not running; None for

@@ -220,3 +220,34 @@ def test_with_the_store_away_requests_fail_together_not_one_after_another(remote
     for thread in threads:
         thread.join(60)
     assert len(failed) == 20 and max(failed) < 2.0, sorted(failed)
+
+
+def test_with_the_store_away_the_readers_of_a_key_share_its_failed_read(remote, copy,
+                                                                        monkeypatch):
+    """The watch failing and the copy past max_age: the callers that asked for one key at
+    once (the inventory's revision, read with every request) waited each for the one
+    before to fail its read, then read in turn: a worker's requests, one after another."""
+    remote.put(KEY, b"issued")
+    assert copy.get(KEY).value == b"issued"
+    remote.watch_error = Unavailable("etcd: no member served the request")
+
+    def away(key):
+        time.sleep(0.3)
+        raise Unavailable("etcd: no member served the request")
+
+    monkeypatch.setattr(remote, "get", away)
+    time.sleep(MAX_AGE + 0.3)
+    failed = []
+
+    def ask() -> None:
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            copy.get(KEY)
+        failed.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(failed) == 20 and max(failed) < 2.0, sorted(failed)
