@@ -168,6 +168,7 @@ class TableWatcher:
         self._reloading = threading.Lock()
         self._seen = ABSENT
         self._seen = self._revision()  # taken before the load: a later change reloads
+        self._watched = self._seen  # where wait_changed watches from
         self.table = BootTable.empty()
         self.valid = False
         self._load(keeping="serving no nodes until it is fixed")
@@ -190,8 +191,17 @@ class TableWatcher:
         """Wait up to `timeout` seconds for the inventory to change on the store (its watch:
         no polling of ours) and rebuild; True if the table was rebuilt."""
         try:
-            changes = self.store.watch(INVENTORY_KEY, self._seen, timeout)
-        except Compacted:  # changes missed: compare with what is there now
+            changes = self.store.watch(INVENTORY_KEY, self._watched, timeout)
+        except Compacted:  # changes missed: compare with what is there now, watch from now
+            # (from the inventory's revision, compacted, each watch failed at once: serve's
+            # loop watched again at once, for good, the inventory read each time)
+            try:
+                self._watched = self.store.revision()  # before the compare: nothing missed
+            except (ProvisiondError, OSError) as exc:
+                log.error("inventory: cannot watch %s: %s; keeping the table", self.store.url,
+                          exc)
+                time.sleep(timeout)
+                return False
             return self._compare()
         except (ProvisiondError, OSError) as exc:  # the store is away: keep the table
             log.error("inventory: cannot watch %s: %s; keeping the table", self.store.url, exc)
@@ -199,7 +209,7 @@ class TableWatcher:
             return False
         ours = [change for change in changes if change.key == INVENTORY_KEY]
         if changes and not ours:  # only keys that share its start (a schema backup)
-            self._seen = max(self._seen, changes[-1].revision)
+            self._watched = max(self._watched, changes[-1].revision)
         if not ours:
             return False
         with self._reloading:
@@ -223,6 +233,7 @@ class TableWatcher:
             log.error("inventory: cannot read %s: %s; %s", self.store.url, exc, keeping)
             return False
         self._seen = revision
+        self._watched = max(self._watched, revision)
         if entry is None or not entry.value:  # the CLI never leaves it missing or empty
             log.error("inventory %s is missing or empty, %s", Layout.of(self.config).inventory,
                       keeping)

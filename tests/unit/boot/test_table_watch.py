@@ -144,3 +144,21 @@ def test_a_slow_rebuild_does_not_replace_a_later_one(config, store, monkeypatch)
     watcher.current()
     slow.join(30)
     assert set(watcher.current().nodes) == {"n1", "n2", "n3"}
+
+
+def test_after_a_compaction_past_the_inventorys_revision_the_watch_waits_again(config, store):
+    """etcd compacted (docs/store.md: --auto-compaction-retention 10000, a storm's status
+    writes pass that) past the inventory's last change: each watch from that revision was
+    Compacted at once, and serve's loop watched again at once, for good: two etcd requests
+    in a row without a pause, the whole inventory read with each."""
+    add_nodes(config, 1)
+    watcher = TableWatcher(config)
+    for index in range(5):
+        store.put(f"status/n{index}.json", b"{}")
+    store.compact(store.revision())
+    assert watcher.wait_changed(timeout=0.2) is False  # compared: nothing new
+    started = time.monotonic()
+    assert watcher.wait_changed(timeout=0.3) is False
+    assert time.monotonic() - started >= 0.25  # it waited for a change
+    add_nodes(config, 2)
+    assert watcher.wait_changed(timeout=5) is True and set(watcher.table.nodes) == {"n1", "n2"}
