@@ -142,6 +142,7 @@ class EtcdStore(Store):
         self._renewing = {client: threading.Lock() for client in self.clients}
         self._renewal_failed: dict[object, tuple[float, _Retry]] = {}
         self._granting = threading.Lock()  # held while the receipts' lease is granted
+        self._grants: tuple[int, Exception | None] = (0, None)  # grants tried, the last's error
 
     # reads
 
@@ -262,13 +263,23 @@ class EtcdStore(Store):
 
     def _lease_id(self) -> int:
         """The lease of this store's receipts, granted by one caller at a time: writers at
-        once (a storm's first credentials) each granted one, 20 writers 20 leases."""
+        once (a storm's first credentials) each granted one, 20 writers 20 leases. Those
+        that waited for a grant that failed fail with it (the store is away: each trying
+        in turn, the 20th failed after 20 times the wait)."""
+        grants = self._grants
         with self._granting:
             lease = self._lease
             if lease and time.monotonic() < lease[1]:
                 return lease[0]
-            reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
+            if self._grants[0] != grants[0] and self._grants[1] is not None:
+                raise self._grants[1]
+            try:
+                reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
+            except Exception as exc:
+                self._grants = (self._grants[0] + 1, exc)
+                raise
             self._lease = (int(reply["ID"]), time.monotonic() + RECEIPT_RENEW)
+            self._grants = (self._grants[0] + 1, None)
             return self._lease[0]
 
     # talking to members
