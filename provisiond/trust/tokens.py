@@ -147,15 +147,24 @@ class SigningKey:
         self.config = config
         self.reads = reads
         self._making = threading.Lock()
-        self._made: tuple[int, bytes] | None = None  # (how many loads so far, the last key)
+        self._made: tuple[int, bytes | None, Exception | None] = (0, None, None)
+        """how many loads so far, the last one's key or error"""
 
     def get(self) -> bytes:
         key = _usable((self.reads or opening.open_store(self.config)).get(KEY))
         if key is not None:
             return key
-        asked = self._made[0] if self._made else 0
+        asked = self._made[0]
         with self._making:  # a storm's first scripts find none at once: one makes it
-            if self._made and self._made[0] != asked:  # loaded while this one waited
-                return self._made[1]
-            self._made = (asked + 1, _load(self.config))
-            return self._made[1]
+            loads, key, error = self._made
+            if loads != asked:  # loaded while this one waited: its key, or its failure
+                if error is not None:  # (the store away: not each script in turn)
+                    raise error
+                return key
+            try:
+                key = _load(self.config)
+            except Exception as exc:
+                self._made = (loads + 1, None, exc)
+                raise
+            self._made = (loads + 1, key, None)
+            return key
