@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 from provisiond.errors import StaleRevision
 from provisiond.state.store import ABSENT, Change, Compacted, Entry, Store
@@ -78,7 +79,10 @@ class MemoryStore(Store):
 class RemoteMemoryStore(MemoryStore):
     """A MemoryStore a server treats as remote (as etcd, whose every read is a request):
     it counts the reads (`reads`: key -> gets) and watch calls, and its watch can be made
-    to fail (`watch_error`) or to hang until `watch_released` is set."""
+    to fail (`watch_error`) or to hang until `watch_released` is set. `batch_revisions`:
+    as etcd, a watch from an older revision hands over the changes of that many revisions
+    at most (etcd's mvcc: 1,000), the rest to the next calls; `watch_delay`: seconds each
+    watch call takes before it looks."""
 
     remote = True
 
@@ -89,6 +93,8 @@ class RemoteMemoryStore(MemoryStore):
         self.watch_error: Exception | None = None
         self.watch_released = threading.Event()
         self.watch_released.set()
+        self.batch_revisions: int | None = None
+        self.watch_delay = 0.0
 
     def get(self, key):
         self.reads[key] += 1
@@ -100,4 +106,10 @@ class RemoteMemoryStore(MemoryStore):
             raise TimeoutError("a test left the watch held")
         if self.watch_error is not None:
             raise self.watch_error
-        return super().watch(prefix, since, timeout)
+        time.sleep(self.watch_delay)
+        changes = super().watch(prefix, since, timeout)
+        revisions = sorted({change.revision for change in changes})
+        if self.batch_revisions is not None and len(revisions) > self.batch_revisions:
+            last = revisions[self.batch_revisions - 1]
+            changes = [change for change in changes if change.revision <= last]
+        return changes
