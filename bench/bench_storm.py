@@ -5,7 +5,16 @@ from nginx-light serving the same files (the scripts provisiond renders, the ove
 built), in one run, on loopback.
 
     python bench/bench_storm.py [--nodes 1000] [--concurrency 200] [--rounds 3]
+    python bench/bench_storm.py --store both [--nodes 1000] ...
     python bench/bench_storm.py --servers 2 [--nodes 1000] ...
+
+`--store` picks the store of the one provisiond (files, the default, or etcd: a 3-member
+cluster on loopback), compared with nginx; `both` runs one provisiond on each store instead,
+the same nodes and files, and compares them with each other (no nginx), alternating who
+goes first. On etcd, each storm also counts the requests the cluster served (its /metrics:
+ranges, transactions, puts, watches), per node booted. Each storm starts once the last one's
+phases are written (the server and etcd idle again; `--no-settle`: at once): on etcd the
+phase writer lags the storm, and its writes would weigh on the next storm's server.
 
 With `--servers 2` the peer is not nginx but provisiond itself: two `provisiond serve` on one
 3-member etcd cluster (loopback), 2 x N nodes in the shared inventory, the image built on the
@@ -28,10 +37,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import os
+import re
+import shutil
 import socket
 import statistics
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -255,38 +269,91 @@ def show_rss(label: str, rss: dict[str, float]) -> None:
     print(f"provisiond RSS {label}: {sum(rss.values()):.0f} MiB ({parts})", flush=True)
 
 
-def run_storm(name: str, port: int, leader: int, args) -> tuple[str, dict]:
+def run_storm(name: str, port: int, leader: int, args, cluster=None) -> tuple[str, dict]:
+    """One storm of `args.nodes` on the server at `port`; with an etcd `cluster`, also its
+    CPU and the requests it served meanwhile."""
     cpu = session_cpu(leader)
+    before = etcd_usage(cluster) if cluster else None
     result = asyncio.run(storm(("127.0.0.1", port), args.nodes, args.concurrency))
     result["cpu"] = session_cpu(leader) - cpu
-    print(f"{name:<10} {result['seconds']:6.2f} s  {len(result['errors'])} errors  "
+    print(f"{name:<14} {result['seconds']:6.2f} s  {len(result['errors'])} errors  "
           f"{result['bytes'] / 2**30:.1f} GiB  server CPU {result['cpu']:5.1f} s  "
           f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    if before is not None:
+        result["etcd"] = used = etcd_usage(cluster) - before
+        requests = ", ".join(f"{method} {count} ({count / args.nodes:.1f}/node)"
+                             for method, count in sorted(used.items()) if method != "cpu")
+        print(f"{'':<14} etcd CPU {used['cpu']:5.1f} s; requests: {requests}", flush=True)
     for line in result["errors"][:5]:
         print(f"    {line}")
+    if args.settle:
+        waited, cpu = settle(leader, cluster)
+        print(f"{'':<14} settled {waited:.1f} s after the storm (server and etcd CPU "
+              f"meanwhile {cpu:.1f} s)", flush=True)
     return name, result
 
 
-def alternate(round_: int, servers: dict, args) -> tuple[dict, dict]:
+SETTLE_MAX = 300.0  # seconds
+
+
+def settle(leader: int, cluster=None) -> tuple[float, float]:
+    """Wait (at most SETTLE_MAX s) until the server's session uses under 5% of a core over
+    a second and etcd takes no write in it (its members' own CPU never drops that low: 3
+    members' heartbeats): the storm's phases written, so that they do not weigh on the next
+    storm. (seconds waited, CPU seconds of the server and etcd meanwhile)"""
+    def used() -> tuple[float, float, int]:
+        etcd = etcd_usage(cluster) if cluster else collections.Counter()
+        return session_cpu(leader), etcd["cpu"], etcd["Txn"] + etcd["Put"] + etcd["DeleteRange"]
+
+    started = time.monotonic()
+    first = last = used()
+    while time.monotonic() - started < SETTLE_MAX:
+        time.sleep(1.0)
+        now = used()
+        if now[0] - last[0] < 0.05 and now[2] == last[2]:
+            break
+        last = now
+    return time.monotonic() - started, last[0] + last[1] - first[0] - first[1]
+
+
+ETCD_METHODS = ("Range", "Txn", "Put", "DeleteRange", "Watch", "LeaseGrant")
+STARTED_RE = re.compile(r'grpc_server_started_total\{[^}]*grpc_method="(\w+)"[^}]*\} (\d+)')
+
+
+def etcd_usage(cluster) -> collections.Counter:
+    """The requests the cluster's members took so far (gRPC calls started: each gateway
+    request is one; a watch is one stream), by method, and their CPU seconds ("cpu")."""
+    used: collections.Counter = collections.Counter()
+    for member in cluster.members:
+        with urllib.request.urlopen(f"http://{member.endpoint}/metrics", timeout=10) as reply:
+            for method, count in STARTED_RE.findall(reply.read().decode()):
+                if method in ETCD_METHODS:
+                    used[method] += int(count)
+        fields = Path(f"/proc/{member.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        used["cpu"] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
+
+
+def alternate(round_: int, servers: dict, args, cluster=None) -> dict:
     """One storm from each server, who goes first alternating (the machine is shared)."""
-    order = ["nginx", "provisiond"]
+    order = list(servers)
     if round_ % 2:
         order.reverse()
-    results = dict(run_storm(name, *servers[name], args) for name in order)
-    return results["nginx"], results["provisiond"]
+    return dict(run_storm(name, *servers[name], args, cluster) for name in order)
 
 
-def on_etcd(state: Path, cluster, peer: int) -> Path:
+def on_etcd(state: Path, cluster, peer: int | None = None) -> Path:
     """`state` set to use the cluster's store (a new store key) and to fetch blobs from the
-    server on port `peer`."""
+    server on port `peer`, if any."""
     from provisiond.state.crypt import create_key
 
     key = state / "store.key"
     if not key.exists():
         create_key(key)
     settings = yaml.safe_load((state / "provisiond.yaml").read_text()) or {}
-    settings.update(store=cluster.url("/provisiond"), peers={"urls": [
-        f"http://127.0.0.1:{peer}"]})
+    settings.update(store=cluster.url("/provisiond"))
+    if peer is not None:
+        settings.update(peers={"urls": [f"http://127.0.0.1:{peer}"]})
     (state / "provisiond.yaml").write_text(yaml.safe_dump(settings))
     return state
 
@@ -300,6 +367,28 @@ def publish(state: Path) -> None:
     store = open_store(load_config(state))
     for key in ("inventory.yaml", "images/tiny/manifest.json"):
         store.put(key, (state / key).read_bytes())
+
+
+def etcd_twin(state: Path, cluster, port: int) -> Path:
+    """A copy of the files store's `state` (its blobs, inventory, manifest) serving on
+    `port` from the cluster's store: the inventory and manifest published there, its system
+    overlays built from it as setup() built the first's."""
+    from provisiond.config import load_config
+    from provisiond.overlays import build_overlays
+
+    twin = state.parent / "etcd-state"
+    shutil.copytree(state, twin, ignore=shutil.ignore_patterns(
+        "overlay-builds", "mirror", "nginx", "serve.log", ".store"))
+    settings = yaml.safe_load((twin / "provisiond.yaml").read_text())
+    settings["http"] = {**settings["http"], "port": port}
+    (twin / "provisiond.yaml").write_text(yaml.safe_dump(settings))
+    on_etcd(twin, cluster)
+    publish(twin)
+    started = time.monotonic()
+    build_overlays(load_config(twin), kinds=("shared", "system"))
+    print(f"etcd copy: system overlays built in {time.monotonic() - started:.1f} s",
+          flush=True)
+    return twin
 
 
 def second_server(first: Path, cluster, port: int, first_port: int) -> Path:
@@ -364,6 +453,9 @@ def two_servers(args) -> None:
                           f"{os.getloadavg()[0]:.1f})", flush=True)
                     for line in result["errors"][:5]:
                         print(f"    {line}")
+                    if args.settle:  # both servers' phases written before the next storm
+                        waited = sum(settle(proc.pid, cluster)[0] for proc in procs)
+                        print(f"{'':<12} settled {waited:.1f} s after the storm", flush=True)
                 runs.append(done)
             ratios = [r["two servers"]["seconds"] / r["one server"]["seconds"] for r in runs]
             errors = {name: sum(len(r[name]["errors"]) for r in runs)
@@ -386,39 +478,81 @@ def main() -> None:
                         help="storms from each server, alternating who goes first")
     parser.add_argument("--servers", type=int, choices=(1, 2), default=1,
                         help="2: two provisiond on one etcd against one (no nginx)")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="start each storm at once, not when the last one's phases "
+                        "are written")
+    parser.add_argument("--store", choices=("files", "etcd", "both"), default="files",
+                        help="the store of the one provisiond (against nginx); both: one on "
+                        "each, against each other")
     args = parser.parse_args()
     if args.servers == 2:
         two_servers(args)
         return
-    port, port_nginx = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
-    state = setup(args.nodes, port)
-    root = mirror(state)
-    procs = [serve(state, "--http", "--no-dhcp", "--no-tftp", "--no-dns"),
-             start_nginx(state / "nginx", port_nginx, nginx_locations(state, root))]
-    try:
-        wait_for(lambda: up(f"http://127.0.0.1:{port}/boot/ipxe")
-                 and up(f"http://127.0.0.1:{port_nginx}/boot/ipxe"))
-        time.sleep(2)  # the workers settle
-        before = session_rss(procs[0].pid)
-        show_rss("before", before)
-        print(f"{args.nodes} nodes, {args.concurrency} at a time; load average "
-              f"{os.getloadavg()[0]:.2f}", flush=True)
-        servers = {"provisiond": (port, procs[0].pid), "nginx": (port_nginx, procs[1].pid)}
-        runs = [alternate(round_, servers, args) for round_ in range(args.rounds)]
-        time.sleep(2)
-        after = session_rss(procs[0].pid)
-        show_rss("after", after)
-        ratios = [peer["seconds"] / ours["seconds"] for peer, ours in runs]
-        cpu = [ours["cpu"] / peer["cpu"] for peer, ours in runs if peer["cpu"]]
-        errors = sum(len(ours["errors"]) + len(peer["errors"]) for peer, ours in runs)
-        print(f"ratio (nginx time / provisiond time) {statistics.median(ratios):.2f}, median of "
-              f"{len(runs)} (rounds: {', '.join(f'{r:.2f}' for r in ratios)}); errors {errors} "
-              f"(target >= 0.9, 0 errors); RSS after/before "
-              f"{sum(after.values()) / sum(before.values()):.2f} (target <= 1.5); server CPU "
-              f"provisiond/nginx {statistics.median(cpu) if cpu else float('nan'):.1f}x")
-    finally:
-        for proc in procs:
-            stop(proc)
+    one_server(args)
+
+
+def one_server(args) -> None:
+    """One provisiond on each store of `--store`, and nginx unless both stores run."""
+    from tests.etcd_cluster import EtcdCluster
+
+    stores = ["files", "etcd"] if args.store == "both" else [args.store]
+    ports = {name: free_port(socket.SOCK_STREAM) for name in [*stores, "nginx"]}
+    files_state = setup(args.nodes, ports.get("files", ports["nginx"]))
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        states = {}
+        if "files" in stores:
+            states["files"] = files_state
+        if "etcd" in stores:
+            cluster = stack.enter_context(EtcdCluster(files_state.parent / "etcd"))
+            states["etcd"] = etcd_twin(files_state, cluster, ports["etcd"])
+        procs = {}
+        try:
+            for store, state in states.items():
+                procs[f"provisiond-{store}"] = (ports[store], serve(
+                    state, "--http", "--no-dhcp", "--no-tftp", "--no-dns"))
+            if args.store != "both":
+                root = mirror(files_state)
+                procs["nginx"] = (ports["nginx"], start_nginx(
+                    files_state / "nginx", ports["nginx"], nginx_locations(files_state, root)))
+            compare(procs, cluster, args)
+        finally:
+            for _, proc in procs.values():
+                stop(proc)
+
+
+def compare(procs: dict, cluster, args) -> None:
+    """`args.rounds` storms from each server, alternating; times, errors, RSS and ratios."""
+    wait_for(lambda: all(up(f"http://127.0.0.1:{port}/boot/ipxe") for port, _ in procs.values()))
+    time.sleep(2)  # the workers settle
+    ours = [name for name in procs if name.startswith("provisiond")]
+    before = {name: session_rss(procs[name][1].pid) for name in ours}
+    for name in ours:
+        show_rss(f"{name} before", before[name])
+    print(f"{args.nodes} nodes, {args.concurrency} at a time; load average "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    servers = {name: (port, proc.pid) for name, (port, proc) in procs.items()}
+    runs = [alternate(round_, servers, args, cluster) for round_ in range(args.rounds)]
+    time.sleep(2)
+    after = {name: session_rss(procs[name][1].pid) for name in ours}
+    for name in ours:
+        show_rss(f"{name} after", after[name])
+    errors = sum(len(r[name]["errors"]) for r in runs for name in procs)
+    peer, other = ("nginx", ours[0]) if "nginx" in procs else ours
+    ratios = [r[peer]["seconds"] / r[other]["seconds"] for r in runs]
+    cpu = [r[other]["cpu"] / r[peer]["cpu"] for r in runs if r[peer]["cpu"]]
+    growth = ", ".join(f"{name} {sum(after[name].values()) / sum(before[name].values()):.2f}"
+                       for name in ours)
+    targets = " (target >= 0.9, 0 errors)" if peer == "nginx" else ""
+    print(f"ratio ({peer} time / {other} time) {statistics.median(ratios):.2f}, median of "
+          f"{len(runs)} (rounds: {', '.join(f'{r:.2f}' for r in ratios)}); errors {errors}"
+          f"{targets}; RSS after/before {growth} (target <= 1.5); server "
+          f"CPU {other}/{peer} {statistics.median(cpu) if cpu else float('nan'):.1f}x")
+    if cluster is not None:
+        name = next(name for name in procs if name.endswith("etcd"))
+        ranges = [r[name]["etcd"]["Range"] / args.nodes for r in runs]
+        print(f"etcd range requests per node booted ({name}): "
+              f"{', '.join(f'{x:.2f}' for x in ranges)}")
 
 
 if __name__ == "__main__":

@@ -96,17 +96,20 @@ KEY = str(KEYS.tokens)
 
 
 class TokenStore:
-    """`tokens.json` on the store: parsed at most once per revision of it (a get per
-    request), written by compare-and-swap."""
+    """`tokens.json` on the store: parsed at most once per revision of it, written by
+    compare-and-swap. Read with each request through `reads` (a server's WatchedCopy: no
+    request on etcd), else from the store; a token it does not know is looked up on the
+    store before it is refused (a copy may not hold yet one made a moment ago)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, reads=None):
         self.store = opening.open_store(config)
+        self.reads = reads or self.store
         self.path = Layout.of(config).tokens  # what messages name
         self._revision: int | None = None
         self._data = TokenFile()
 
-    def read(self) -> TokenFile:
-        entry = self.store.get(KEY)
+    def read(self, reads=None) -> TokenFile:
+        entry = (reads or self.store).get(KEY)
         if entry is None:
             return TokenFile()
         if entry.revision != self._revision:
@@ -157,9 +160,11 @@ class TokenStore:
         if not token or len(token) > MAX_TOKEN_LENGTH:
             raise TokenRefused("unknown", None)
         digest = token_hash(token)
-        data = self.read()
-        by_hash = {r.sha256: r for r in data.tokens.values()}
-        record = by_hash.get(digest)
+        data = self.read(self.reads)
+        record = _by_hash(data, digest)
+        if record is None and self.reads is not self.store:
+            data = self.read()
+            record = _by_hash(data, digest)
         if record is None:
             revoked = data.revoked.get(digest)
             raise TokenRefused("revoked" if revoked else "unknown", revoked)
@@ -176,6 +181,10 @@ class TokenStore:
             return json.dumps(data.model_dump(mode="json"), indent=1, sort_keys=True).encode()
 
         self.store.update(KEY, apply)
+
+
+def _by_hash(data: TokenFile, digest: str) -> TokenRecord | None:
+    return next((r for r in data.tokens.values() if r.sha256 == digest), None)
 
 
 class TokenRefused(Unauthenticated):

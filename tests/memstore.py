@@ -4,7 +4,9 @@ without a backend."""
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 
 from provisiond.errors import StaleRevision
 from provisiond.state.store import ABSENT, Change, Compacted, Entry, Store
@@ -72,3 +74,42 @@ class MemoryStore(Store):
     def _changed(self, change):
         self.history.append(change)
         self._cond.notify_all()
+
+
+class RemoteMemoryStore(MemoryStore):
+    """A MemoryStore a server treats as remote (as etcd, whose every read is a request):
+    it counts the reads (`reads`: key -> gets) and watch calls, and its watch can be made
+    to fail (`watch_error`) or to hang until `watch_released` is set. `batch_revisions`:
+    as etcd, a watch from an older revision hands over the changes of that many revisions
+    at most (etcd's mvcc: 1,000), the rest to the next calls; `watch_delay`: seconds each
+    watch call takes before it looks."""
+
+    remote = True
+
+    def __init__(self, url: str = "memory://remote"):
+        super().__init__(url)
+        self.reads: collections.Counter = collections.Counter()
+        self.watches = 0
+        self.watch_error: Exception | None = None
+        self.watch_released = threading.Event()
+        self.watch_released.set()
+        self.batch_revisions: int | None = None
+        self.watch_delay = 0.0
+
+    def get(self, key):
+        self.reads[key] += 1
+        return super().get(key)
+
+    def watch(self, prefix, since, timeout):
+        self.watches += 1
+        if not self.watch_released.wait(60):
+            raise TimeoutError("a test left the watch held")
+        if self.watch_error is not None:
+            raise self.watch_error
+        time.sleep(self.watch_delay)
+        changes = super().watch(prefix, since, timeout)
+        revisions = sorted({change.revision for change in changes})
+        if self.batch_revisions is not None and len(revisions) > self.batch_revisions:
+            last = revisions[self.batch_revisions - 1]
+            changes = [change for change in changes if change.revision <= last]
+        return changes

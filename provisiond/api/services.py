@@ -18,6 +18,8 @@ from provisiond.config import Config
 from provisiond.errors import NodeNotFound
 from provisiond.images.blobs import file_sha256
 from provisiond.state.local import file_stamp
+from provisiond.state import open as opening
+from provisiond.state.watched import follow
 from provisiond.trust import RefusalLog, authenticate
 
 log = logging.getLogger("provisiond.boot")
@@ -28,10 +30,15 @@ ETAGS_KEPT = 4096  # overlay ETags: a refresh storm of this many nodes hashes no
 class BootServices:
     def __init__(self, config: Config):
         self.config = config
-        self.watcher = TableWatcher(config)
-        self.manifests = ManifestCache(config)
-        self.scripts = ScriptCache(config, self.manifests)
-        self.overlays = OverlayFiles(config)
+        store = opening.open_store(config)
+        self.reads = follow(store)
+        """What requests read: on etcd a copy its watch keeps (provisiond.state.watched),
+        looked at with every request; on files the store, looked at once a second."""
+        interval = 0.0 if self.reads is not store else 1.0
+        self.watcher = TableWatcher(config, interval=interval, reads=self.reads)
+        self.manifests = ManifestCache(config, interval=interval, reads=self.reads)
+        self.scripts = ScriptCache(config, self.manifests, reads=self.reads)
+        self.overlays = OverlayFiles(config, table=lambda: self.table, reads=self.reads)
         self._etags = LruCache(ETAGS_KEPT)  # path -> (stat stamp, sha256)
         self._phases = None
         self.refusals = RefusalLog(config)
@@ -85,8 +92,9 @@ def client_port(environ: dict | None = None) -> int | None:
 def require_credential(node) -> None:
     """Pass only a request carrying the node's credential, from one of its addresses
     (raises Unauthenticated or Forbidden)."""
-    authenticate(services().config, node, request.headers.get("Authorization"),
-                 client_address())
+    svc = services()
+    authenticate(svc.config, node, request.headers.get("Authorization"), client_address(),
+                 reads=svc.reads)
 
 
 def log_step(node: str, what: str, started: float, environ: dict | None = None) -> None:

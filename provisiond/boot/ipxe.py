@@ -129,14 +129,16 @@ class ScriptCache:
     """Rendered scripts by MAC (at most `size`), reused while the boot table and the node's
     manifest are the same objects (both are replaced, never changed, when their files
     change). A new table empties the cache: no entry keeps an old table alive. Each script
-    served carries a token of its own."""
+    served carries a token of its own, signed with the key read through `reads` (a
+    server's WatchedCopy) or the store."""
 
-    def __init__(self, config: Config, manifests: ManifestCache, size: int = 4096):
+    def __init__(self, config: Config, manifests: ManifestCache, size: int = 4096,
+                 reads=None):
         self.config = config
         self.manifests = manifests
         self._table = None
         self._scripts = LruCache(size)  # mac -> (manifest, text, token binding)
-        self._key = tokens.SigningKey(config)
+        self._key = tokens.SigningKey(config, reads)
 
     def script(self, table, entry: BootEntry) -> str:
         if table is not self._table:

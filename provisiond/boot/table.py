@@ -1,9 +1,10 @@
 """The boot table: what the boot servers need from the inventory, keyed for fast lookups.
 
 Built once from the merged, validated inventory and rebuilt when `inventory.yaml` changes on
-the store (serve follows the store's watch; an HTTP worker compares the key's revision at most
-once a second), so DHCP, DNS and every HTTP worker answer from plain dicts, and a change made
-through any server or the CLI reaches each within a second.
+the store (serve follows the store's watch; an HTTP worker compares the key's revision: on
+etcd with each request, in the copy its watch keeps, provisiond.state.watched; on files at
+most once a second), so DHCP, DNS and every HTTP worker answer from plain dicts, and a change
+made through any server or the CLI reaches each within a second.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,15 +150,25 @@ class TableWatcher:
     An inventory that does not load or validate is logged as one line and the last good
     table kept; at start there is none, so no node is served until the file is fixed (the
     fix is picked up like any change, no restart). A file that goes missing or empty while
-    serving (rm, a truncating editor) is refused the same way; at start it means no nodes."""
+    serving (rm, a truncating editor) is refused the same way; at start it means no nodes.
 
-    def __init__(self, config: Config, interval: float = 1.0):
+    `reads`: what `changed` reads the revision through (an HTTP worker's WatchedCopy), the
+    store by default.
+
+    One rebuild at a time: the requests that meet a change while one rebuilds take the table
+    as it is (on etcd a worker compares with every request: a storm's requests each rebuilt
+    it, and an older rebuild that ended last put its table back over a later one's)."""
+
+    def __init__(self, config: Config, interval: float = 1.0, reads=None):
         self.config = config
         self.interval = interval
         self.store = opening.open_store(config)
+        self.reads = reads or self.store
         self._checked = 0.0
+        self._reloading = threading.Lock()
         self._seen = ABSENT
         self._seen = self._revision()  # taken before the load: a later change reloads
+        self._watched = self._seen  # where wait_changed watches from
         self.table = BootTable.empty()
         self.valid = False
         self._load(keeping="serving no nodes until it is fixed")
@@ -179,8 +191,17 @@ class TableWatcher:
         """Wait up to `timeout` seconds for the inventory to change on the store (its watch:
         no polling of ours) and rebuild; True if the table was rebuilt."""
         try:
-            changes = self.store.watch(INVENTORY_KEY, self._seen, timeout)
-        except Compacted:  # changes missed: compare with what is there now
+            changes = self.store.watch(INVENTORY_KEY, self._watched, timeout)
+        except Compacted:  # changes missed: compare with what is there now, watch from now
+            # (from the inventory's revision, compacted, each watch failed at once: serve's
+            # loop watched again at once, for good, the inventory read each time)
+            try:
+                self._watched = self.store.revision()  # before the compare: nothing missed
+            except (ProvisiondError, OSError) as exc:
+                log.error("inventory: cannot watch %s: %s; keeping the table", self.store.url,
+                          exc)
+                time.sleep(timeout)
+                return False
             return self._compare()
         except (ProvisiondError, OSError) as exc:  # the store is away: keep the table
             log.error("inventory: cannot watch %s: %s; keeping the table", self.store.url, exc)
@@ -188,12 +209,20 @@ class TableWatcher:
             return False
         ours = [change for change in changes if change.key == INVENTORY_KEY]
         if changes and not ours:  # only keys that share its start (a schema backup)
-            self._seen = max(self._seen, changes[-1].revision)
-        return bool(ours) and self._reload(ours[-1].revision)
+            self._watched = max(self._watched, changes[-1].revision)
+        if not ours:
+            return False
+        with self._reloading:
+            return self._reload(ours[-1].revision)
 
     def _compare(self) -> bool:
-        revision = self._revision()
-        return revision != self._seen and self._reload(revision)
+        if not self._reloading.acquire(blocking=False):
+            return False  # another request rebuilds it meanwhile: the table as it is
+        try:
+            revision = self._revision()
+            return revision != self._seen and self._reload(revision)
+        finally:
+            self._reloading.release()
 
     def _reload(self, revision: int) -> bool:
         keeping = (f"keeping the last good table ({len(self.table.nodes)} nodes)"
@@ -204,6 +233,7 @@ class TableWatcher:
             log.error("inventory: cannot read %s: %s; %s", self.store.url, exc, keeping)
             return False
         self._seen = revision
+        self._watched = max(self._watched, revision)
         if entry is None or not entry.value:  # the CLI never leaves it missing or empty
             log.error("inventory %s is missing or empty, %s", Layout.of(self.config).inventory,
                       keeping)
@@ -227,7 +257,7 @@ class TableWatcher:
     def _revision(self) -> int:
         """The inventory's revision on the store (ABSENT: there is none)."""
         try:
-            entry = self.store.get(INVENTORY_KEY)
+            entry = self.reads.get(INVENTORY_KEY)
         except (ProvisiondError, OSError) as exc:  # unreadable: the load says why
             log.debug("inventory: %s", exc)
             return self._seen

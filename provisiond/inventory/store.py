@@ -28,6 +28,7 @@ from provisiond.inventory.validate import Claims, check_changes, check_inventory
 from provisiond.state import open as opening
 from provisiond.state.store import ABSENT
 from provisiond.state.layout import KEYS, Layout
+from provisiond.state.local import Stamp, file_stamp
 
 __all__ = ["InventoryStore", "Version", "dump_yaml", "parse_inventory"]
 
@@ -145,6 +146,16 @@ class InventoryStore:
         self.cache_path = Layout.of(config).inventory_cache
         self.claims_path = Layout.of(config).inventory_claims
         self.lock_wait = lock_wait
+
+    def file_stamp(self) -> Stamp | None:
+        """The stat of inventory.yaml in the state dir when that file is the inventory (the
+        files store of the state dir): what tells a cache the inventory changed without a
+        read. None otherwise, or with no file: on etcd a file of that name (absent, or left
+        from before the move to etcd) is not the inventory, and a cache asks the store."""
+        url = self.store.url
+        if not url.startswith("files://") or Path(url.removeprefix("files://")) / KEY != self.path:
+            return None
+        return file_stamp(self.path)
 
     @property
     def read_schema(self) -> int:

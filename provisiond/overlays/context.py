@@ -10,15 +10,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from provisiond.config import Config
 from provisiond.errors import NotFound
 from provisiond.images import load_manifest
-from provisiond.inventory import Node, load_nodes
+from provisiond.inventory import InventoryStore, Node, load_nodes
 from provisiond.inventory.model import Record, node_sort_key
-from provisiond.state.layout import Layout
-from provisiond.state.local import file_stamp
 
 
 BUILD_TIMES = frozenset({"built_at", "build_seconds", "layer_build_seconds"})
@@ -120,10 +119,14 @@ _SNAPSHOTS: dict[str, tuple[tuple, Snapshot]] = {}
 
 
 def take_snapshot(config: Config, reuse: bool = True) -> Snapshot:
-    """The inventory as it is now; with `reuse`, the last snapshot if nothing changed."""
-    inventory = Layout.of(config).inventory
-    key = str(inventory)
-    signature = (file_stamp(inventory), digest_of(server_context(config)))
+    """The inventory as it is now; with `reuse`, the last snapshot if nothing changed
+    (the inventory file's stat on the files store, the stored version elsewhere: on etcd
+    the file in the state dir is not the inventory)."""
+    store = InventoryStore(config)
+    key = str(store.path)
+    stamp = store.file_stamp()
+    signature = (stamp if stamp is not None else store.current().digest,
+                 digest_of(server_context(config)))
     cached = _SNAPSHOTS.get(key)
     if reuse and cached and cached[0] == signature:
         return cached[1]
@@ -144,10 +147,13 @@ def image_digest(manifest: dict) -> str:
 
 
 class ImageCache:
-    """Image manifests by name, read once per build; a missing image gives None."""
+    """Image manifests by name, read once per build; a missing image gives None. `load`
+    reads one (a server's reads it from the copy its watch keeps), load_manifest by
+    default."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, load: Callable[[str], dict] | None = None):
         self.config = config
+        self._read = load or functools.partial(load_manifest, config)
         self._manifests: dict[str, tuple[dict | None, str]] = {}
 
     def get(self, name: str | None) -> tuple[dict | None, str]:
@@ -164,6 +170,6 @@ class ImageCache:
 
     def _load(self, name: str) -> dict | None:
         try:
-            return load_manifest(self.config, name)
+            return self._read(name)
         except NotFound:
             return None

@@ -11,6 +11,7 @@ every node with the same list and image) and "system" (the node-specific rest).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 from jinja2 import StrictUndefined
 
@@ -57,12 +58,14 @@ def render_overlay(overlay: Overlay, context: dict, node: str) -> list[archive.E
 class Builder:
     """Keys and packed bytes of nodes' overlays for one snapshot of the inventory."""
 
-    def __init__(self, config: Config, snapshot: Snapshot, durable_secrets: bool = True):
+    def __init__(self, config: Config, snapshot: Snapshot, durable_secrets: bool = True,
+                 manifests: Callable[[str], dict] | None = None):
+        """`manifests`: how to read an image's manifest (ImageCache's `load`)."""
         self.config = config
         self.snapshot = snapshot
         self.layout = Layout.of(config)
         self.build_dir = str(self.layout.overlay_builds)
-        self.images = ImageCache(config)
+        self.images = ImageCache(config, manifests)
         self.durable_secrets = durable_secrets
         """False: new secrets are not fsynced one by one (the caller syncs after a batch)."""
         self._secrets: dict[str, dict] = {}

@@ -22,7 +22,6 @@ from provisiond.inventory.model import Inventory, Record, check_name, node_sort_
 from provisiond.inventory.ranges import expand, fold
 from provisiond.inventory.store import InventoryStore, Version
 from provisiond.state.layout import Layout
-from provisiond.state.local import file_stamp
 
 SNAPSHOTS_KEPT = 4  # state dirs one process reads (tests make many)
 MAX_LIMIT = 1000
@@ -148,14 +147,16 @@ _snapshots: dict[str, tuple[tuple, Version, Snapshot]] = {}
 
 def snapshot(config: Config) -> Snapshot:
     """The inventory as it is now: the last snapshot of this state dir if the file has not
-    changed since (its stat), else the snapshot of the store's current version (the one
-    this process just wrote needs no reading)."""
+    changed since (its stat, on the files store), else the snapshot of the store's current
+    version (the same one while that version is: the one this process just wrote needs no
+    reading; on etcd a read of the store each time)."""
     path = Layout.of(config).inventory
-    stamp = file_stamp(path)
+    inventory = InventoryStore(config)
+    stamp = inventory.file_stamp()
     kept = _snapshots.get(str(path))
     if kept is not None and stamp is not None and kept[0] == stamp:
         return kept[2]
-    version = InventoryStore(config).current()
+    version = inventory.current()
     if kept is not None and kept[1] is version:
         current = kept[2]
     else:
@@ -163,8 +164,7 @@ def snapshot(config: Config) -> Snapshot:
     _snapshots.pop(str(path), None)
     if len(_snapshots) >= SNAPSHOTS_KEPT:
         _snapshots.pop(next(iter(_snapshots)))
-    if stamp is not None:
-        _snapshots[str(path)] = (stamp, version, current)
+    _snapshots[str(path)] = (stamp, version, current)
     return current
 
 

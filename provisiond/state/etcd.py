@@ -112,6 +112,8 @@ Reply = dict
 
 
 class EtcdStore(Store):
+    remote = True
+
     def __init__(self, url: str, key_path: Path, timeout: float = REQUEST_TIMEOUT,
                  tls: StoreTlsSettings | None = None, auth: StoreAuthSettings | None = None):
         try:
@@ -139,7 +141,8 @@ class EtcdStore(Store):
         self._tokens: dict[object, str | None] = {}  # etcd3gw client: its member's token
         self._renewing = {client: threading.Lock() for client in self.clients}
         self._renewal_failed: dict[object, tuple[float, _Retry]] = {}
-        self._lock = threading.Lock()
+        self._granting = threading.Lock()  # held while the receipts' lease is granted
+        self._grants: tuple[int, Exception | None] = (0, None)  # grants tried, the last's error
 
     # reads
 
@@ -259,15 +262,25 @@ class EtcdStore(Store):
         return {"succeeded": True, "header": {"revision": kvs[0]["mod_revision"]}}
 
     def _lease_id(self) -> int:
-        with self._lock:
+        """The lease of this store's receipts, granted by one caller at a time: writers at
+        once (a storm's first credentials) each granted one, 20 writers 20 leases. Those
+        that waited for a grant that failed fail with it (the store is away: each trying
+        in turn, the 20th failed after 20 times the wait)."""
+        grants = self._grants
+        with self._granting:
             lease = self._lease
-        if lease and time.monotonic() < lease[1]:
-            return lease[0]
-        reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
-        lease = (int(reply["ID"]), time.monotonic() + RECEIPT_RENEW)
-        with self._lock:
-            self._lease = lease
-        return lease[0]
+            if lease and time.monotonic() < lease[1]:
+                return lease[0]
+            if self._grants[0] != grants[0] and self._grants[1] is not None:
+                raise self._grants[1]
+            try:
+                reply = self._call("lease/grant", {"TTL": RECEIPT_TTL, "ID": 0})
+            except Exception as exc:
+                self._grants = (self._grants[0] + 1, exc)
+                raise
+            self._lease = (int(reply["ID"]), time.monotonic() + RECEIPT_RENEW)
+            self._grants = (self._grants[0] + 1, None)
+            return self._lease[0]
 
     # talking to members
 

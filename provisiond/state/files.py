@@ -43,6 +43,7 @@ LOCK_WAIT = 30.0  # seconds; polled, so a gevent worker's other greenlets keep r
 LOCK_STRIPES = 64  # writers of keys in different stripes check and rename at once
 POLL = 0.1  # seconds between two reads of the change log in watch
 SCAN_EVERY = 1.0  # seconds between two looks for files changed behind the store's back
+LOOKED_KEPT = 256  # watches remembered (prefix and revision): where each read up to
 LINE_ROOM = 64  # bytes of a log line besides its record's fields: the id, the separators
 META_BYTES = 512  # a meta file's size: each write covers the whole of the one before
 NOT_DOCUMENTS = frozenset({CACHE_NAME, "blobs"})
@@ -80,6 +81,7 @@ class FilesStore(Store):
                            mode=0o600)
         self._prepared = False
         self._seen: dict[str, dict[str, list[int] | None]] = {}  # prefix -> key -> stamp
+        self._looked: dict[tuple[str, int], int] = {}  # (prefix, since) -> read up to, in vain
         self._scan_lock = threading.Lock()
 
     # reads (no lock)
@@ -101,23 +103,31 @@ class FilesStore(Store):
         check_prefix(prefix)
         deadline = time.monotonic() + timeout
         next_scan = 0.0
+        # where an earlier watch of the prefix from `since` read up to, finding nothing:
+        # serve's watch of inventory.yaml read every change since the inventory's last one
+        # (a storm's phases) ten times a second, 10-25% of a core on an idle server
+        looked = self._looked.get((prefix, since), since)
         while True:
             if time.monotonic() >= next_scan:
                 self._scan(prefix)
                 next_scan = time.monotonic() + SCAN_EVERY
-            records = self.log.read_since(since, keep=lambda r: r["key"].startswith(prefix))
-            if since < self.log.oldest_id() - 1:
+            latest = self.log.latest_id()
+            records = self.log.read_since(looked, keep=lambda r: r["key"].startswith(prefix))
+            if looked < self.log.oldest_id() - 1:
                 raise Compacted(f"{self.url}: changes after revision {since} are no longer "
                                 f"kept (oldest: {self.log.oldest_id()})")
-            if not records and since > self.log.latest_id():
+            if not records and looked > latest:
                 # the log was removed (`git clean -X` of a state dir kept in git): its new
                 # revisions start low again, and a watch from the old one saw none of them
                 raise Compacted(f"{self.url}: revision {since} is newer than the change "
-                                f"log's ({self.log.latest_id()}): it was removed or reset")
+                                f"log's ({latest}): it was removed or reset")
             changes = [change for change in map(self._change, records) if change]
             if changes:
                 return changes
-            since = records[-1]["id"] if records else since
+            looked = records[-1]["id"] if records else max(looked, latest)
+            if len(self._looked) >= LOOKED_KEPT:
+                self._looked.clear()
+            self._looked[prefix, since] = looked
             left = deadline - time.monotonic()
             if left <= 0:
                 return []

@@ -58,6 +58,9 @@ class Store(abc.ABC):
 
     url: str
     """where the store is: `files:///state/dir` or `etcd://host:port[,host:port...]`"""
+    remote = False
+    """Whether each read is a request over the network (etcd): a server then answers its
+    per-request reads from a copy its watch keeps (provisiond.state.watched)."""
 
     @abc.abstractmethod
     def get(self, key: str) -> Entry | None:

@@ -133,21 +133,33 @@ def _checked_token(config: Config, node, text: str, address: str, port: int | No
     return token
 
 
-def authenticate(config: Config, node, authorization: str | None, address: str) -> None:
+def authenticate(config: Config, node, authorization: str | None, address: str,
+                 reads=None) -> None:
     """Pass if `authorization` is `Bearer <the node's current credential>` sent from one
     of its reserved addresses; else Unauthenticated (no or a wrong credential) or
-    Forbidden (the right one from elsewhere)."""
+    Forbidden (the right one from elsewhere). `reads`: what the node's document is read
+    through first (a server's WatchedCopy: no request on etcd)."""
     credential = bearer(authorization)
     if credential is None:
         raise Unauthenticated(f"{node.name}: this needs the node's credential "
                               "(Authorization: Bearer ...)")
-    issued = _read(config, node.name).credential
-    if issued is None or not hmac.compare_digest(issued.sha256, _digest(credential)):
+    if not _is_current(config, node.name, credential, reads):
         raise Unauthenticated(f"{node.name}: not the node's current credential (revoked, "
                               "replaced by a later boot, or never issued)")
     if address not in node.addresses:
         raise Forbidden(f"{node.name}: its credential is accepted only from its own "
                         "addresses")
+
+
+def _is_current(config: Config, name: str, credential: str, reads=None) -> bool:
+    """Whether `credential` is the node's current one as `reads` has it, or else as the
+    store has it: a copy refuses nothing alone, since it may not hold yet the credential
+    the node got a moment ago (from another worker, another server)."""
+    for source in ([reads] if reads is not None else []) + [None]:
+        issued = _read(config, name, source).credential
+        if issued is not None and hmac.compare_digest(issued.sha256, _digest(credential)):
+            return True
+    return False
 
 
 def bearer(authorization: str | None) -> str | None:
@@ -187,10 +199,10 @@ def trust_key(name: str) -> str:
     return str(KEYS.trust(name))
 
 
-def _read(config: Config, name: str) -> NodeTrust:
-    """The node's document; a missing or damaged one reads as empty (no credential: the
-    node reboots, it is not let in)."""
-    entry = opening.open_store(config).get(trust_key(name))
+def _read(config: Config, name: str, reads=None) -> NodeTrust:
+    """The node's document (through `reads`, else from the store); a missing or damaged
+    one reads as empty (no credential: the node reboots, it is not let in)."""
+    entry = (reads or opening.open_store(config)).get(trust_key(name))
     return _parse(entry.value if entry else None)
 
 

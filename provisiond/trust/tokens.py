@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,42 +108,63 @@ def key_path(config: Config) -> Path:
     return Layout.of(config).token_key
 
 
-def load_key(config: Config) -> bytes:
+def load_key(config: Config, reads=None) -> bytes:
     """The signing key, made on first use. Every process and server reads the same one: a
-    second maker loses the race (its put expects no key) and reads the winner's."""
-    return _load(config)[0]
+    second maker loses the race (its put expects no key) and reads the winner's. `reads`:
+    what to read it through (a server's WatchedCopy), the store by default."""
+    key = _usable((reads or opening.open_store(config)).get(KEY))
+    return key if key is not None else _load(config)
 
 
-def _load(config: Config) -> tuple[bytes, int]:
-    """The key and its revision on the store."""
+def _usable(entry) -> bytes | None:
+    return entry.value if entry is not None and len(entry.value) == KEY_BYTES else None
+
+
+def _load(config: Config) -> bytes:
+    """The key on the store, made if there is none."""
     store = opening.open_store(config)
     entry = store.get(KEY)
     if entry is None:
         key = secrets.token_bytes(KEY_BYTES)
         try:
-            return key, store.put(KEY, key, expect=ABSENT)
+            store.put(KEY, key, expect=ABSENT)
+            return key
         except StaleRevision:
             entry = store.get(KEY)
     if entry is None or len(entry.value) != KEY_BYTES:
         size = len(entry.value) if entry else 0
         raise ProvisiondError(f"{key_path(config)} is not a token key ({size} bytes, not "
                               f"{KEY_BYTES}); delete it to make a new one")
-    return entry.value, entry.revision
+    return entry.value
 
 
 class SigningKey:
-    """The key as a long-lived process (a server minting tokens) holds it: read again
-    when it was replaced or deleted (then made anew), as every exchange reads it. A get of
-    its revision per use; a key kept for good would sign tokens no exchange accepts any
-    more."""
+    """The key as a long-lived process (a server minting tokens) holds it: read with each
+    use, so that a key replaced or deleted (then made anew) signs no token an exchange
+    refuses. Through `reads`, a server's WatchedCopy on etcd: no request per use."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, reads=None):
         self.config = config
-        self._key: bytes | None = None
-        self._revision: int | None = None
+        self.reads = reads
+        self._making = threading.Lock()
+        self._made: tuple[int, bytes | None, Exception | None] = (0, None, None)
+        """how many loads so far, the last one's key or error"""
 
     def get(self) -> bytes:
-        entry = opening.open_store(self.config).get(KEY)
-        if self._key is None or entry is None or entry.revision != self._revision:
-            self._key, self._revision = _load(self.config)
-        return self._key
+        key = _usable((self.reads or opening.open_store(self.config)).get(KEY))
+        if key is not None:
+            return key
+        asked = self._made[0]
+        with self._making:  # a storm's first scripts find none at once: one makes it
+            loads, key, error = self._made
+            if loads != asked:  # loaded while this one waited: its key, or its failure
+                if error is not None:  # (the store away: not each script in turn)
+                    raise error
+                return key
+            try:
+                key = _load(self.config)
+            except Exception as exc:
+                self._made = (loads + 1, None, exc)
+                raise
+            self._made = (loads + 1, key, None)
+            return key

@@ -9,14 +9,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from provisiond.errors import TooLarge
+from provisiond.errors import TooLarge, Unavailable
 from provisiond.state.crypt import StoreKeyError, create_key
 from provisiond.state.etcd import EtcdStore
+from provisiond.state.watched import WatchedCopy
 from tests.etcd_cluster import ETCD, EtcdCluster, cluster_fixture, free_ports
 
 pytestmark = [pytest.mark.slow,
@@ -160,3 +162,31 @@ def _append(value: bytes | None, token: str) -> bytes:
     items = json.loads(value) if value else []
     return json.dumps(items + [token]).encode()
 
+
+
+def test_a_watched_copy_follows_etcd_and_fails_rather_than_answer_old_values(healed,
+                                                                            tmp_path):
+    """A server's copy of what it reads per request (provisiond.state.watched) on a real
+    cluster: another server's change reaches it through the watch, with no read; with every
+    member stopped a get fails once the copy is max_age old, not answers what etcd held."""
+    root = f"/copy-{uuid.uuid4().hex[:8]}"
+    ours, theirs = _store(healed, tmp_path, root), _store(healed, tmp_path, root)
+    key = "secrets/nodes/n1.json"
+    theirs.put(key, b"issued")
+    reads = []
+    real_get = ours.get
+    ours.get = lambda name: reads.append(name) or real_get(name)
+    copy = WatchedCopy(ours, ("secrets/",), max_age=2.0, wait=0.5)
+    assert copy.get(key).value == b"issued"
+    theirs.put(key, b"revoked")
+    written = time.monotonic()
+    while copy.get(key).value != b"revoked":
+        assert time.monotonic() - written < 1.0, "the change did not come through the watch"
+        time.sleep(0.01)
+    assert reads == [key]
+    for index in range(len(healed.members)):
+        healed.stop_member(index)
+    with pytest.raises(Unavailable):
+        for _ in range(2000):  # answered from the copy for at most max_age, then read
+            copy.get(key)
+            time.sleep(0.01)

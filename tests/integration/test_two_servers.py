@@ -34,6 +34,7 @@ from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import NetDev, Record
 from provisiond.service.tokens import create_token
 from provisiond.state.crypt import create_key
+from provisiond.state.watched import MAX_AGE
 from tests.etcd_cluster import ETCD
 from tests.integration.boot.servers import REPO, start_serve, stop_serve, write_config
 from tests.integration.segments import CoreCluster, Segments, ip
@@ -201,17 +202,19 @@ def stop_dhclient(pidfile: Path, seconds: float = 10) -> None:
         time.sleep(0.05)
 
 
-def boot_chain(site: Site, index: int) -> dict:
+def boot_chain(site: Site, index: int, port: int = 700) -> dict:
     """What iPXE and then the node's init fetch, from the node's namespace: {"script",
     "blobs" (url -> sha256 of the body), "overlays" (kind -> body), "credential"}. Between
     the two, the phases the server records itself (dhcp, ipxe, kernel: written by its phase
     writer, after the answers) are awaited on the other server, as a real boot's seconds
-    between kernel and agent leave them to be written."""
+    between kernel and agent leave them to be written. `port`: the agent's source port
+    (below 1024; another boot of the node from the same port meets the last one's
+    connection in TIME_WAIT)."""
     segment = site.net.segments[index]
     host, node = f"{segment.server_address}:{PORT}", f"n{index + 1}"
     found = segment.node.run(_ipxe_fetches, host, MACS[index])
     wait_status(site, 1 - index, node, {"dhcp", "ipxe", "kernel"})
-    found.update(segment.node.run(_init_fetches, host, node, token_in(found["script"])))
+    found.update(segment.node.run(_init_fetches, host, node, token_in(found["script"]), port))
     return found
 
 
@@ -233,11 +236,11 @@ def _ipxe_fetches(host: str, mac: str) -> dict:
     return found
 
 
-def _init_fetches(host: str, node: str, token: str) -> dict:
+def _init_fetches(host: str, node: str, token: str, port: int) -> dict:
     """The agent's part: the token for a credential (from a port below 1024, as root), the
     runtime overlay with it, the phase `ready`."""
     status, credential = request(host, "POST", f"/api/v1/credentials/{node}",
-                                 {"token": token}, source_port=700, form=True)
+                                 {"token": token}, source_port=port, form=True)
     assert status == 200, credential
     auth = {"Authorization": f"Bearer {credential.decode().strip()}"}
     status, runtime = request(host, "GET", f"/overlays/{node}/runtime", headers=auth)
@@ -325,18 +328,50 @@ def test_a_change_through_one_servers_api_is_served_by_the_other_within_1s(site,
     assert served_within(site, reader, mark, PROPAGATION) is not None
 
 
-def test_a_cli_change_against_the_shared_store_is_served_within_1s(site, tmp_path):
-    mark = f"pv.cli={uuid.uuid4().hex[:8]}"
-    state = tmp_path / "cli"
-    write_default_config(state)
-    write_config(state, store=site.cluster.url("/provisiond"))
-    shutil.copy2(site.states[0] / "store.key", state / "store.key")
+def cli(site: Site, folder: Path, *args: str) -> None:
+    """`provisiond ARGS` against the shared store, from the core network (another process,
+    as an admin's)."""
+    state = folder / "cli"
+    if not state.exists():
+        write_default_config(state)
+        write_config(state, store=site.cluster.url("/provisiond"))
+        shutil.copy2(site.states[0] / "store.key", state / "store.key")
     done = site.core(subprocess.run, [sys.executable, "-m", "provisiond", "--state-dir",
-                                      str(state), "node", "set", "n1", "--kernel-arg", mark],
+                                      str(state), *args],
                      capture_output=True, text=True, timeout=120,
                      env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_cli_change_against_the_shared_store_is_served_within_1s(site, tmp_path):
+    mark = f"pv.cli={uuid.uuid4().hex[:8]}"
+    cli(site, tmp_path, "node", "set", "n1", "--kernel-arg", mark)
     assert served_within(site, 0, mark, PROPAGATION) is not None
+
+
+def test_a_credential_revoked_by_the_cli_is_refused_within_1s(site, tmp_path):
+    """Servers check credentials in the copy of the store their watch keeps (no etcd
+    request per status report or runtime overlay): a revocation must reach it, not wait
+    for the copy's age limit."""
+    segment = site.net.segments[0]
+    host = f"{segment.server_address}:{PORT}"
+    chain = boot_chain(site, 0, port=701)
+    auth = {"Authorization": f"Bearer {chain['credential']}"}
+
+    def runtime_status() -> int:
+        return segment.node.run(request, host, "GET", "/overlays/n1/runtime", headers=auth)[0]
+
+    held = time.monotonic()
+    while time.monotonic() - held < MAX_AGE + 1:  # both workers' copies hold it, read or
+        assert runtime_status() == 200             # watched (not a store read per check)
+        time.sleep(0.1)
+    cli(site, tmp_path, "node", "revoke", "n1")
+    started = time.monotonic()
+    while runtime_status() != 401:
+        assert time.monotonic() - started <= PROPAGATION, "the revoked credential still works"
+        time.sleep(0.02)
+    # every worker's copy, not the first one's only: requests go to any of them
+    assert [runtime_status() for _ in range(12)] == [401] * 12
 
 
 @pytest.fixture

@@ -172,10 +172,12 @@ def config() -> Config:
 
 
 def token_store() -> TokenStore:
-    """This app's token store (it rereads the file only when the file changed)."""
+    """This app's token store (it parses the file again only when the file changed), read
+    through the server's copy of the store (BootServices.reads)."""
     store = current_app.extensions.get("provisiond.tokens")
     if store is None:
-        store = current_app.extensions["provisiond.tokens"] = TokenStore(config())
+        store = current_app.extensions["provisiond.tokens"] = TokenStore(
+            config(), reads=current_app.extensions["provisiond"].reads)
     return store
 
 

@@ -68,7 +68,8 @@ def test_overlay_files_reuse_one_builder_within_the_interval(config, monkeypatch
             inv.nodes[name].system_overlays = ["hostname", "hosts"]
     made = []
     real = artifacts.Builder
-    monkeypatch.setattr(artifacts, "Builder", lambda *args: made.append(args) or real(*args))
+    monkeypatch.setattr(artifacts, "Builder",
+                        lambda *args, **kw: made.append(args) or real(*args, **kw))
     files = artifacts.OverlayFiles(config, interval=3600)
     paths = [files.path(f"n{i}", kind) for i in (1, 2, 3) for kind in ("shared", "system")]
     assert len(made) == 1

@@ -120,3 +120,55 @@ def test_a_watch_answer_that_is_not_etcds_is_a_member_failure(tmp_path, line):
     with pytest.raises(etcd._Retry, match="the watch answered"):
         store._watch_message(line)
     assert store._watch_message(b'{"result": {"events": []}}') == []
+
+
+def test_writers_at_once_share_one_lease_for_their_receipts(etcd_cluster, tmp_path, root):
+    """A server's first guarded writes, made at once (a storm's first credentials), each
+    found no lease and granted one: a lease per writer, each kept by etcd for its TTL."""
+    import base64
+    import threading
+
+    store = EtcdStore(etcd_cluster.url(root), tmp_path / "store.key")
+    start = threading.Barrier(20)
+
+    def write(index: int) -> None:
+        start.wait(30)
+        store.put(f"status/n{index}.json", b"{}", expect=0)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    prefix = f"{root}.receipts/".encode()
+    reply = store._call("kv/range", {"key": base64.b64encode(prefix).decode(),
+                                     "range_end": base64.b64encode(etcd._end(prefix)).decode()})
+    leases = {kv.get("lease") for kv in reply.get("kvs", [])}
+    assert len(reply["kvs"]) == 20 and len(leases) == 1
+
+
+def test_with_no_member_up_writers_at_once_fail_together(tmp_path, monkeypatch):
+    """The receipts' lease is granted by one writer at a time: with no member up, those
+    that waited for a grant that failed must fail with it, not each try in turn (the 20th
+    guarded write of a storm failing after 20 times UNREACHABLE_FOR)."""
+    import threading
+    import time
+
+    monkeypatch.setattr(etcd, "UNREACHABLE_FOR", 0.3)
+    monkeypatch.setattr(etcd, "RETRY_FOR", 1.0)
+    store = EtcdStore(f"etcd://127.0.0.1:{free_ports(1)[0]}", tmp_path / "store.key")
+    start, failed = threading.Barrier(10), []
+
+    def write(index: int) -> None:
+        start.wait(30)
+        began = time.monotonic()
+        with pytest.raises(Unavailable):
+            store.put(f"status/n{index}.json", b"{}", expect=0)
+        failed.append(time.monotonic() - began)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(failed) == 10 and max(failed) < 2.0, sorted(failed)

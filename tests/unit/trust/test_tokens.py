@@ -106,3 +106,40 @@ def test_one_token_sent_at_once_by_many_gives_one_credential(config, node):
     loser = next(c for c in delivered if c != winners[0])
     with pytest.raises(ProvisiondError, match="not the node's current credential"):
         authenticate(config, node, f"Bearer {loser}", "10.0.0.1")
+
+
+def test_with_the_store_away_the_scripts_waiting_for_the_key_fail_together(config, store,
+                                                                          monkeypatch):
+    """No key in the server's copy, and the store away when it is loaded: the scripts that
+    waited for the one load under way each tried in turn after it failed, the 10th after
+    10 times the store's wait."""
+    import threading
+    import time
+
+    from provisiond.errors import Unavailable
+
+    class NoKey:  # a server's copy that holds no key (none was made yet)
+        def get(self, key):
+            return None
+
+    def away(*args, **kwargs):
+        time.sleep(0.3)
+        raise Unavailable("etcd: no member served the request")
+
+    monkeypatch.setattr(store, "get", away)
+    signing = tokens.SigningKey(config, NoKey())
+    start, failed = threading.Barrier(10), []
+
+    def script() -> None:
+        start.wait(30)
+        began = time.monotonic()
+        with pytest.raises(Unavailable):
+            signing.get()
+        failed.append(time.monotonic() - began)
+
+    threads = [threading.Thread(target=script) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(failed) == 10 and max(failed) < 1.5, sorted(failed)
