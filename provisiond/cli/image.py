@@ -53,7 +53,8 @@ def register(subparsers) -> None:
                     "$XDG_RUNTIME_DIR/containers/auth.json), "
                     "$XDG_CONFIG_HOME/containers/auth.json, ~/.docker/config.json "
                     "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported. "
-                    "An existing image NAME is refused without --force or --update.")
+                    "An existing image NAME is refused without --force or --update, the "
+                    "name of a shipped recipe without --force (the import would shadow it).")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
     imp.add_argument("unexpected", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -86,7 +87,8 @@ def register(subparsers) -> None:
                       help="replace an existing image NAME (or its recipe folder), as "
                            "`image delete` then an import would: the layers `image shell` "
                            "added to it are dropped, and the session tarballs kept in "
-                           "<state>/images/NAME/shell/ with them")
+                           "<state>/images/NAME/shell/ with them; or shadow the shipped "
+                           "recipe NAME")
     over.add_argument("--update", action="store_const", dest="over",
                       const=images.OverExisting.UPDATE,
                       help="import into an existing image NAME: the new content replaces "

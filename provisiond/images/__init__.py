@@ -96,20 +96,39 @@ def _refuse_existing(config: Config, name: str, over: OverExisting) -> None:
     """AlreadyExists, one line, when `name` is a built image or has a recipe folder in the
     state dir (an unbuilt site recipe, a deleted image's import) and `over` is REFUSE:
     the import would replace it, and put the layers `image shell` added to the image on
-    top of content they were not made on."""
+    top of content they were not made on. Also when the name has a shipped recipe: the
+    import's recipe would shadow it (silently, as it did)."""
     if over is not OverExisting.REFUSE:
         return
+    folder = Layout.of(config).recipe_dir(name)
+    shipped = None if folder.exists() else _shadowed_by_import(config, name)
     if image_exists(config, name):
         added = len(read_shell_layers(Layout.of(config).image_shell_layers(name), name))
+        shadows = f" (and shadows the shipped recipe {shipped})" if shipped else ""
         if added:
             raise AlreadyExists(f"image {name} already exists, with {added} layer"
                                 f"{'s' * (added > 1)} `image shell` added: --force replaces "
-                                "it and drops them, --update imports under them")
-        raise AlreadyExists(f"image {name} already exists: --force replaces it")
-    folder = Layout.of(config).recipe_dir(name)
+                                f"it and drops them, --update imports under them{shadows}")
+        raise AlreadyExists(f"image {name} already exists: --force replaces it{shadows}")
     if folder.exists():
         raise AlreadyExists(f"image {name} is not built but has a recipe folder, {folder}: "
                             "--force replaces it")
+    if shipped:
+        raise AlreadyExists(f"image {name} has a shipped recipe, {shipped}: an import would "
+                            f"shadow it (until {folder} is removed); --force imports anyway")
+
+
+def _shadowed_by_import(config: Config, name: str) -> Path | None:
+    """The recipe of the name the one an import writes (`<state>/recipes/NAME`) would
+    shadow: a shipped one, found after it on the search path."""
+    target = Layout.of(config).recipe_dir(name).parent
+    after = False
+    for folder in recipe_search_path(config):
+        path = Path(folder) / name / RECIPE_FILE
+        if after and path.is_file():
+            return path
+        after = after or Path(folder) == target
+    return None
 
 
 def _refuse_shadowed(config: Config, name: str) -> None:
