@@ -9,6 +9,7 @@ asks (provisiond.boot.peers)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -19,7 +20,7 @@ from provisiond.config import Config
 from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import INCOMING, blob_path
 from provisiond.images.layers import read_layer_record, shell_sessions
-from provisiond.images.recipe import check_image_name
+from provisiond.images.recipe import RecipeError, check_image_name, read_shell_layers
 from provisiond.state import open as opening
 from provisiond.state.layout import Layout
 from provisiond.state.models import DamagedDocument, ImageManifest, parse
@@ -190,10 +191,20 @@ def _items(value) -> list:
     return value if isinstance(value, list) else []
 
 
-def collect_garbage(config: Config) -> dict:
+def collect_garbage(config: Config, shell_tarballs: bool = False) -> dict:
     """Delete blobs and cached layer trees no manifest references, but the trees an
     `image shell` session mounts; returns what went. An open session holds nothing gc
-    waits for (it adds blobs only in its rebuild, a build holding the gc lock shared)."""
+    waits for (it adds blobs only in its rebuild, a build holding the gc lock shared).
+    The layer tarballs of `image shell` sessions no image lists (an admin's work) are
+    listed as kept, or removed with `shell_tarballs` (see unlisted_shell_tarballs)."""
+    result = _collect_blobs_and_trees(config)
+    found = unlisted_shell_tarballs(config, remove=shell_tarballs)
+    result["shell_tarballs_kept"] = [] if shell_tarballs else found
+    result["shell_tarballs_removed"] = found if shell_tarballs else []
+    return result
+
+
+def _collect_blobs_and_trees(config: Config) -> dict:
     with locked(gc_lock(config)):
         keep = referenced_digests(config)
         removed, freed = 0, 0
@@ -207,6 +218,39 @@ def collect_garbage(config: Config) -> dict:
                     removed += 1
         trees = _collect_trees(config, keep)
     return {"blobs_removed": removed, "bytes_freed": freed, "trees_removed": trees}
+
+
+def unlisted_shell_tarballs(config: Config, remove: bool = False) -> list[dict]:
+    """The layer tarballs in `images/<name>/shell/` that the image's shell.json does not
+    list: those `image shell` kept when its layer could not be added (the rebuild failed,
+    the image was replaced), which nothing else shows. Each as {image, path, size,
+    modified}; removed too when `remove`. Looked at under the image's lock, which a
+    session holds from saving its tarball to listing it (taken after the gc lock is let
+    go: a build takes the image's lock, then the gc lock). An image whose shell.json
+    cannot be read is left out: which of its tarballs it lists is not known."""
+    layout = Layout.of(config)
+    images_dir = Path(layout.images)
+    found = []
+    for folder in sorted(images_dir.iterdir()) if images_dir.is_dir() else []:
+        name = folder.name
+        if name.startswith(".") or not Path(layout.image_shell_dir(name)).is_dir():
+            continue
+        with locked(layout.image_lock(name)):
+            try:
+                listed = {os.path.normpath(folder / entry.path) for entry in
+                          read_shell_layers(layout.image_shell_layers(name), name)}
+            except RecipeError:
+                continue
+            for tar in sorted(Path(layout.image_shell_dir(name)).glob("*.tar")):
+                if str(tar) in listed or not tar.is_file():
+                    continue
+                stat = tar.stat()
+                found.append({"image": name, "path": str(tar), "size": stat.st_size,
+                              "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                        time.gmtime(stat.st_mtime))})
+                if remove:
+                    tar.unlink()
+    return found
 
 
 def _being_written(path: Path) -> bool:
@@ -242,4 +286,4 @@ def _session_lowers(layout: Layout) -> set[str]:
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
            "collect_garbage", "image_exists", "image_generation", "manifest_entry",
-           "manifest_revision"]
+           "manifest_revision", "unlisted_shell_tarballs"]

@@ -162,6 +162,53 @@ def test_gc_keeps_the_layer_trees_an_image_shell_session_mounts(config):
     assert not layout.layer_tree("unused").exists()
 
 
+def shell_tarballs(config, name: str, listed: list[str], kept: list[str]) -> dict:
+    """An image's `image shell` folder: tarballs shell.json lists, and others (sessions
+    whose layer could not be added); their paths by name."""
+    layout = Layout.of(config)
+    folder = layout.image_shell_dir(name)
+    folder.mkdir(parents=True)
+    for tar in (*listed, *kept):
+        (folder / tar).write_bytes(tar.encode() * 100)
+    layout.image_shell_layers(name).write_text(json.dumps(
+        [{"path": f"shell/{tar}", "description": "image shell: x"} for tar in listed]))
+    return {tar: folder / tar for tar in (*listed, *kept)}
+
+
+def test_gc_shows_the_shell_tarballs_no_image_lists_and_removes_them_only_when_asked(
+        config):
+    """A session whose layer could not be added (rebuild failed, image replaced) keeps its
+    tarball in images/NAME/shell/, listed nowhere: `image gc` said nothing of them, and
+    they piled up unseen. gc lists them now (path, size, modified) and keeps them, an
+    admin's work; asked to, it removes those and only those."""
+    built(config, "one")
+    paths = shell_tarballs(config, "one", ["a.tar"], ["b.tar", "c.tar"])
+    paths |= shell_tarballs(config, "two", [], ["d.tar"])
+    (paths["b.tar"].parent / ".layer.x1").write_bytes(b"being written")
+    result = collect_garbage(config)
+    assert [(t["image"], t["path"], t["size"]) for t in result["shell_tarballs_kept"]] == [
+        ("one", str(paths["b.tar"]), 500), ("one", str(paths["c.tar"]), 500),
+        ("two", str(paths["d.tar"]), 500)]
+    assert result["shell_tarballs_removed"] == []
+    assert all(path.is_file() for path in paths.values())
+    result = collect_garbage(config, shell_tarballs=True)
+    assert [t["path"] for t in result["shell_tarballs_removed"]] == [
+        str(paths[t]) for t in ("b.tar", "c.tar", "d.tar")]
+    assert result["shell_tarballs_kept"] == []
+    assert sorted(p.name for p in paths["a.tar"].parent.iterdir()) == [".layer.x1", "a.tar"]
+    assert not paths["d.tar"].exists()
+
+
+def test_gc_leaves_the_shell_tarballs_of_an_image_whose_listing_is_damaged(config):
+    """Which of them its shell.json lists is not known: none is shown or removed, and gc
+    goes on (no traceback)."""
+    paths = shell_tarballs(config, "bad", ["a.tar"], ["b.tar"])
+    Layout.of(config).image_shell_layers("bad").write_text('[{"pa')
+    result = collect_garbage(config, shell_tarballs=True)
+    assert result["shell_tarballs_removed"] == result["shell_tarballs_kept"] == []
+    assert all(path.is_file() for path in paths.values())
+
+
 def test_only_an_open_session_holds_off_a_build_of_its_layer_trees(config):
     """A build making a layer tree again in place (--no-cache) removed it from under an
     open shell's mount. An open session keeps its `lowers` file flocked: only then is the
