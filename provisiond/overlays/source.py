@@ -148,8 +148,8 @@ def _read_meta(root: Path) -> dict:
 def _read_overlay(name: str, root: Path) -> Overlay:
     meta_data = _read_meta(root)
     modes = _read_modes(root / META_FILE, meta_data.get("modes") or {})
-    files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
-             if rel != META_FILE]
+    files = [_source_file(name, _checked_name(name, rel), path, modes)
+             for rel, path in _walk(root) if rel != META_FILE]
     files += _declared_links(root, meta_data.get("links") or {}, {f.rel for f in files})
     parsed = [(f.rel, _parse(f)) for f in files if f.kind == "template"]
     trees = [tree for _, tree in parsed]
@@ -161,6 +161,23 @@ def _read_overlay(name: str, root: Path) -> Overlay:
         secret_files=tuple(rel for rel, variables in read if "secrets" in variables),
         description=str(meta_data.get("description", "")), secret=bool(meta_data.get("secret")),
         dir_modes=modes)
+
+
+def _checked_name(overlay: str, rel: str) -> str:
+    """`rel`, a path of the overlay's tree, unless a node could not copy it: the node's
+    /init (and its agent, for runtime overlays) reads the overlay's file names a line at a
+    time, so a newline in one broke the copy; other control characters are refused too
+    (settings and inventory share the rule), and names that are not UTF-8 (cpio and the
+    store's keys are)."""
+    try:
+        rel.encode()
+    except UnicodeEncodeError:  # os.walk's surrogate escapes
+        raise InvalidInput(f"overlay {overlay}: file {rel!r}: its name is not UTF-8: rename "
+                           "it") from None
+    if CONTROL_RE.search(rel):
+        raise InvalidInput(f"overlay {overlay}: file {rel!r}: a control character in its "
+                           "name (a newline breaks the node's copy of the overlay): rename it")
+    return rel
 
 
 def _read_modes(path: Path, raw) -> dict[str, int]:

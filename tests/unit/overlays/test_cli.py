@@ -145,3 +145,34 @@ def test_build_events_of_many_scattered_nodes_fit_a_journal_line(config):
     builds = events.read_since(config, 0, kinds=frozenset({"build."}))
     assert [e.kind for e in builds] == ["build.started", "build.failed"]
     assert builds[0].subject.endswith(",... (4000 nodes)") and len(builds[0].subject) < 2100
+
+
+@pytest.mark.parametrize("bad", ["bad\nname", "tab\there", "esc\x1b[2J", "bidi\u202ename",
+                                 "dir\nname/motd", b"latin\xe9".decode(errors="surrogateescape")])
+def test_a_file_name_a_node_cannot_copy_fails_the_nodes_using_its_overlay(cli, state_dir,
+                                                                        bad):
+    """A site overlay's file named with a newline broke the node's /init, which copies the
+    overlay a file name a line: the build packed it. Refused now in one line naming the
+    overlay and the file (repr); the nodes not using the overlay still build."""
+    import yaml
+
+    write_inventory(state_dir, system=["hostname"])
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n2"]["system_overlays"] = ["site"]
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    path = state_dir / "overlays" / "site" / "etc" / bad
+    path.parent.mkdir(parents=True)
+    path.write_text("hi\n")
+    result = cli("overlay", "build")
+    what = ("its name is not UTF-8: rename it" if bad.startswith("latin") else
+            "a control character in its name (a newline breaks the node's copy of the "
+            "overlay): rename it")
+    assert result.code == 5, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: overlay site: file {'etc/' + bad.split('/')[0]!r}: {what}"
+    ], result.err  # a folder's name: the folder named
+    built = state_dir / "overlay-builds"
+    assert (built / "n1/system.cpio.zst").is_file() and (built / "n3/system.cpio.zst").is_file()
+    assert not list((built / "n2").glob("system.*"))
+    shown = cli("overlay", "show", "site")
+    assert shown.code == 2 and shown.err.splitlines() == result.err.splitlines()
