@@ -167,8 +167,8 @@ def _checked_name(overlay: str, rel: str) -> str:
     """`rel`, a path of the overlay's tree, unless a node could not copy it: the node's
     /init (and its agent, for runtime overlays) reads the overlay's file names a line at a
     time, so a newline in one broke the copy; other control characters are refused too
-    (settings and inventory share the rule), and names that are not UTF-8 (cpio and the
-    store's keys are)."""
+    (settings and inventory share the rule), and names that are not UTF-8 (packing one
+    stopped the build with a UnicodeEncodeError traceback)."""
     try:
         rel.encode()
     except UnicodeEncodeError:  # os.walk's surrogate escapes
