@@ -312,10 +312,24 @@ def cmd_gc(args, ctx) -> int:
         return 0
     print(f"removed {result['blobs_removed']} blob(s), freed "
           f"{_size(result['bytes_freed'])}, {result['trees_removed']} cached layer tree(s)")
+    _print_shell_tarballs(result, ctx)
+    return 0
+
+
+def _print_shell_tarballs(result: dict, ctx) -> None:
+    """gc's lines on the `image shell` tarballs no image lists (none when there are none)."""
     removed, kept = result["shell_tarballs_removed"], result["shell_tarballs_kept"]
+    partials = result["shell_partials_removed"]
     if removed:
         ctx.print_line(f"removed {len(removed)} `image shell` layer tarball(s) no image "
                        f"listed, {_size(sum(t['size'] for t in removed))}")
+    if partials:
+        ctx.print_line(f"removed {len(partials)} half-written `image shell` layer "
+                       f"tarball(s) of killed sessions, "
+                       f"{_size(sum(t['size'] for t in partials))}")
+    for unreadable in result["shell_listings_unreadable"]:
+        ctx.print_line(f"{unreadable['error']}: its `image shell` tarballs are left as "
+                       "they are")
     if kept:
         ctx.print_line(f"kept {len(kept)} `image shell` layer tarball(s) no image lists "
                        f"(a session's layer that could not be added), "
@@ -325,7 +339,6 @@ def cmd_gc(args, ctx) -> int:
                            f"{_age(tar['modified'])}")
         print("  to keep one, add it to a recipe as a layer ({kind: tar, path: FILE}); "
               "`provisiond image gc --shell-tarballs` removes them")
-    return 0
 
 
 def _size(size: int) -> str:

@@ -164,9 +164,10 @@ class Layout:
     def image_shell_layers(self, name: str):
         return self.images / name / "shell.json"
 
-    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, listed nowhere, "
-           "those of sessions whose rebuild failed or whose image was replaced (the error "
-           "named them)")
+    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, in no image's "
+           "list, those of sessions whose rebuild failed or whose image was replaced (the "
+           "error named them; `image gc` shows them, `--shell-tarballs` removes them); "
+           "`.layer.*` while a session writes one (a killed session's: removed by gc)")
     def image_shell_dir(self, name: str):
         return self.images / name / "shell"
 

@@ -108,3 +108,22 @@ def test_gc_shows_kept_shell_tarballs_and_says_how_to_keep_or_remove_them(cli, c
     assert not kept.exists()
     result = cli("image", "gc")
     assert result.out.splitlines() == ["removed 0 blob(s), freed 0 B, 0 cached layer tree(s)"]
+
+
+def test_gc_says_what_it_did_with_half_written_tarballs_and_unreadable_listings(cli, config):
+    """Each in one line: a killed session's half-written tarball (removed), an image whose
+    shell.json cannot be read (its tarballs left as they are)."""
+    layout = Layout.of(config)
+    layout.image_shell_dir("one").mkdir(parents=True)
+    (layout.image_shell_dir("one") / ".layer.abc").write_bytes(b"x" * 2048)
+    layout.image_shell_dir("two").mkdir(parents=True)
+    (layout.image_shell_dir("two") / f"{'b' * 64}.tar").write_bytes(b"x")
+    layout.image_shell_layers("two").write_text("[{")
+    result = cli("image", "gc")
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[1] == ("removed 1 half-written `image shell` layer tarball(s) of killed "
+                        "sessions, 2.0 KiB")
+    assert lines[2].startswith(f"image two: {layout.image_shell_layers('two')} is unreadable")
+    assert lines[2].endswith(": its `image shell` tarballs are left as they are")
+    assert len(lines) == 3, lines
