@@ -97,11 +97,19 @@ def _refuse_existing(config: Config, name: str, over: OverExisting) -> None:
     state dir (an unbuilt site recipe, a deleted image's import) and `over` is REFUSE:
     the import would replace it, and put the layers `image shell` added to the image on
     top of content they were not made on. Also when the name has a shipped recipe: the
-    import's recipe would shadow it (silently, as it did)."""
-    if over is not OverExisting.REFUSE:
+    import's recipe would shadow it (silently, as it did); with `over` UPDATE too when it
+    is not built (there is no image to import into)."""
+    if over is OverExisting.REPLACE:
         return
     folder = Layout.of(config).recipe_dir(name)
     shipped = None if folder.exists() else _shadowed_by_import(config, name)
+    if over is OverExisting.UPDATE:
+        if shipped and not image_exists(config, name):
+            raise AlreadyExists(f"image {name} is not built but has a shipped recipe, "
+                                f"{shipped}: --update has no image to import into, and an "
+                                f"import would shadow the recipe (until {folder} is "
+                                "removed); --force imports anyway")
+        return
     if image_exists(config, name):
         added = len(read_shell_layers(Layout.of(config).image_shell_layers(name), name))
         shadows = f" (and shadows the shipped recipe {shipped})" if shipped else ""

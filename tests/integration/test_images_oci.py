@@ -833,6 +833,13 @@ def test_an_import_to_a_shipped_recipe_s_name_is_refused_without_force(cli, stat
         f"provisiond: error: image tiny has a shipped recipe, {shipped}: an import would "
         f"shadow it (until {state_dir}/recipes/tiny is removed); --force imports anyway"]
     assert not (state_dir / "recipes").exists()
+    result = cli("image", "import", str(archive), "tiny", "--update")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: image tiny is not built but has a shipped recipe, {shipped}: "
+        "--update has no image to import into, and an import would shadow the recipe (until "
+        f"{state_dir}/recipes/tiny is removed); --force imports anyway"]
+    assert not (state_dir / "recipes").exists()
     result = cli("image", "import", str(archive), "tiny", "--force")
     assert result.code == 0, result.err
     manifest = load_manifest(load_config(state_dir), "tiny")
