@@ -36,6 +36,10 @@ SECTIONS: list[tuple[str, list[str]]] = [
      _anchored(KEYS.cache, KEYS.blobs.parent, KEYS.images, KEYS.overlay_builds, folder=True)
      + _anchored(KEYS.recipe_aside("*", "*"), folder=True)
      + _anchored(KEYS.recipe_swap_mark("*"))),
+    ("the images `image import` keeps in its recipes (large): they come back with\n"
+     "`image import` from the source the recipe's description names",
+     _anchored(KEYS.recipe_imported_layout("*"), folder=True)
+     + _anchored(KEYS.recipe_imported_archive("*"))),
     ("what the servers and commands record",
      _anchored(KEYS.status_dir, KEYS.facts("-").parent, KEYS.fake_bmcs.parent,
                KEYS.events.parent, KEYS.audit.parent, KEYS.jobs, KEYS.run, KEYS.slurm,

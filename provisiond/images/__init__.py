@@ -25,7 +25,8 @@ from provisiond.images.manifests import (check_name, collect_garbage, delete_ima
                                          manifest_revision)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe, read_shell_layers
 from provisiond.images.swap import end_swap, swap_in
-from provisiond.state.layout import Layout, recipe_search_path
+from provisiond.state.layout import (IMPORTED_ARCHIVE, IMPORTED_LAYOUT, Layout,
+                                     recipe_search_path)
 
 
 class OverExisting(enum.Enum):
@@ -157,7 +158,7 @@ def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], in
     """The image and its generated recipe in a folder of their own."""
     folder.mkdir(parents=True)
     if source.startswith(("docker://", "oci:")):
-        target = folder / "oci"
+        target = folder / IMPORTED_LAYOUT
         writer = LayoutWriter(target, lambda digest: _kept_blob(config, digest))
         if source.startswith("docker://"):
             registry.pull(registry.parse_reference(source), writer, access,
@@ -169,7 +170,7 @@ def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], in
         if not archive.exists():
             raise InvalidInput(f"no such archive: {archive} (or docker://REGISTRY/REPO:TAG, "
                                "oci:DIR[:TAG])")
-        target = folder / ("oci" if archive.is_dir() else "archive.tar")
+        target = folder / (IMPORTED_LAYOUT if archive.is_dir() else IMPORTED_ARCHIVE)
         if archive.is_dir():
             _no_links_out(archive)
             shutil.copytree(archive, target)
