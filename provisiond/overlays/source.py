@@ -180,6 +180,21 @@ def _checked_name(overlay: str, rel: str) -> str:
     return rel
 
 
+def _checked_target(overlay: str, rel: str, path: Path) -> bytes:
+    """A symlink's target, held to the rule of `links:` targets: one that is not UTF-8
+    stopped the build with a UnicodeEncodeError traceback."""
+    target = os.readlink(path)
+    try:
+        data = target.encode()
+    except UnicodeEncodeError:  # os.readlink's surrogate escapes
+        raise InvalidInput(f"overlay {overlay}: symlink {rel!r}: its target {target!r} is "
+                           "not UTF-8: link it again") from None
+    if CONTROL_RE.search(target):
+        raise InvalidInput(f"overlay {overlay}: symlink {rel!r}: a control character in its "
+                           f"target {target!r}: link it again")
+    return data
+
+
 def _read_modes(path: Path, raw) -> dict[str, int]:
     """`modes:` of overlay.yaml as {path: mode}; a bad entry is one error line. A mode must
     be a quoted string: YAML reads an unquoted 0640 as the number 416."""
@@ -217,7 +232,7 @@ def _declared_links(root: Path, raw, present: set[str]) -> list[SourceFile]:
 def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> SourceFile:
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode):
-        return SourceFile(rel, rel, "symlink", 0o777, os.readlink(path).encode())
+        return SourceFile(rel, rel, "symlink", 0o777, _checked_target(name, rel, path))
     perm = modes.get(rel.removesuffix(TEMPLATE_SUFFIX), stat.S_IMODE(st.st_mode))
     if stat.S_ISDIR(st.st_mode):
         return SourceFile(rel, rel, "dir", modes.get(rel, 0o755), b"")
