@@ -53,7 +53,8 @@ def register(subparsers) -> None:
                     "$XDG_RUNTIME_DIR/containers/auth.json), "
                     "$XDG_CONFIG_HOME/containers/auth.json, ~/.docker/config.json "
                     "($DOCKER_CONFIG), ~/.dockercfg. Credential helpers are not supported. "
-                    "An existing image NAME is refused without --force or --update.")
+                    "An existing image NAME is refused without --force or --update, the "
+                    "name of a shipped recipe without --force (the import would shadow it).")
     imp.add_argument("source", metavar="SOURCE")
     imp.add_argument("name")
     imp.add_argument("unexpected", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -86,7 +87,8 @@ def register(subparsers) -> None:
                       help="replace an existing image NAME (or its recipe folder), as "
                            "`image delete` then an import would: the layers `image shell` "
                            "added to it are dropped, and the session tarballs kept in "
-                           "<state>/images/NAME/shell/ with them")
+                           "<state>/images/NAME/shell/ with them; or shadow the shipped "
+                           "recipe NAME")
     over.add_argument("--update", action="store_const", dest="over",
                       const=images.OverExisting.UPDATE,
                       help="import into an existing image NAME: the new content replaces "
@@ -110,12 +112,21 @@ def register(subparsers) -> None:
                     "--force`). If the rebuild fails, or the image was deleted and built "
                     "again or replaced meanwhile (another image), the image is "
                     "left as it is and the layer's tarball is kept there, listed nowhere: "
-                    "the error names it.")
+                    "the error names it, and `image gc` shows it.")
     shell.add_argument("name")
     shell.add_argument("--command", "-c", metavar="CMD",
                        help="run CMD (bash -c, else sh -c) instead of an interactive shell")
     shell.set_defaults(func=cmd_shell)
-    gc = verbs.add_parser("gc", help="delete blobs that no image references")
+    gc = verbs.add_parser(
+        "gc", help="delete blobs that no image references",
+        description="Delete the blobs and cached layer trees no image references. The "
+                    "layer tarballs `image shell` kept under <state>/images/NAME/shell/ "
+                    "when its layer could not be added (listed in no image) are shown, "
+                    "with their size and age, and kept: they hold an administrator's "
+                    "work. Add one to a recipe as a layer ({kind: tar, path: FILE}) to "
+                    "keep it, or remove them all with --shell-tarballs.")
+    gc.add_argument("--shell-tarballs", action="store_true",
+                    help="also remove the `image shell` layer tarballs no image lists")
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(func=cmd_gc)
 
@@ -295,13 +306,39 @@ def cmd_delete(args, ctx) -> int:
 
 
 def cmd_gc(args, ctx) -> int:
-    result = images.collect_garbage(ctx.config)
+    result = images.collect_garbage(ctx.config, shell_tarballs=args.shell_tarballs)
     if args.json:
         ctx.print_json(result)
-    else:
-        print(f"removed {result['blobs_removed']} blob(s), freed "
-              f"{_size(result['bytes_freed'])}, {result['trees_removed']} cached layer tree(s)")
+        return 0
+    print(f"removed {result['blobs_removed']} blob(s), freed "
+          f"{_size(result['bytes_freed'])}, {result['trees_removed']} cached layer tree(s)")
+    _print_shell_tarballs(result, ctx)
     return 0
+
+
+def _print_shell_tarballs(result: dict, ctx) -> None:
+    """gc's lines on the `image shell` tarballs no image lists (none when there are none)."""
+    removed, kept = result["shell_tarballs_removed"], result["shell_tarballs_kept"]
+    partials = result["shell_partials_removed"]
+    if removed:
+        ctx.print_line(f"removed {len(removed)} `image shell` layer tarball(s) no image "
+                       f"listed, {_size(sum(t['size'] for t in removed))}")
+    if partials:
+        ctx.print_line(f"removed {len(partials)} half-written `image shell` layer "
+                       f"tarball(s) of killed sessions, "
+                       f"{_size(sum(t['size'] for t in partials))}")
+    for unreadable in result["shell_listings_unreadable"]:
+        ctx.print_line(f"{unreadable['error']}: its `image shell` tarballs are left as "
+                       "they are")
+    if kept:
+        ctx.print_line(f"kept {len(kept)} `image shell` layer tarball(s) no image lists "
+                       f"(a session's layer that could not be added), "
+                       f"{_size(sum(t['size'] for t in kept))}:")
+        for tar in kept:
+            ctx.print_line(f"  {tar['path']}  {_size(tar['size'])}, "
+                           f"{_age(tar['modified'])}")
+        print("  to keep one, add it to a recipe as a layer ({kind: tar, path: FILE}); "
+              "`provisiond image gc --shell-tarballs` removes them")
 
 
 def _size(size: int) -> str:

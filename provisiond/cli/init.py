@@ -1,4 +1,5 @@
-"""`provisiond init`: a working state directory with a commented provisiond.yaml."""
+"""`provisiond init`: a working state directory with a commented provisiond.yaml (and a
+.gitignore of what a state dir kept in git must not hold)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from provisiond.cli.ownership import hand_back
 from provisiond.config import (SHIPPED_DIR, StoreAuthSettings, StoreTlsSettings, load_config,
                                parse_store_url, unicast_address, write_default_config)
 from provisiond.errors import InvalidInput
+from provisiond.gitignore import GITIGNORE_NAME, write_gitignore
 from provisiond.inventory import InventoryStore
 from provisiond.inventory.model import Record
 from provisiond.service import records
@@ -75,7 +77,9 @@ def run(args, ctx) -> None:
     for folder in (layout.blobs, layout.images, layout.overlays, layout.status_dir):
         Path(folder).mkdir(parents=True, exist_ok=True)
     imported = [] if args.no_profiles else import_profiles(config, SHIPPED_PROFILES)
+    ignore = write_gitignore(layout)
     print(f"{'kept' if existed else 'wrote'} {path}")
+    print(f"wrote {ignore}" if ignore else f"kept {layout.root / GITIGNORE_NAME}")
     if imported:
         print(f"imported profiles: {', '.join(imported)}")
     if unit_text:

@@ -25,7 +25,8 @@ from provisiond.images.manifests import (check_name, collect_garbage, delete_ima
                                          manifest_revision)
 from provisiond.images.recipe import RECIPE_FILE, RecipeError, load_recipe, read_shell_layers
 from provisiond.images.swap import end_swap, swap_in
-from provisiond.state.layout import Layout, recipe_search_path
+from provisiond.state.layout import (IMPORTED_ARCHIVE, IMPORTED_LAYOUT, Layout,
+                                     recipe_search_path)
 
 
 class OverExisting(enum.Enum):
@@ -96,20 +97,47 @@ def _refuse_existing(config: Config, name: str, over: OverExisting) -> None:
     """AlreadyExists, one line, when `name` is a built image or has a recipe folder in the
     state dir (an unbuilt site recipe, a deleted image's import) and `over` is REFUSE:
     the import would replace it, and put the layers `image shell` added to the image on
-    top of content they were not made on."""
-    if over is not OverExisting.REFUSE:
+    top of content they were not made on. Also when the name has a shipped recipe: the
+    import's recipe would shadow it (silently, as it did); with `over` UPDATE too when it
+    is not built (there is no image to import into)."""
+    if over is OverExisting.REPLACE:
+        return
+    folder = Layout.of(config).recipe_dir(name)
+    shipped = None if folder.exists() else _shadowed_by_import(config, name)
+    if over is OverExisting.UPDATE:
+        if shipped and not image_exists(config, name):
+            raise AlreadyExists(f"image {name} is not built but has a shipped recipe, "
+                                f"{shipped}: --update has no image to import into, and an "
+                                f"import would shadow the recipe (until {folder} is "
+                                "removed); --force imports anyway")
         return
     if image_exists(config, name):
         added = len(read_shell_layers(Layout.of(config).image_shell_layers(name), name))
+        shadows = f" (and shadows the shipped recipe {shipped})" if shipped else ""
         if added:
             raise AlreadyExists(f"image {name} already exists, with {added} layer"
                                 f"{'s' * (added > 1)} `image shell` added: --force replaces "
-                                "it and drops them, --update imports under them")
-        raise AlreadyExists(f"image {name} already exists: --force replaces it")
-    folder = Layout.of(config).recipe_dir(name)
+                                f"it and drops them, --update imports under them{shadows}")
+        raise AlreadyExists(f"image {name} already exists: --force replaces it{shadows}")
     if folder.exists():
         raise AlreadyExists(f"image {name} is not built but has a recipe folder, {folder}: "
                             "--force replaces it")
+    if shipped:
+        raise AlreadyExists(f"image {name} has a shipped recipe, {shipped}: an import would "
+                            f"shadow it (until {folder} is removed); --force imports anyway")
+
+
+def _shadowed_by_import(config: Config, name: str) -> Path | None:
+    """The recipe of the name the one an import writes (`<state>/recipes/NAME`) would
+    shadow: a shipped one, found after it on the search path."""
+    target = Layout.of(config).recipe_dir(name).parent
+    after = False
+    for folder in recipe_search_path(config):
+        path = Path(folder) / name / RECIPE_FILE
+        if after and path.is_file():
+            return path
+        after = after or Path(folder) == target
+    return None
 
 
 def _refuse_shadowed(config: Config, name: str) -> None:
@@ -130,7 +158,7 @@ def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], in
     """The image and its generated recipe in a folder of their own."""
     folder.mkdir(parents=True)
     if source.startswith(("docker://", "oci:")):
-        target = folder / "oci"
+        target = folder / IMPORTED_LAYOUT
         writer = LayoutWriter(target, lambda digest: _kept_blob(config, digest))
         if source.startswith("docker://"):
             registry.pull(registry.parse_reference(source), writer, access,
@@ -142,7 +170,7 @@ def _stage(config: Config, source: str, folder: Path, kernel_args: list[str], in
         if not archive.exists():
             raise InvalidInput(f"no such archive: {archive} (or docker://REGISTRY/REPO:TAG, "
                                "oci:DIR[:TAG])")
-        target = folder / ("oci" if archive.is_dir() else "archive.tar")
+        target = folder / (IMPORTED_LAYOUT if archive.is_dir() else IMPORTED_ARCHIVE)
         if archive.is_dir():
             _no_links_out(archive)
             shutil.copytree(archive, target)

@@ -9,6 +9,7 @@ asks (provisiond.boot.peers)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -19,7 +20,8 @@ from provisiond.config import Config
 from provisiond.errors import BuildFailed, ImageNotFound
 from provisiond.images.blobs import INCOMING, blob_path
 from provisiond.images.layers import read_layer_record, shell_sessions
-from provisiond.images.recipe import check_image_name
+from provisiond.images.recipe import (RecipeError, check_image_name, read_shell_layers,
+                                      tar_layer_files)
 from provisiond.state import open as opening
 from provisiond.state.layout import Layout
 from provisiond.state.models import DamagedDocument, ImageManifest, parse
@@ -190,10 +192,22 @@ def _items(value) -> list:
     return value if isinstance(value, list) else []
 
 
-def collect_garbage(config: Config) -> dict:
+def collect_garbage(config: Config, shell_tarballs: bool = False) -> dict:
     """Delete blobs and cached layer trees no manifest references, but the trees an
     `image shell` session mounts; returns what went. An open session holds nothing gc
-    waits for (it adds blobs only in its rebuild, a build holding the gc lock shared)."""
+    waits for (it adds blobs only in its rebuild, a build holding the gc lock shared).
+    The layer tarballs of `image shell` sessions no image lists (an admin's work) are
+    listed as kept, or removed with `shell_tarballs` (see unlisted_shell_tarballs)."""
+    result = _collect_blobs_and_trees(config)
+    found = unlisted_shell_tarballs(config, remove=shell_tarballs)
+    result["shell_tarballs_kept"] = [] if shell_tarballs else found["tarballs"]
+    result["shell_tarballs_removed"] = found["tarballs"] if shell_tarballs else []
+    result["shell_partials_removed"] = found["partials"]
+    result["shell_listings_unreadable"] = found["unreadable"]
+    return result
+
+
+def _collect_blobs_and_trees(config: Config) -> dict:
     with locked(gc_lock(config)):
         keep = referenced_digests(config)
         removed, freed = 0, 0
@@ -207,6 +221,63 @@ def collect_garbage(config: Config) -> dict:
                     removed += 1
         trees = _collect_trees(config, keep)
     return {"blobs_removed": removed, "bytes_freed": freed, "trees_removed": trees}
+
+
+SHELL_PARTIAL_PREFIX = ".layer."
+"""A tarball `image shell` is writing, under the image's lock (shell._save_layer)."""
+
+
+def unlisted_shell_tarballs(config: Config, remove: bool = False) -> dict[str, list]:
+    """The layer tarballs in `images/<name>/shell/` that neither the image's shell.json
+    nor a recipe's `tar` layer names: those `image shell` kept when its layer could not
+    be added (the rebuild failed, the image was replaced), which nothing else shows.
+    {"tarballs": [{image, path, size, modified}], removed too when `remove`; "partials":
+    the half-written tarballs of sessions killed as they saved theirs, always removed;
+    "unreadable": [{image, error}], the images whose shell.json cannot be read (which of
+    their tarballs it lists is not known: none is touched)}. Looked at under the image's
+    lock, which a session holds from writing its tarball to listing it (taken after the
+    gc lock is let go: a build takes the image's lock, then the gc lock). Paths are
+    compared resolved, as a build resolves them; a symlink (a tarball, the shell folder
+    or the image's) is never followed nor removed: gc did not make it."""
+    layout = Layout.of(config)
+    images_dir = Path(layout.images)
+    in_recipes = tar_layer_files(config)
+    found: dict[str, list] = {"tarballs": [], "partials": [], "unreadable": []}
+    for folder in sorted(images_dir.iterdir()) if images_dir.is_dir() else []:
+        name = folder.name
+        shell_dir = Path(layout.image_shell_dir(name))
+        if name.startswith(".") or not _shell_files(shell_dir):
+            continue
+        with locked(layout.image_lock(name)):
+            try:
+                listed = {(folder / entry.path).resolve() for entry in
+                          read_shell_layers(layout.image_shell_layers(name), name)}
+            except (RecipeError, ValueError) as exc:
+                found["unreadable"].append({"image": name, "error": str(exc)})
+                continue
+            for path in _shell_files(shell_dir):
+                if path.name.startswith(SHELL_PARTIAL_PREFIX):
+                    found["partials"].append(_shell_file(name, path, remove=True))
+                elif path.suffix == ".tar" and path.resolve() not in listed | in_recipes:
+                    found["tarballs"].append(_shell_file(name, path, remove))
+    return found
+
+
+def _shell_files(folder: Path) -> list[Path]:
+    """The regular files of an image's shell/ folder, none when it or the image's folder
+    is a symlink (or gone)."""
+    if folder.parent.is_symlink() or folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir()
+                  if not path.is_symlink() and path.is_file())
+
+
+def _shell_file(image: str, path: Path, remove: bool) -> dict:
+    stat = path.stat()
+    if remove:
+        path.unlink()
+    return {"image": image, "path": str(path), "size": stat.st_size,
+            "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stat.st_mtime))}
 
 
 def _being_written(path: Path) -> bool:
@@ -242,4 +313,4 @@ def _session_lowers(layout: Layout) -> set[str]:
 
 __all__ = ["blob_path", "load_manifest", "list_images", "save_manifest", "delete_image",
            "collect_garbage", "image_exists", "image_generation", "manifest_entry",
-           "manifest_revision"]
+           "manifest_revision", "unlisted_shell_tarballs"]

@@ -203,6 +203,23 @@ def shell_steps(config: Config, name: str, before: int) -> list[Step]:
             for number, entry in enumerate(read_shell_layers(listing, name), 1)]
 
 
+def tar_layer_files(config: Config) -> set[Path]:
+    """The files the `tar` layers of the recipes on the search path name, resolved as a
+    build resolves them (an admin told to add a kept `image shell` tarball to a recipe
+    may name it where it is). A recipe that cannot be read names none."""
+    found = set()
+    for folder in recipe_search_path(config):
+        for path in sorted(Path(folder).glob(f"*/{RECIPE_FILE}")):
+            try:
+                head = _parse_head(path.parent.name, path, path.read_bytes())
+            except (RecipeError, OSError):
+                continue
+            found |= {(path.parent / entry["path"]).resolve() for entry in head.layers
+                      if isinstance(entry, dict) and entry.get("kind") == "tar"
+                      and isinstance(entry.get("path"), str)}
+    return found
+
+
 def read_shell_layers(listing: Path, name: str) -> list[ShellLayer]:
     """The entries of image `name`'s shell.json (none when it is missing); RecipeError,
     one line, when it cannot be read."""

@@ -148,8 +148,8 @@ def _read_meta(root: Path) -> dict:
 def _read_overlay(name: str, root: Path) -> Overlay:
     meta_data = _read_meta(root)
     modes = _read_modes(root / META_FILE, meta_data.get("modes") or {})
-    files = [_source_file(name, rel, path, modes) for rel, path in _walk(root)
-             if rel != META_FILE]
+    files = [_source_file(name, _checked_name(name, rel), path, modes)
+             for rel, path in _walk(root) if rel != META_FILE]
     files += _declared_links(root, meta_data.get("links") or {}, {f.rel for f in files})
     parsed = [(f.rel, _parse(f)) for f in files if f.kind == "template"]
     trees = [tree for _, tree in parsed]
@@ -161,6 +161,38 @@ def _read_overlay(name: str, root: Path) -> Overlay:
         secret_files=tuple(rel for rel, variables in read if "secrets" in variables),
         description=str(meta_data.get("description", "")), secret=bool(meta_data.get("secret")),
         dir_modes=modes)
+
+
+def _checked_name(overlay: str, rel: str) -> str:
+    """`rel`, a path of the overlay's tree, unless a node could not copy it: the node's
+    /init (and its agent, for runtime overlays) reads the overlay's file names a line at a
+    time, so a newline in one broke the copy; other control characters are refused too
+    (settings and inventory share the rule), and names that are not UTF-8 (packing one
+    stopped the build with a UnicodeEncodeError traceback)."""
+    try:
+        rel.encode()
+    except UnicodeEncodeError:  # os.walk's surrogate escapes
+        raise InvalidInput(f"overlay {overlay}: file {rel!r}: its name is not UTF-8: rename "
+                           "it") from None
+    if CONTROL_RE.search(rel):
+        raise InvalidInput(f"overlay {overlay}: file {rel!r}: a control character in its "
+                           "name (a newline breaks the node's copy of the overlay): rename it")
+    return rel
+
+
+def _checked_target(overlay: str, rel: str, path: Path) -> bytes:
+    """A symlink's target, held to the rule of `links:` targets: one that is not UTF-8
+    stopped the build with a UnicodeEncodeError traceback."""
+    target = os.readlink(path)
+    try:
+        data = target.encode()
+    except UnicodeEncodeError:  # os.readlink's surrogate escapes
+        raise InvalidInput(f"overlay {overlay}: symlink {rel!r}: its target {target!r} is "
+                           "not UTF-8: link it again") from None
+    if CONTROL_RE.search(target):
+        raise InvalidInput(f"overlay {overlay}: symlink {rel!r}: a control character in its "
+                           f"target {target!r}: link it again")
+    return data
 
 
 def _read_modes(path: Path, raw) -> dict[str, int]:
@@ -200,7 +232,7 @@ def _declared_links(root: Path, raw, present: set[str]) -> list[SourceFile]:
 def _source_file(name: str, rel: str, path: Path, modes: dict[str, int]) -> SourceFile:
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode):
-        return SourceFile(rel, rel, "symlink", 0o777, os.readlink(path).encode())
+        return SourceFile(rel, rel, "symlink", 0o777, _checked_target(name, rel, path))
     perm = modes.get(rel.removesuffix(TEMPLATE_SUFFIX), stat.S_IMODE(st.st_mode))
     if stat.S_ISDIR(st.st_mode):
         return SourceFile(rel, rel, "dir", modes.get(rel, 0o755), b"")

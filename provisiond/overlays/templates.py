@@ -13,6 +13,7 @@ from pathlib import Path
 from jinja2 import Environment, StrictUndefined, TemplateError, TemplateSyntaxError
 from jinja2 import nodes as ast
 
+from provisiond.config import CONTROL_RE
 from provisiond.errors import BuildFailed
 
 # A rendered template may hold several files: each starts at a line `#@file <relative path>`.
@@ -59,17 +60,41 @@ def compile_template(overlay: str, rel: str, path: Path, data: bytes):
 
 
 def render_template(template, context: dict, overlay: str, rel: str, node: str) -> str:
-    """Render; any failure (a missing variable, a failing filter) is one error line."""
+    """Render; any failure (a missing variable, a failing filter, a `#@file` name a node
+    could not copy) is one error line."""
     try:
-        return template.render(context)
+        text = template.render(context)
     except Exception as exc:  # noqa: BLE001 - every template failure is reported the same way
         error = exc
+    else:
+        _check_file_marks(text, overlay, rel, node)
+        return text
     message = error.message if isinstance(error, TemplateError) and error.message else \
         f"{type(error).__name__}: {error}"
     message = _without_secrets(message, context.get("secrets"))
     line = _template_line(error, template.filename)
     where = f", line {line}" if line else ""
     raise OverlayTemplateError(f"overlay {overlay}, file {rel}{where}, node {node}: {message}")
+
+
+def _check_file_marks(text: str, overlay: str, rel: str, node: str) -> None:
+    """The `#@file` names a rendering gives (node data may be in them) follow the rule of
+    the overlay's own file names (provisiond.overlays.source), and stay in the template's
+    folder: `../` put a file outside the overlay's copy on the node, another control
+    character went into the archive as it was."""
+    if "#@file" not in text:
+        return
+    for mark in FILE_MARK.finditer(text):
+        name = mark.group(1).strip("/")
+        parts = name.split("/")
+        if CONTROL_RE.search(name):
+            why = "a control character in it"
+        elif not name or any(part in ("", ".", "..") for part in parts):
+            why = "not a path below the template's folder"
+        else:
+            continue
+        raise OverlayTemplateError(f"overlay {overlay}, file {rel}, node {node}: "
+                                   f"`#@file {mark.group(1)!r}`: {why}")
 
 
 def _without_secrets(message: str, secrets) -> str:

@@ -25,6 +25,8 @@ from provisiond.errors import InvalidInput
 CACHE_ENV = "PROVISIOND_CACHE_DIR"
 """Where downloads are cached when set (several state dirs can share it); else <state>/cache."""
 PATTERN_WIDTH, DOC_WIDTH = 32, 95  # the contracts doc's block
+IMPORTED_LAYOUT = "oci"  # recipes/<name>/oci/: what `image import` keeps of an OCI image
+IMPORTED_ARCHIVE = "archive.tar"  # recipes/<name>/archive.tar: of a docker-archive tarball
 SHARED_BUILDS = "_shared"  # overlay-builds/_shared: node names start with a letter or digit
 
 
@@ -164,9 +166,10 @@ class Layout:
     def image_shell_layers(self, name: str):
         return self.images / name / "shell.json"
 
-    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, listed nowhere, "
-           "those of sessions whose rebuild failed or whose image was replaced (the error "
-           "named them)")
+    @entry("images/<name>/shell/", "their tarballs, `<sha256>.tar`; and, in no image's "
+           "list, those of sessions whose rebuild failed or whose image was replaced (the "
+           "error named them; `image gc` shows them, `--shell-tarballs` removes them); "
+           "`.layer.*` while a session writes one (a killed session's: removed by gc)")
     def image_shell_dir(self, name: str):
         return self.images / name / "shell"
 
@@ -200,6 +203,16 @@ class Layout:
     @entry("recipes/<name>/", "one imported or site recipe")
     def recipe_dir(self, name: str):
         return self.recipes / name
+
+    @entry("recipes/<name>/oci/", "the image `image import` took from a registry, an "
+           "`oci:` layout or a layout folder, as an OCI layout (its blobs)")
+    def recipe_imported_layout(self, name: str):
+        return self.recipe_dir(name) / IMPORTED_LAYOUT
+
+    @entry("recipes/<name>/archive.tar", "the tarball `image import` was given (a "
+           "docker-archive or OCI layout tarball)")
+    def recipe_imported_archive(self, name: str):
+        return self.recipe_dir(name) / IMPORTED_ARCHIVE
 
     @entry("recipes/<name>/.import.json", "in a folder `image import` swapped in, until the "
            "swap is ended: the manifest revision it started from, whether it replaces the "

@@ -20,6 +20,7 @@ import zstandard
 
 from provisiond.atomic import locked
 from provisiond.cli import main
+from provisiond.config import SHIPPED_DIR, load_config
 from provisiond.errors import AlreadyExists, BuildFailed, Conflict, ExitCode, NotFound
 from provisiond.images import blob_path, load_manifest
 from provisiond.images import build as build_module
@@ -816,3 +817,31 @@ def test_an_import_shadowed_by_a_site_recipe_is_refused(cli, state_dir, tmp_path
             f"shadows the one an import writes ({state_dir}/recipes/shadowed): import under "
             "another name"], result.err
     assert not (state_dir / "recipes").exists()
+
+
+def test_an_import_to_a_shipped_recipe_s_name_is_refused_without_force(cli, state_dir,
+                                                                        tmp_path):
+    """`image import SOURCE tiny` wrote <state>/recipes/tiny, which shadows the shipped
+    recipe of that name from then on, and said nothing of it. Refused in one line naming
+    the recipe it would shadow (exit 4, as an import over an existing image); --force
+    imports."""
+    shipped = SHIPPED_DIR / "images/tiny/image.yaml"
+    archive = oci_archive(tmp_path / "image.tar", [layer_tar(BOTTOM)])
+    result = cli("image", "import", str(archive), "tiny")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: image tiny has a shipped recipe, {shipped}: an import would "
+        f"shadow it (until {state_dir}/recipes/tiny is removed); --force imports anyway"]
+    assert not (state_dir / "recipes").exists()
+    result = cli("image", "import", str(archive), "tiny", "--update")
+    assert result.code == AlreadyExists.exit_code, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: image tiny is not built but has a shipped recipe, {shipped}: "
+        "--update has no image to import into, and an import would shadow the recipe (until "
+        f"{state_dir}/recipes/tiny is removed); --force imports anyway"]
+    assert not (state_dir / "recipes").exists()
+    result = cli("image", "import", str(archive), "tiny", "--force")
+    assert result.code == 0, result.err
+    manifest = load_manifest(load_config(state_dir), "tiny")
+    assert manifest["recipe"]["path"] == str(state_dir / "recipes/tiny/image.yaml")
+    assert [l["kind"] for l in manifest["layers"]] == ["oci-archive"]

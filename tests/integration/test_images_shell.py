@@ -799,6 +799,32 @@ def test_a_failed_rebuild_keeps_the_session_s_layer_and_says_where(tiny):
     assert left_behind(config) == []
 
 
+def test_gc_shows_a_failed_session_s_tarball_and_removes_it_only_when_asked(tiny):
+    """The tarball a failed rebuild kept, listed nowhere, was shown by nothing (`image gc`
+    neither): such tarballs piled up. gc shows it now and keeps it; --shell-tarballs
+    removes it, and never a tarball the image lists."""
+    config, _ = tiny
+    code, output = run_cli(config, "image", "shell", "tiny", "--command",
+                           "rm /boot/vmlinuz-*")
+    assert code == BuildFailed.exit_code, output
+    [failed] = (config.images_dir / "tiny/shell").glob("*.tar")
+    code, output = run_cli(config, "image", "shell", "tiny", "--command", "touch /etc/m")
+    assert code == 0, output
+    [listed] = set((config.images_dir / "tiny/shell").glob("*.tar")) - {failed}
+    code, output = run_cli(config, "image", "gc")
+    assert code == 0, output
+    assert f"  {failed}  " in output and str(listed) not in output, output
+    assert "kept 1 `image shell` layer tarball(s) no image lists" in output, output
+    assert failed.is_file()
+    code, output = run_cli(config, "image", "gc", "--shell-tarballs")
+    assert code == 0 and "removed 1 `image shell` layer tarball(s)" in output, output
+    assert not failed.exists() and listed.is_file()
+    code, output = run_cli(config, "image", "build", "tiny")
+    assert code == 0, output
+    assert load_manifest(config, "tiny")["layers"][-1]["description"] == (
+        "image shell: touch /etc/m")
+
+
 def test_an_interrupt_as_the_session_is_cleared_keeps_the_layer_and_says_where(
         tiny, monkeypatch):
     """Ctrl-C after the shell exited 0 and its layer was saved, as the session's mounts

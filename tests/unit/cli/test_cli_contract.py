@@ -414,10 +414,16 @@ def test_image_show_and_list_escape_a_hand_edited_manifest(cli, config):
 
 
 def test_overlay_show_and_list_escape_names_from_the_overlay_tree(cli, config):
+    """An overlay's name is printed escaped; a file name with control characters is
+    refused (a node could not copy it), in a line that shows it escaped."""
     name = "ov\x1b[2J\nFAKE ROW"
     (config.state_dir / "overlays" / name / "etc").mkdir(parents=True)
-    (config.state_dir / "overlays" / name / "etc" / f"f{ESCAPES}").write_text("x\n")
+    (config.state_dir / "overlays" / name / "etc" / "f").write_text("x\n")
     for argv in (["overlay", "show", name], ["overlay", "list"]):
         result = cli(*argv)
         assert result.code == 0, result.err
         _no_raw_escapes(result.out)
+    (config.state_dir / "overlays" / name / "etc" / f"f{ESCAPES}").write_text("x\n")
+    result = cli("overlay", "show", name)
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    _no_raw_escapes(result.err)

@@ -1,6 +1,8 @@
 """`provisiond init`, `node status`, the CLI's error contract."""
 
 import json
+import re
+import subprocess
 
 import pytest
 
@@ -8,6 +10,7 @@ from provisiond import audit, events
 from provisiond.audit import cli_actor
 from provisiond.cli import main
 from provisiond.config import load_config
+from provisiond.state.layout import ENTRIES
 from provisiond.states import NodePhase
 from provisiond.status import read_status, record_phase
 
@@ -22,6 +25,54 @@ def test_init_writes_config_and_profiles_once(tmp_path, capsys):
     assert main(["--state-dir", str(fresh), "init"]) == 0
     out = capsys.readouterr().out
     assert "kept" in out and "imported" not in out
+
+
+# What a site keeps in git: every other path of the state layout is derived, built,
+# downloaded, recorded by the servers, or a secret.
+KEPT = {"provisiond.yaml", "inventory.yaml", "recipes/", "recipes/<name>/", "overlays/",
+        "discovery/", "discovery/rules.yaml"}
+
+
+def test_init_writes_a_gitignore_keeping_derived_and_secret_files_out_of_git(tmp_path,
+                                                                           capsys):
+    """Sites keep the state dir in git: `git add -A` took .inventory.cache.json and
+    .inventory.claims.json (derived) with every change, and secrets.yaml, host keys,
+    blobs... with them. Every path of the layout is made here, then added as a site
+    would; only what a site writes is taken (a file of the same name in an overlay too)."""
+    fresh = tmp_path / "fresh"
+    assert main(["--state-dir", str(fresh), "init", "--no-profiles"]) == 0
+    assert f"wrote {fresh / '.gitignore'}" in capsys.readouterr().out.splitlines()
+    made = {}
+    for entry in ENTRIES:
+        path = fresh / re.sub(r"<[^>]+>", "site", entry.pattern)
+        if entry.pattern.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / "x"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        made[entry.pattern] = path.relative_to(fresh).as_posix()
+    for name in ("inventory.yaml.schema-1.bak", "inventory.lock", "overlays/site/status/n1",
+                 "overlays/site/metrics.json", "overlays/site/app.lock"):
+        (fresh / name).parent.mkdir(parents=True, exist_ok=True)
+        (fresh / name).touch()
+    subprocess.run(["git", "init", "-q", str(fresh)], check=True)
+    subprocess.run(["git", "-C", str(fresh), "add", "-A"], check=True)
+    listed = set(subprocess.run(["git", "-C", str(fresh), "ls-files"], check=True,
+                                capture_output=True, text=True).stdout.splitlines())
+    assert {pattern for pattern, path in made.items() if path in listed} == KEPT
+    assert listed == {".gitignore", *(made[pattern] for pattern in KEPT),
+                      "overlays/site/status/n1", "overlays/site/metrics.json",
+                      "overlays/site/app.lock"}
+
+
+def test_init_keeps_an_existing_gitignore(tmp_path, capsys):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".gitignore").write_text("/site-only\n")
+    assert main(["--state-dir", str(fresh), "init", "--no-profiles"]) == 0
+    assert f"kept {fresh / '.gitignore'}" in capsys.readouterr().out.splitlines()
+    assert (fresh / ".gitignore").read_text() == "/site-only\n"
+    assert not [p for p in fresh.iterdir() if p.name.startswith(".gitignore.")]
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "10.9.0.1x", "224.0.0.1",

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import time
 
 from provisiond.cli.image import Progress
+from provisiond.state.layout import Layout
 
 EVENTS = [{"image": "t", "index": 1, "count": 2, "kind": "busybox", "description": "base",
            "status": "cached", "size": 2048, "seconds": 0.0},
@@ -77,3 +81,49 @@ def test_list_is_empty_and_json(cli):
     assert cli("image", "list", "--json").out.strip() == "[]"
     assert cli("image", "list").out.split() == ["NAME", "LAYERS", "SIZE", "KERNEL", "AGE",
                                                 "BUILD"]
+
+
+def test_gc_shows_kept_shell_tarballs_and_says_how_to_keep_or_remove_them(cli, config):
+    """`image gc` printed blobs and trees only: the tarballs of `image shell` sessions
+    whose layer could not be added piled up in images/NAME/shell/ unseen."""
+    folder = Layout.of(config).image_shell_dir("site")
+    folder.mkdir(parents=True)
+    kept = folder / f"{'a' * 64}.tar"
+    kept.write_bytes(b"x" * 3072)
+    two_days_ago = time.time() - 2 * 86400 - 60
+    os.utime(kept, (two_days_ago, two_days_ago))
+    result = cli("image", "gc")
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == [
+        "removed 0 blob(s), freed 0 B, 0 cached layer tree(s)",
+        "kept 1 `image shell` layer tarball(s) no image lists (a session's layer that could "
+        "not be added), 3.0 KiB:",
+        f"  {kept}  3.0 KiB, 2d ago",
+        "  to keep one, add it to a recipe as a layer ({kind: tar, path: FILE}); "
+        "`provisiond image gc --shell-tarballs` removes them"]
+    assert kept.is_file()
+    result = cli("image", "gc", "--shell-tarballs", "--json")
+    assert result.code == 0, result.err
+    assert [t["path"] for t in json.loads(result.out)["shell_tarballs_removed"]] == [str(kept)]
+    assert not kept.exists()
+    result = cli("image", "gc")
+    assert result.out.splitlines() == ["removed 0 blob(s), freed 0 B, 0 cached layer tree(s)"]
+
+
+def test_gc_says_what_it_did_with_half_written_tarballs_and_unreadable_listings(cli, config):
+    """Each in one line: a killed session's half-written tarball (removed), an image whose
+    shell.json cannot be read (its tarballs left as they are)."""
+    layout = Layout.of(config)
+    layout.image_shell_dir("one").mkdir(parents=True)
+    (layout.image_shell_dir("one") / ".layer.abc").write_bytes(b"x" * 2048)
+    layout.image_shell_dir("two").mkdir(parents=True)
+    (layout.image_shell_dir("two") / f"{'b' * 64}.tar").write_bytes(b"x")
+    layout.image_shell_layers("two").write_text("[{")
+    result = cli("image", "gc")
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[1] == ("removed 1 half-written `image shell` layer tarball(s) of killed "
+                        "sessions, 2.0 KiB")
+    assert lines[2].startswith(f"image two: {layout.image_shell_layers('two')} is unreadable")
+    assert lines[2].endswith(": its `image shell` tarballs are left as they are")
+    assert len(lines) == 3, lines

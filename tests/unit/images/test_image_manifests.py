@@ -2,10 +2,13 @@
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from provisiond.atomic import locked
+from provisiond.config import load_config, write_default_config
 from provisiond.errors import BuildFailed, ImageNotFound, InvalidInput
 from provisiond.images.layers import cached_layer, claim_session, shell_mounting
 from provisiond.images.manifests import (collect_garbage, delete_image, image_generation,
@@ -160,6 +163,122 @@ def test_gc_keeps_the_layer_trees_an_image_shell_session_mounts(config):
     assert collect_garbage(config)["trees_removed"] == 1
     assert layout.layer_tree("mounted").is_dir() and layout.layer_record("mounted").exists()
     assert not layout.layer_tree("unused").exists()
+
+
+def shell_tarballs(config, name: str, listed: list[str], kept: list[str]) -> dict:
+    """An image's `image shell` folder: tarballs shell.json lists, and others (sessions
+    whose layer could not be added); their paths by name."""
+    layout = Layout.of(config)
+    folder = layout.image_shell_dir(name)
+    folder.mkdir(parents=True)
+    for tar in (*listed, *kept):
+        (folder / tar).write_bytes(tar.encode() * 100)
+    layout.image_shell_layers(name).write_text(json.dumps(
+        [{"path": f"shell/{tar}", "description": "image shell: x"} for tar in listed]))
+    return {tar: folder / tar for tar in (*listed, *kept)}
+
+
+def test_gc_shows_the_shell_tarballs_no_image_lists_and_removes_them_only_when_asked(
+        config):
+    """A session whose layer could not be added (rebuild failed, image replaced) keeps its
+    tarball in images/NAME/shell/, listed nowhere: `image gc` said nothing of them, and
+    they piled up unseen. gc lists them now (path, size, modified) and keeps them, an
+    admin's work; asked to, it removes those and only those."""
+    built(config, "one")
+    paths = shell_tarballs(config, "one", ["a.tar"], ["b.tar", "c.tar"])
+    paths |= shell_tarballs(config, "two", [], ["d.tar"])
+    result = collect_garbage(config)
+    assert [(t["image"], t["path"], t["size"]) for t in result["shell_tarballs_kept"]] == [
+        ("one", str(paths["b.tar"]), 500), ("one", str(paths["c.tar"]), 500),
+        ("two", str(paths["d.tar"]), 500)]
+    assert result["shell_tarballs_removed"] == []
+    assert all(path.is_file() for path in paths.values())
+    result = collect_garbage(config, shell_tarballs=True)
+    assert [t["path"] for t in result["shell_tarballs_removed"]] == [
+        str(paths[t]) for t in ("b.tar", "c.tar", "d.tar")]
+    assert result["shell_tarballs_kept"] == []
+    assert sorted(p.name for p in paths["a.tar"].parent.iterdir()) == ["a.tar"]
+    assert not paths["d.tar"].exists()
+
+
+def test_gc_leaves_the_shell_tarballs_of_an_image_whose_listing_is_damaged(config):
+    """Which of them its shell.json lists is not known: none is shown or removed, and gc
+    goes on (no traceback), saying so (it said nothing: the tarballs stayed unseen)."""
+    paths = shell_tarballs(config, "bad", ["a.tar"], ["b.tar"])
+    Layout.of(config).image_shell_layers("bad").write_text('[{"pa')
+    result = collect_garbage(config, shell_tarballs=True)
+    assert result["shell_tarballs_removed"] == result["shell_tarballs_kept"] == []
+    assert all(path.is_file() for path in paths.values())
+    [unreadable] = result["shell_listings_unreadable"]
+    assert unreadable["image"] == "bad" and "shell.json is unreadable" in unreadable["error"]
+
+
+def test_gc_never_takes_a_listed_tarball_when_the_state_dir_is_named_through_dotdot(
+        tmp_path):
+    """`--state-dir ../state` is made absolute, not normalized: the listed paths were
+    normalized and the found ones not, so no listed tarball matched, and --shell-tarballs
+    removed the image's own layers (its next build failed)."""
+    (tmp_path / "elsewhere").mkdir()
+    write_default_config(tmp_path / "state")
+    config = load_config(tmp_path / "elsewhere" / ".." / "state")
+    built(config, "one")
+    paths = shell_tarballs(config, "one", ["a.tar"], ["b.tar"])
+    result = collect_garbage(config, shell_tarballs=True)
+    assert [t["path"] for t in result["shell_tarballs_removed"]] == [str(paths["b.tar"])]
+    assert paths["a.tar"].is_file()
+
+
+def test_gc_keeps_a_shell_tarball_a_recipe_names_where_it_is(config):
+    """gc's own advice is to add a kept tarball to a recipe as a `tar` layer (the README:
+    `path: /ABSOLUTE/PATH.tar`); --shell-tarballs then removed the file that recipe names."""
+    paths = shell_tarballs(config, "one", [], ["a.tar", "b.tar"])
+    recipe = Layout.of(config).recipe_dir("site") / "image.yaml"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text(f"layers:\n- {{kind: directory, path: root}}\n"
+                      f"- {{kind: tar, path: {paths['a.tar']}}}\n")
+    assert [t["path"] for t in collect_garbage(config)["shell_tarballs_kept"]] == [
+        str(paths["b.tar"])]
+    collect_garbage(config, shell_tarballs=True)
+    assert paths["a.tar"].is_file() and not paths["b.tar"].exists()
+
+
+def test_gc_follows_no_symlink_out_of_an_image_s_shell_folder(config, tmp_path):
+    """A shell/ folder that is a symlink had every `*.tar` of the folder it names removed
+    by --shell-tarballs; a `*.tar` symlink was shown with its target's size."""
+    layout = Layout.of(config)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.tar").write_bytes(b"x")
+    layout.image_shell_dir("one").parent.mkdir(parents=True)
+    layout.image_shell_dir("one").symlink_to(outside)
+    layout.image_shell_dir("two").mkdir(parents=True)
+    (layout.image_shell_dir("two") / "link.tar").symlink_to(outside / "precious.tar")
+    result = collect_garbage(config, shell_tarballs=True)
+    assert result["shell_tarballs_removed"] == []
+    assert (outside / "precious.tar").is_file()
+    assert (layout.image_shell_dir("two") / "link.tar").is_symlink()
+
+
+def test_gc_removes_the_half_written_tarball_of_a_killed_session_never_a_live_one(config):
+    """A session killed as it wrote its tarball left `shell/.layer.*` (often as large as
+    the layer) that nothing showed or removed. A session writes it under the image's lock:
+    gc waits for that lock, then removes what is left, every time (a part of a tarball is
+    nobody's work)."""
+    layout = Layout.of(config)
+    layout.image_shell_dir("one").mkdir(parents=True)
+    partial = layout.image_shell_dir("one") / ".layer.k2j3"
+    partial.write_bytes(b"x" * 100)
+    done = []
+    with locked(layout.image_lock("one")):  # a live session writing it
+        worker = threading.Thread(target=lambda: done.append(collect_garbage(config)))
+        worker.start()
+        worker.join(0.5)
+        assert worker.is_alive() and partial.is_file()
+    worker.join(10)
+    [result] = done
+    assert [(t["image"], t["path"], t["size"]) for t in result["shell_partials_removed"]] == [
+        ("one", str(partial), 100)]
+    assert not partial.exists() and result["shell_tarballs_kept"] == []
 
 
 def test_only_an_open_session_holds_off_a_build_of_its_layer_trees(config):

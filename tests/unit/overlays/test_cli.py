@@ -145,3 +145,89 @@ def test_build_events_of_many_scattered_nodes_fit_a_journal_line(config):
     builds = events.read_since(config, 0, kinds=frozenset({"build."}))
     assert [e.kind for e in builds] == ["build.started", "build.failed"]
     assert builds[0].subject.endswith(",... (4000 nodes)") and len(builds[0].subject) < 2100
+
+
+@pytest.mark.parametrize("bad", ["bad\nname", "tab\there", "esc\x1b[2J", "bidi\u202ename",
+                                 "dir\nname/motd", b"latin\xe9".decode(errors="surrogateescape")])
+def test_a_file_name_a_node_cannot_copy_fails_the_nodes_using_its_overlay(cli, state_dir,
+                                                                        bad):
+    """A site overlay's file named with a newline broke the node's /init, which copies the
+    overlay a file name a line: the build packed it. Refused now in one line naming the
+    overlay and the file (repr); the nodes not using the overlay still build."""
+    import yaml
+
+    write_inventory(state_dir, system=["hostname"])
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n2"]["system_overlays"] = ["site"]
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    path = state_dir / "overlays" / "site" / "etc" / bad
+    path.parent.mkdir(parents=True)
+    path.write_text("hi\n")
+    result = cli("overlay", "build")
+    what = ("its name is not UTF-8: rename it" if bad.startswith("latin") else
+            "a control character in its name (a newline breaks the node's copy of the "
+            "overlay): rename it")
+    assert result.code == 5, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: overlay site: file {'etc/' + bad.split('/')[0]!r}: {what}"
+    ], result.err  # a folder's name: the folder named
+    built = state_dir / "overlay-builds"
+    assert (built / "n1/system.cpio.zst").is_file() and (built / "n3/system.cpio.zst").is_file()
+    assert not list((built / "n2").glob("system.*"))
+    shown = cli("overlay", "show", "site")
+    assert shown.code == 2 and shown.err.splitlines() == result.err.splitlines()
+
+
+def _site_overlay_on_n2(state_dir):
+    import yaml
+
+    write_inventory(state_dir, system=["hostname"])
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    data["nodes"]["n2"]["system_overlays"] = ["site"]
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    folder = state_dir / "overlays" / "site" / "etc"
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.mark.parametrize("mark, why", [
+    ("a\x1bb", "a control character in it"),
+    ("../../../tmp/outside", "not a path below the template's folder"),
+    ("a/./b", "not a path below the template's folder"),
+    ("/", "not a path below the template's folder")])
+def test_a_file_name_a_template_renders_follows_the_overlay_file_name_rule(cli, state_dir,
+                                                                          mark, why):
+    """A template's `#@file NAME` (node data may be in it) went into the archive as it
+    was: with `../`, as `.provisiond/overlays/etc/../../../tmp/outside`, a file outside the
+    overlay's copy on the node; with an escape character, as the checked names are not.
+    The node's build fails in one line naming the overlay, the file, the node and the
+    mark, as for any template error; the others are built."""
+    folder = _site_overlay_on_n2(state_dir)
+    (folder / "x.j2").write_text(f"#@file fine\nhi\n#@file {mark}\nho\n")
+    result = cli("overlay", "build")
+    assert result.code == 5, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: overlay site, file etc/x.j2, node n2: `#@file {mark!r}`: {why}"
+    ], result.err
+    built = state_dir / "overlay-builds"
+    assert (built / "n1/system.cpio.zst").is_file() and (built / "n3/system.cpio.zst").is_file()
+
+
+@pytest.mark.parametrize("target, why", [
+    (b"/usr/lib/x\xe9", "its target '/usr/lib/x\\udce9' is not UTF-8"),
+    (b"/usr/lib/a\nb", "a control character in its target '/usr/lib/a\\nb'")])
+def test_a_symlink_target_follows_the_links_target_rule(cli, state_dir, target, why):
+    """A symlink of the tree whose target was not UTF-8 stopped `overlay build` with a
+    UnicodeEncodeError traceback; one with a control character was packed, where the same
+    target under `links:` is refused. One line now, as for `links:`."""
+    import os
+
+    folder = _site_overlay_on_n2(state_dir)
+    os.symlink(target, bytes(folder / "link"))
+    result = cli("overlay", "build")
+    assert result.code == 5, result.err
+    assert result.err.splitlines() == [
+        f"provisiond: error: overlay site: symlink 'etc/link': {why}: link it again"
+    ], result.err
+    built = state_dir / "overlay-builds"
+    assert (built / "n1/system.cpio.zst").is_file()
