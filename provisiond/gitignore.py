@@ -64,6 +64,8 @@ def write_gitignore(layout: Layout) -> Path | None:
     Written whole to a temp file, then linked to its name: never half a file, and never
     over one (made meanwhile, too)."""
     path = Path(layout.root) / GITIGNORE_NAME
+    if os.path.lexists(path):
+        return None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:

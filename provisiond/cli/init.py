@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -77,9 +78,13 @@ def run(args, ctx) -> None:
     for folder in (layout.blobs, layout.images, layout.overlays, layout.status_dir):
         Path(folder).mkdir(parents=True, exist_ok=True)
     imported = [] if args.no_profiles else import_profiles(config, SHIPPED_PROFILES)
-    ignore = write_gitignore(layout)
     print(f"{'kept' if existed else 'wrote'} {path}")
-    print(f"wrote {ignore}" if ignore else f"kept {layout.root / GITIGNORE_NAME}")
+    try:
+        ignore = write_gitignore(layout)
+        print(f"wrote {ignore}" if ignore else f"kept {layout.root / GITIGNORE_NAME}")
+    except OSError as exc:  # only an aid for sites keeping the state dir in git
+        ctx.print_line(f"warning: {layout.root / GITIGNORE_NAME} not written: "
+                       f"{exc.strerror or exc}", file=sys.stderr)
     if imported:
         print(f"imported profiles: {', '.join(imported)}")
     if unit_text:

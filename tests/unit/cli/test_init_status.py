@@ -75,6 +75,24 @@ def test_init_keeps_an_existing_gitignore(tmp_path, capsys):
     assert not [p for p in fresh.iterdir() if p.name.startswith(".gitignore.")]
 
 
+def test_a_gitignore_init_cannot_write_is_a_warning_not_a_failure(tmp_path, capsys,
+                                                                    monkeypatch):
+    """The .gitignore is an aid: a state dir where it cannot be written (a read-only or
+    full file system) still gets its provisiond.yaml, and init exits 0 with one warning."""
+    from provisiond import gitignore
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gitignore.tempfile, "mkstemp", full)
+    fresh = tmp_path / "fresh"
+    assert main(["--state-dir", str(fresh), "init", "--no-profiles"]) == 0
+    out, err = capsys.readouterr()
+    assert f"wrote {fresh / 'provisiond.yaml'}" in out.splitlines()
+    assert err == f"warning: {fresh / '.gitignore'} not written: No space left on device\n"
+    assert not (fresh / ".gitignore").exists()
+
+
 @pytest.mark.parametrize("address", ["0.0.0.0", "10.9.0.1x", "224.0.0.1",
                                      "10.9.0.1\nstore: etcd://10.0.0.9:2379"])
 def test_init_with_a_bad_address_writes_nothing_and_a_good_one_then_works(tmp_path, capsys,
