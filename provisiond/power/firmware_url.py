@@ -1,0 +1,82 @@
+"""A firmware image's URL: its check, and the user and password it may hold kept out of what
+is shown, stored or logged (the BMC alone gets them: SimpleUpdate's ImageURI).
+
+A URL's credentials are `scheme://USER:PASSWORD@host/...` (RFC 3986 userinfo: up to the
+last '@' before the first '/', '?' or '#'); a password holding one of those must be
+percent-encoded, as `with_password` does.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote
+
+from provisiond.config import CONTROL_RE
+from provisiond.errors import InvalidInput
+
+HIDDEN = "***"
+_AUTHORITY_END = re.compile(r"[/?#]")
+
+
+def check_firmware_url(url: str) -> None:
+    """InvalidInput, naming the URL without its credentials, unless it is http(s) with no
+    blank or control character."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not rest or CONTROL_RE.search(url) \
+            or " " in url:
+        raise InvalidInput(f"firmware image {without_credentials(url)!r}: not an http(s) URL")
+
+
+def _split(url: str) -> tuple[str, str, str]:
+    """(everything before the userinfo, the userinfo, everything after its '@'); the
+    userinfo is '' when there is none. Also for text that is no URL (a check's message)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    end = _AUTHORITY_END.search(rest)
+    authority = rest[:end.start()] if end else rest
+    userinfo, at, _host = authority.rpartition("@")
+    return scheme + sep, userinfo, rest[len(userinfo) + len(at):]
+
+
+def without_credentials(url: str) -> str:
+    """The URL without its user and password (http://u:p@h/f.bin -> http://h/f.bin)."""
+    head, _, tail = _split(url)
+    return head + tail
+
+
+def has_credentials(url: str) -> bool:
+    return bool(_split(url)[1])
+
+
+def hide_credentials(text: str, url: str) -> str:
+    """`text` (a BMC's message, an exception's) with `url` shown without its credentials
+    and its password, as written in the URL or decoded, wherever else it appears."""
+    userinfo = _split(url)[1]
+    if not userinfo:
+        return text
+    text = text.replace(url, without_credentials(url)).replace(userinfo + "@", "")
+    password = userinfo.partition(":")[2]
+    for form in sorted({password, unquote(password)} - {""}, key=len, reverse=True):
+        text = text.replace(form, HIDDEN)
+    return text
+
+
+def user_without_password(url: str) -> str:
+    """The user `url` names, to give a password to; InvalidInput if it names none, or a
+    password already."""
+    userinfo = _split(url)[1]
+    if not userinfo:
+        raise InvalidInput(f"firmware image {url!r}: a password needs a user in the URL "
+                           "(https://USER@host/file)")
+    if ":" in userinfo:
+        raise InvalidInput(f"firmware image {without_credentials(url)!r}: the URL holds a "
+                           "password already: give it once")
+    return unquote(userinfo)
+
+
+def with_password(url: str, password: str) -> str:
+    """`url`, which names a user and no password, with `password` (percent-encoded)."""
+    user_without_password(url)
+    head, userinfo, tail = _split(url)
+    return f"{head}{userinfo}:{quote(password, safe='')}@{tail}"
