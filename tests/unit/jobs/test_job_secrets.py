@@ -98,8 +98,8 @@ def test_a_started_runner_has_them_in_no_argv_and_no_readable_file(redfish_node,
     ({"refuse_update": "The value {uri} for the property ImageURI is not valid."},
      f"The value {SHOWN} for the property ImageURI is not valid"),
     ({"task_end": "derived/task_exception.json",
-      "task_message": "Cannot download {uri} (fw/{uri}): 401"},
-     f"task Exception: Cannot download {SHOWN} (fw/{SHOWN}): 401"),
+      "task_message": "Cannot download {uri}: 401"},
+     f"task Exception: Cannot download {SHOWN}: 401"),
     ({"task_message": "Flashed {uri}"}, f"task 42 Completed: Flashed {SHOWN}"),
 ])
 def test_a_bmc_quoting_the_url_shows_no_password(redfish_node, config, stage, said):
