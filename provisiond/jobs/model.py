@@ -47,7 +47,9 @@ class BootdevParams(_Params):
 
 class FirmwareUpdateParams(_Params):
     image: str = Field(max_length=2048)
-    """http(s) URL of the firmware image, reachable by the BMCs."""
+    """http(s) URL of the firmware image, reachable by the BMCs. A user and password in it
+    (https://USER:PASSWORD@host/...) reach the BMCs only: the job, its results and errors
+    show the URL without them."""
     timeout: Seconds = FIRMWARE_UPDATE_TIMEOUT
 
     @field_validator("image")
