@@ -330,7 +330,7 @@ def _take_out_legacy_secrets(config: Config, ids: list[int]) -> bool:
     for job_id in ids:
         path = job_path(config, job_id)
         try:
-            stat = path.stat()
+            before = path.stat()
             data = path.read_bytes()
         except OSError:
             continue
@@ -348,7 +348,7 @@ def _take_out_legacy_secrets(config: Config, ids: list[int]) -> bool:
             continue
         job.params = params
         save(config, job, durable=True)
-        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         log.warning("job %s: took the credentials of its %s out of its record %s", job_id,
                     ", ".join(sorted(secret)), path)
     return not left
