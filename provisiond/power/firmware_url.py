@@ -8,7 +8,9 @@ percent-encoded, as `with_password` does.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from urllib.parse import quote, unquote
 
 from provisiond.config import CONTROL_RE
@@ -60,6 +62,21 @@ def hide_credentials(text: str, url: str) -> str:
     for form in sorted({password, unquote(password)} - {""}, key=len, reverse=True):
         text = text.replace(form, HIDDEN)
     return text
+
+
+@contextlib.contextmanager
+def credentials_hidden(url: str) -> Iterator[None]:
+    """An exception leaving the block loses `url`'s credentials from its message, before a
+    caller cuts the message short (a cut inside the password leaves a part of it that no
+    longer matches the whole)."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        hidden = hide_credentials(text, url)
+        if hidden != text:
+            exc.args = (hidden,)
+        raise
 
 
 def user_without_password(url: str) -> str:

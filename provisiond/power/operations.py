@@ -13,7 +13,8 @@ from provisiond.inventory.ranges import expand, fold
 from provisiond.metrics import record_outcomes
 from provisiond.power import pending
 from provisiond.power.base import Driver
-from provisiond.power.firmware_url import check_firmware_url, hide_credentials
+from provisiond.power.firmware_url import (check_firmware_url, credentials_hidden,
+                                          hide_credentials)
 from provisiond.power.fanout import NodeResult, fan_out
 from provisiond.power.settings import node_timeout, resolve_settings
 from provisiond.states import BmcDriver, BootDevice, PowerAction
@@ -136,13 +137,8 @@ def firmware_update(image_url: str) -> Operation:
     check_firmware_url(image_url)
 
     def operation(driver: Driver) -> str:
-        try:
+        with credentials_hidden(image_url):  # the fan-out reports an error: without them
             return hide_credentials(driver.update_firmware(image_url), image_url)
-        except Exception as exc:  # noqa: BLE001 - the fan-out reports it: without the password
-            hidden = hide_credentials(str(exc), image_url)
-            if hidden != str(exc):
-                exc.args = (hidden,)
-            raise
 
     return operation
 

@@ -179,3 +179,17 @@ def test_records_an_older_release_wrote_with_the_password_lose_it(nodes, config)
     store.finish(config, job)  # as its runner ends it, the URL whole
     assert SECRET not in readable_by_others(config)
     assert store._read_index(config).no_legacy_secrets
+
+
+def test_a_long_refusal_cut_to_one_line_shows_no_part_of_the_password(redfish_node, config):
+    """The driver cuts a BMC's message to 300 characters: a cut inside the URL must not
+    leave the start of its password, which no longer matches the whole one."""
+    cli, bmc = redfish_node
+    long_secret = "k" + "0123456789abcdef" * 16  # a token as a password
+    url = f"http://fw:{long_secret}@127.0.0.1/bios.bin"
+    bmc.refuse_update = "The value {uri} for the property ImageURI is not valid."
+    result = cli("firmware", "update", "r1", "--image", url, "--json")
+    assert bmc.image_uri == url
+    detail = store.read(config, 1).results[0].detail
+    assert f"The value {SHOWN} for the property" in detail, detail
+    assert long_secret[:12] not in detail and long_secret[:12] not in result.out, detail
