@@ -19,7 +19,8 @@ MAX_HISTORY and MAX_HISTORY_BYTES; deleting one takes its log first, then its re
 
 A record is readable by every local user who can reach the state directory, so no secret is
 in it: a URL's user and password go to the job's `.secret` file (0600, written before the
-record, removed as the job ends). Records an older release wrote with them are rewritten
+record, removed as the job ends; one whose job is not active, left by a crash or a record
+deleted by hand, by the next writer). Records an older release wrote with them are rewritten
 without them by the first writer that finds them (once; an active one once it ended).
 """
 
@@ -100,11 +101,13 @@ def create(config: Config, kind: JobKind, names: list[str], params: dict, actor:
             if secret:
                 write_atomic(secret_path(config, job.id), json.dumps(secret), mode=0o600)
             save(config, job, durable=True)
+            _prune(config, index)
+            _write_index(config, index)
         except BaseException:
-            _forget_secret(config, job.id)
+            # no index holds it (a full disk): no runner starts, no reaper would see it
+            for path in (secret_path(config, job.id), job_path(config, job.id)):
+                path.unlink(missing_ok=True)
             raise
-        _prune(config, index)
-        _write_index(config, index)
     return job
 
 
@@ -279,11 +282,17 @@ def _prune(config: Config, index: Index) -> None:
         kept_bytes += record.st_size + _size(log_path(config, job_id))
         if position >= MAX_HISTORY or (position >= MIN_HISTORY and
                                        kept_bytes > MAX_HISTORY_BYTES):
-            # the record last: the records list the history (a secret left by a crash
-            # between an ended job's record and its removal goes too)
-            for path in (log_path(config, job_id), secret_path(config, job_id),
-                         job_path(config, job_id)):
-                path.unlink(missing_ok=True)
+            for path in (log_path(config, job_id), job_path(config, job_id)):
+                path.unlink(missing_ok=True)  # the log first: the records list the history
+    _forget_stray_secrets(config, index)
+
+
+def _forget_stray_secrets(config: Config, index: Index) -> None:
+    """Remove the secret files of the jobs that are not active: an ended job's whose removal
+    a crash stopped, or one whose record went (by hand) while it was active."""
+    for path in Layout.of(config).jobs.glob("*.secret"):
+        if path.stem.isdigit() and int(path.stem) not in index.active:
+            path.unlink(missing_ok=True)
 
 
 def _ended_last_first(config: Config, index: Index) -> list[tuple[int, os.stat_result]]:

@@ -193,3 +193,30 @@ def test_a_long_refusal_cut_to_one_line_shows_no_part_of_the_password(redfish_no
     detail = store.read(config, 1).results[0].detail
     assert f"The value {SHOWN} for the property" in detail, detail
     assert long_secret[:12] not in detail and long_secret[:12] not in result.out, detail
+
+
+def test_a_secret_whose_record_went_is_removed_by_the_next_writer(nodes, config):
+    """An active job's record deleted by hand (or lost): its claims are freed, and its
+    credentials must not stay behind for ever (no record lists them any more)."""
+    job = store.create(config, JobKind.FIRMWARE_UPDATE, ["n1"], {"image": URL}, "cli:test")
+    store.job_path(config, job.id).unlink()
+    store.create(config, JobKind.POWER, ["n2"], {"action": "on"}, "cli:test")
+    assert not store.secret_path(config, job.id).exists()
+
+
+def test_a_job_whose_index_cannot_be_written_leaves_no_record_nor_secret(
+        nodes, config, monkeypatch):
+    """A full disk as the index is written: the job is refused whole, not left pending for
+    ever (no runner is started, no reaper sees it) with its credentials on disk."""
+    write_index = store._write_index
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_write_index", full)
+    with pytest.raises(OSError):
+        store.create(config, JobKind.FIRMWARE_UPDATE, ["n1"], {"image": URL}, "cli:test")
+    assert list(Layout.of(config).jobs.glob("1.*")) == []
+    monkeypatch.setattr(store, "_write_index", write_index)
+    again = store.create(config, JobKind.FIRMWARE_UPDATE, ["n1"], {"image": URL}, "cli:test")
+    assert again.id == 1 and store.secret_path(config, 1).exists()
