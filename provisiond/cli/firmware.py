@@ -5,7 +5,7 @@ from __future__ import annotations
 from provisiond.cli.power import add_range_command, run_and_print, run_job_and_print
 from provisiond.power import operations
 from provisiond.power.firmware_url import (check_firmware_url, user_without_password,
-                                          with_password)
+                                          with_password, without_credentials)
 from provisiond.states import JobKind
 
 COLUMNS = ["NODE", "RESULT", "COMPONENT", "VERSION"]
@@ -41,7 +41,8 @@ def update_handler(args, ctx) -> int:
     if args.image_password_stdin:  # the URL's checks first: nothing asked for in vain
         check_firmware_url(image)
         user = user_without_password(image)
-        image = with_password(image, ctx.read_secret(f"password of {user} for {image}"))
+        password = ctx.read_secret(f"password of {user} for {without_credentials(image)}")
+        image = with_password(image, password)
     params = {"image": image, "timeout": args.timeout or operations.FIRMWARE_UPDATE_TIMEOUT}
     return run_job_and_print(args, ctx, JobKind.FIRMWARE_UPDATE, params, "firmware update")
 

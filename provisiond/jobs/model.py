@@ -22,7 +22,8 @@ Seconds = Annotated[float, bounded(*TIMEOUT_RANGE)]
 POWER_STATUS = "status"
 POWER_VERBS = (*(action.value for action in PowerAction), POWER_STATUS)
 URL_PARAMS = ("image",)
-"""Params holding a URL, which may hold a user and password (firmware-update's image)."""
+"""Params holding a URL, which may hold a user and password, or a query that is a credential
+(a pre-signed URL's signature): firmware-update's image."""
 
 
 class _Params(BaseModel):
@@ -48,8 +49,9 @@ class BootdevParams(_Params):
 class FirmwareUpdateParams(_Params):
     image: str = Field(max_length=2048)
     """http(s) URL of the firmware image, reachable by the BMCs. A user and password in it
-    (https://USER:PASSWORD@host/...) reach the BMCs only: the job, its results and errors
-    show the URL without them."""
+    (https://USER:PASSWORD@host/...) and its query (a pre-signed URL's signature) reach the
+    BMCs only: the job, its results and errors show the URL without them (the query as
+    `?***`)."""
     timeout: Seconds = FIRMWARE_UPDATE_TIMEOUT
 
     @field_validator("image")
@@ -101,7 +103,7 @@ def parse_params(kind: JobKind, params: dict) -> _Params:
 
 def split_secret(params: dict) -> tuple[dict, dict]:
     """The params as a job's record keeps them and everyone may read them (URLs without
-    their user and password), and the params taken out of them whole (kept apart, 0600)."""
+    their user and password, their query hidden), and the params taken out of them whole (kept apart, 0600)."""
     shown, secret = dict(params), {}
     for key in URL_PARAMS:
         value = params.get(key)

@@ -5,7 +5,7 @@ jobs/index.json   {"next_id": N, "active": {"<id>": ["node/n01", ...]}}: the cla
 jobs/<id>.json    the Job record (provisiond.jobs.model.Job)
 jobs/<id>.log     the runner's stdout and stderr
 jobs/<id>.secret  0600: the params the record holds without their credentials (a firmware
-                  URL's user and password), whole; removed when the job ends
+                  URL's user and password, its query), whole; removed when the job ends
 jobs/.lock        held while the index changes or a record changes hands
 ```
 
@@ -18,7 +18,7 @@ The history keeps the jobs that ended last (by their records' last write), withi
 MAX_HISTORY and MAX_HISTORY_BYTES; deleting one takes its log first, then its record.
 
 A record is readable by every local user who can reach the state directory, so no secret is
-in it: a URL's user and password go to the job's `.secret` file (0600, written before the
+in it: a URL's user, password and query go to the job's `.secret` file (0600, written before the
 record, removed as the job ends; one whose job is not active, left by a crash or a record
 deleted by hand, by the next writer). Records an older release wrote with them are rewritten
 without them by the first writer that finds them (once; an active one once it ended).
@@ -343,7 +343,7 @@ def _take_out_legacy_secrets(config: Config, ids: list[int]) -> bool:
             data = path.read_bytes()
         except OSError:
             continue
-        if b"@" not in data:
+        if b"@" not in data and b"?" not in data:  # the quick look: no userinfo, no query
             continue
         try:
             job = Job.model_validate_json(data)

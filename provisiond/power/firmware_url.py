@@ -3,7 +3,9 @@ is shown, stored or logged (the BMC alone gets them: SimpleUpdate's ImageURI).
 
 A URL's credentials are `scheme://USER:PASSWORD@host/...` (RFC 3986 userinfo: up to the
 last '@' before the first '/', '?' or '#'); a password holding one of those must be
-percent-encoded, as `with_password` does.
+percent-encoded, as `with_password` does. A URL's query is one too: a pre-signed URL's
+(S3's X-Amz-Signature, a SAS token's sig) lets whoever holds it fetch the image, so it is
+kept apart and shown as `?***`, as a password is.
 """
 
 from __future__ import annotations
@@ -41,25 +43,40 @@ def _split(url: str) -> tuple[str, str, str]:
     return scheme + sep, userinfo, rest[len(userinfo) + len(at):]
 
 
+def _query(url: str) -> str:
+    """The URL's query: after the first '?', before the '#' (none in a userinfo: '?' ends
+    the authority); '' when there is none."""
+    return url.partition("#")[0].partition("?")[2]
+
+
 def without_credentials(url: str) -> str:
-    """The URL without its user and password (http://u:p@h/f.bin -> http://h/f.bin)."""
+    """The URL without its user and password, its query hidden
+    (http://u:p@h/f.bin?sig=x -> http://h/f.bin?***)."""
     head, _, tail = _split(url)
+    query = _query(tail)
+    if query:
+        path, _, rest = tail.partition("?")
+        tail = f"{path}?{HIDDEN}{rest[len(query):]}"
     return head + tail
 
 
 def has_credentials(url: str) -> bool:
-    return bool(_split(url)[1])
+    return bool(_split(url)[1] or _query(url))
 
 
 def hide_credentials(text: str, url: str) -> str:
-    """`text` (a BMC's message, an exception's) with `url` shown without its credentials
-    and its password, as written in the URL or decoded, wherever else it appears."""
-    userinfo = _split(url)[1]
-    if not userinfo:
+    """`text` (a BMC's message, an exception's) with `url` shown without its credentials,
+    and its password and query, as written in the URL or decoded, wherever else they
+    appear."""
+    userinfo, query = _split(url)[1], _query(url)
+    if not userinfo and not query:
         return text
-    text = text.replace(url, without_credentials(url)).replace(userinfo + "@", "")
+    text = text.replace(url, without_credentials(url))
+    if userinfo:
+        text = text.replace(userinfo + "@", "")
     password = userinfo.partition(":")[2]
-    for form in sorted({password, unquote(password)} - {""}, key=len, reverse=True):
+    forms = {password, unquote(password), query, unquote(query)} - {"", HIDDEN}
+    for form in sorted(forms, key=len, reverse=True):
         text = text.replace(form, HIDDEN)
     return text
 
@@ -84,7 +101,8 @@ def user_without_password(url: str) -> str:
     password already."""
     userinfo = _split(url)[1]
     if not userinfo:
-        raise InvalidInput(f"firmware image {url!r}: a password needs a user in the URL "
+        raise InvalidInput(f"firmware image {without_credentials(url)!r}: a password needs "
+                           "a user in the URL "
                            "(https://USER@host/file)")
     if ":" in userinfo:
         raise InvalidInput(f"firmware image {without_credentials(url)!r}: the URL holds a "

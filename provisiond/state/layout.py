@@ -399,7 +399,8 @@ class Layout:
         return self.jobs / f"{job_id}.log"
 
     @entry("jobs/<job_id>.secret", "0600: the params its record holds without their "
-           "credentials (a firmware URL's user and password), whole, until the job ends")
+           "credentials (a firmware URL's user and password, its query), whole, until the "
+           "job ends")
     def job_secret(self, job_id: str):
         return self.jobs / f"{job_id}.secret"
 

@@ -131,6 +131,8 @@ def test_a_firmware_urls_password_from_stdin_reaches_the_bmc_only(nodes, config,
     ("http://fw:S3cret@127.0.0.1/b.bin",
      "'http://127.0.0.1/b.bin': the URL holds a password already: give it once"),
     ("ftp://fw@127.0.0.1/b.bin", "'ftp://127.0.0.1/b.bin': not an http(s) URL"),
+    ("http://127.0.0.1/b.bin?sig=S3cret", "'http://127.0.0.1/b.bin?***': a password needs a "
+     "user in the URL (https://USER@host/file)"),
 ])
 def test_a_url_the_stdin_password_cannot_go_to_is_refused_before_reading_it(
         nodes, config, monkeypatch, url, message):
@@ -139,3 +141,12 @@ def test_a_url_the_stdin_password_cannot_go_to_is_refused_before_reading_it(
     assert result.code == ExitCode.INVALID_INPUT
     assert result.err == f"provisiond: error: firmware image {message}\n"
     assert sys.stdin.read() == "never-read" and store.job_ids(config) == []
+
+
+def test_an_empty_stdin_password_names_the_url_without_its_query(nodes, config, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    result = nodes("firmware", "update", "n3", "--image", "http://fw@127.0.0.1/b.bin?sig=S3cret",
+                   "--image-password-stdin")
+    assert result.code == ExitCode.INVALID_INPUT
+    assert result.err == ("provisiond: error: password of fw for http://127.0.0.1/b.bin?***: "
+                          "read an empty value from stdin\n")

@@ -151,10 +151,11 @@ def test_a_job_whose_runner_never_came_is_failed_and_its_credentials_removed(
     assert not store.secret_path(config, job.id).exists()
 
 
-def old_record(config, job_id: int, state: JobState, mtime: int, **fields) -> Path:
+def old_record(config, job_id: int, state: JobState, mtime: int, url: str = URL,
+               **fields) -> Path:
     """A firmware job's record as an older release wrote it: the URL whole, 0644."""
     job = Job(id=job_id, kind=JobKind.FIRMWARE_UPDATE, target="n1", names=["n1"],
-              params={"image": URL, "timeout": 1800.0}, actor="cli:old", state=state,
+              params={"image": url, "timeout": 1800.0}, actor="cli:old", state=state,
               created=mtime, **fields)
     path = store.job_path(config, job_id)
     write_atomic(path, job.model_dump_json(exclude={"secret_params"}))
@@ -220,3 +221,36 @@ def test_a_job_whose_index_cannot_be_written_leaves_no_record_nor_secret(
     monkeypatch.setattr(store, "_write_index", write_index)
     again = store.create(config, JobKind.FIRMWARE_UPDATE, ["n1"], {"image": URL}, "cli:test")
     assert again.id == 1 and store.secret_path(config, 1).exists()
+
+
+SIGNED = "X-Amz-Signature=9f8e7d6c5b4a39281706&X-Amz-Expires=3600"
+PRESIGNED = f"http://127.0.0.1/bios.bin?{SIGNED}"
+
+
+def test_a_presigned_urls_query_is_kept_apart_as_a_password_is(nodes, config):
+    """A pre-signed URL's query lets whoever holds it fetch the image (S3's signature, a
+    SAS token): it is a credential, kept out of the record as a password is."""
+    job = store.create(config, JobKind.FIRMWARE_UPDATE, ["n1"], {"image": PRESIGNED},
+                       "token:t")
+    assert (job.params["image"], job.secret_params) == (f"{SHOWN}?***", ["image"])
+    assert "9f8e7d6c5b4a" not in readable_by_others(config)
+    assert runner.run(config, job.id) == 0
+    assert fake_bmcs(config)["n1"]["last_image"] == PRESIGNED
+
+
+def test_a_bmc_quoting_a_presigned_url_shows_no_signature(redfish_node, config):
+    cli, bmc = redfish_node
+    bmc.refuse_update = "The value {uri} for the property ImageURI is not valid."
+    result = cli("firmware", "update", "r1", "--image", PRESIGNED, "--json")
+    assert bmc.image_uri == PRESIGNED
+    detail = store.read(config, 1).results[0].detail
+    assert f"The value {SHOWN}?*** for the property" in detail, detail
+    assert "9f8e7d6c5b4a" not in result.out + result.err + store.job_path(config, 1).read_text()
+
+
+def test_an_older_records_presigned_query_is_taken_out_too(nodes, config):
+    ended = old_record(config, 1, JobState.FINISHED, 1_000_000, url=PRESIGNED,
+                       finished=1_000_001)
+    assert nodes("power", "on", "n3").code == 0
+    assert "9f8e7d6c5b4a" not in ended.read_text()
+    assert store.read(config, 1).params["image"] == f"{SHOWN}?***"
