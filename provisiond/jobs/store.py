@@ -289,10 +289,16 @@ def _prune(config: Config, index: Index) -> None:
 
 def _forget_stray_secrets(config: Config, index: Index) -> None:
     """Remove the secret files of the jobs that are not active: an ended job's whose removal
-    a crash stopped, or one whose record went (by hand) while it was active."""
+    a crash stopped, or one whose record went (by hand) while it was active. A job the
+    index lacks but whose record is active and runner alive keeps its own."""
     for path in Layout.of(config).jobs.glob("*.secret"):
-        if path.stem.isdigit() and int(path.stem) not in index.active:
-            path.unlink(missing_ok=True)
+        if not path.stem.isdigit() or int(path.stem) in index.active:
+            continue
+        with contextlib.suppress(JobNotFound):
+            job = read(config, int(path.stem))
+            if job.active and runner_alive(job):
+                continue
+        path.unlink(missing_ok=True)
 
 
 def _ended_last_first(config: Config, index: Index) -> list[tuple[int, os.stat_result]]:

@@ -61,7 +61,8 @@ def without_credentials(url: str) -> str:
 
 
 def has_credentials(url: str) -> bool:
-    return bool(_split(url)[1] or _query(url))
+    """Whether the URL holds a user, a password or a query (one hidden already is none)."""
+    return bool(_split(url)[1]) or _query(url) not in ("", HIDDEN)
 
 
 def hide_credentials(text: str, url: str) -> str:
