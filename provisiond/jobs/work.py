@@ -20,6 +20,7 @@ from provisiond.jobs.model import (POWER_STATUS, BootdevParams, ImageBuildParams
 from provisiond.overlays.batch import OverlayBuildFailed
 from provisiond.power import operations
 from provisiond.power.fanout import NodeResult
+from provisiond.power.firmware_url import credentials_hidden_in_logs
 from provisiond.power.reprovision import reprovision
 from provisiond.states import JobKind, PowerAction
 
@@ -124,8 +125,9 @@ def _firmware_update(config: Config, job: Job, progress: Progress) -> list[JobRe
     # the URL whole (its credentials are kept apart); a refusal is InvalidInput, whose
     # message never quotes the URL with them
     params = parse_params(job.kind, store.params_of(config, job))
-    return _fan_out(config, job, operations.firmware_update(params.image), params.timeout,
-                    progress)
+    with credentials_hidden_in_logs(params.image):
+        return _fan_out(config, job, operations.firmware_update(params.image),
+                        params.timeout, progress)
 
 
 def _reprovision(config: Config, job: Job, progress: Progress) -> list[JobResult]:

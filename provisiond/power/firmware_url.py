@@ -11,6 +11,7 @@ kept apart and shown as `?***`, as a password is.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Iterator
 from urllib.parse import quote, unquote
@@ -95,6 +96,40 @@ def credentials_hidden(url: str) -> Iterator[None]:
         if hidden != text:
             exc.args = (hidden,)
         raise
+
+
+class _Hiding(logging.Filter):
+    """A log record's text (message, traceback) with a URL's credentials hidden."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        hidden = hide_credentials(message, self.url)
+        if hidden != message:
+            record.msg, record.args = hidden, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = hide_credentials(record.exc_text, self.url)
+        return True
+
+
+@contextlib.contextmanager
+def credentials_hidden_in_logs(url: str) -> Iterator[None]:
+    """What this process logs in the block (a library's warning quoting a BMC's message,
+    which may quote the URL: sushy's before a retry) without `url`'s credentials: a job's
+    runner logs to a file other local users may read."""
+    hiding, handlers = _Hiding(url), list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(hiding)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(hiding)
 
 
 def user_without_password(url: str) -> str:

@@ -276,3 +276,18 @@ def test_a_live_jobs_secret_stays_when_the_index_forgot_it(nodes, config):
     store.create(config, JobKind.POWER, ["n2"], {"action": "on"}, "token:t")
     assert runner.run(config, job.id) == 0
     assert fake_bmcs(config)["n1"]["last_image"] == URL
+
+
+def test_a_libraries_log_line_quoting_the_url_shows_no_password(redfish_node, config):
+    """sushy logs a BMC's server-side error (a warning, before it retries) with the BMC's
+    message, which may quote the ImageURI: the runner's log is 0644, as its records are."""
+    cli, bmc = redfish_node
+    bmc.refuse_update = "SYS518: cannot fetch {uri} now: try later."
+    bmc.refuse_status = 500
+    started = jobs.start(config, JobKind.FIRMWARE_UPDATE, ["r1"], {"image": URL, "timeout": 60},
+                         "token:op")
+    done = jobs.wait(config, started["id"], 60)
+    logged = store.log_path(config, started["id"]).read_text()
+    assert done["state"] == "failed" and "Got server side error" in logged, logged
+    assert f"cannot fetch {SHOWN} now" in logged and SECRET not in logged, logged
+    assert SECRET not in readable_by_others(config)

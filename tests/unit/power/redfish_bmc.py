@@ -44,6 +44,7 @@ class FakeBmcState:
         self.release = threading.Event()
         # a BMC quoting the ImageURI it was given: in a 400 refusing it, in the task's end
         self.refuse_update: str | None = None  # the refusal's message, {uri} the ImageURI
+        self.refuse_status = 400  # 500: a server-side error, which sushy logs and retries
         self.task_message: str | None = None  # the ended task's message, {uri} the same
         self.image_uri = ""
 
@@ -131,7 +132,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(UPDATE["status"], None, {"Location": TASK})
         refusal = load("captured/error_bad_request.json")  # sushy-tools's 400, reworded
         refusal["error"]["message"] = self.state.refuse_update.format(uri=body["ImageURI"])
-        self._send(400, refusal)
+        self._send(self.state.refuse_status, refusal)
 
     def _task(self) -> None:
         """Running (202, as a Redfish task monitor answers) for some polls, then the end."""
