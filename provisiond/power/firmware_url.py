@@ -25,11 +25,26 @@ _AUTHORITY_END = re.compile(r"[/?#]")
 
 def check_firmware_url(url: str) -> None:
     """InvalidInput, naming the URL without its credentials, unless it is http(s) with no
-    blank or control character."""
+    blank or control character, and a port that is a number."""
     scheme, _, rest = url.partition("://")
     if scheme.lower() not in ("http", "https") or not rest or CONTROL_RE.search(url) \
             or " " in url:
         raise InvalidInput(f"firmware image {without_credentials(url)!r}: not an http(s) URL")
+    if not _port(rest).isdigit() and _port(rest) != "":
+        # https://USER:PASS/WORD@host: the authority ends at the '/', so the URL seems to
+        # hold no password and would be stored whole: quote none of it
+        raise InvalidInput(f"firmware image {scheme}://...: the port after the host is not a "
+                           "number (a password holding '/', '?' or '#' must be "
+                           "percent-encoded: %2F, %3F, %23)")
+
+
+def _port(rest: str) -> str:
+    """The port of the authority that starts `rest` (a URL after its '://'); '' if none."""
+    end = _AUTHORITY_END.search(rest)
+    host = (rest[:end.start()] if end else rest).rpartition("@")[2]
+    if host.startswith("["):  # an IPv6 address: [fd00::1]:8443
+        return host.partition("]")[2].removeprefix(":")
+    return host.rpartition(":")[2] if ":" in host else ""
 
 
 def _split(url: str) -> tuple[str, str, str]:

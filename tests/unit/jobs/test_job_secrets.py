@@ -19,6 +19,7 @@ from provisiond.errors import InvalidInput
 from provisiond.jobs import runner, store
 from provisiond.jobs.model import Job
 from provisiond.power.fake import read_fake_bmcs
+from provisiond.power.firmware_url import check_firmware_url
 from provisiond.state.layout import Layout
 from provisiond.states import JobKind, JobState
 from tests.unit.power.redfish_bmc import PASSWORD, USER, start_redfish_bmc
@@ -291,3 +292,22 @@ def test_a_libraries_log_line_quoting_the_url_shows_no_password(redfish_node, co
     assert done["state"] == "failed" and "Got server side error" in logged, logged
     assert f"cannot fetch {SHOWN} now" in logged and SECRET not in logged, logged
     assert SECRET not in readable_by_others(config)
+
+
+@pytest.mark.parametrize("url", [
+    "http://fw:pw/S3cret@127.0.0.1/b.bin", "http://fw:pw?S3cret@127.0.0.1/b.bin",
+    "http://fw:pw#S3cret@127.0.0.1/b.bin",
+])
+def test_a_password_left_unencoded_is_refused_not_stored(nodes, config, url):
+    """'/', '?' or '#' end a URL's authority: unencoded in a password, the URL seems to hold
+    none (its host 'fw', its port 'pw') and was stored whole in the 0644 record."""
+    result = nodes("firmware", "update", "n1", "--image", url)
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "percent-encoded" in result.err and "pw" not in result.err
+    assert store.job_ids(config) == []
+
+
+@pytest.mark.parametrize("url", ["https://fw:pw@[fd00::1]:8443/b.bin", "http://127.0.0.1:/b",
+                                 "https://[fd00::1]/b.bin", "http://h:8080/a@b/c.bin"])
+def test_urls_with_a_port_or_none_pass_the_check(url):
+    check_firmware_url(url)  # raises nothing
