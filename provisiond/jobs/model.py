@@ -103,7 +103,8 @@ def parse_params(kind: JobKind, params: dict) -> _Params:
 
 def split_secret(params: dict) -> tuple[dict, dict]:
     """The params as a job's record keeps them and everyone may read them (URLs without
-    their user and password, their query hidden), and the params taken out of them whole (kept apart, 0600)."""
+    their user and password, their query hidden), and the params taken out of them whole
+    (kept apart, 0600)."""
     shown, secret = dict(params), {}
     for key in URL_PARAMS:
         value = params.get(key)
