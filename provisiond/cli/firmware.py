@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from provisiond.cli.power import add_range_command, run_and_print, run_job_and_print
 from provisiond.power import operations
+from provisiond.power.firmware_url import (check_firmware_url, user_without_password,
+                                          with_password, without_credentials)
 from provisiond.states import JobKind
 
 COLUMNS = ["NODE", "RESULT", "COMPONENT", "VERSION"]
@@ -18,7 +20,14 @@ def register(subparsers) -> None:
         verbs, "update", "have each BMC fetch an image by URL and apply it (Redfish "
         "SimpleUpdate), following the task to its end", default_timeout=f"{operations.FIRMWARE_UPDATE_TIMEOUT:g}")
     update.add_argument("--image", required=True, metavar="URL",
-                        help="http(s) URL of the firmware image, reachable by the BMCs")
+                        help="http(s) URL of the firmware image, reachable by the BMCs; "
+                             "https://USER@host/... with --image-password-stdin for a "
+                             "server that wants a login (a password given in the URL here "
+                             "shows in `ps`)")
+    update.add_argument("--image-password-stdin", action="store_true",
+                        help="read the password of the URL's USER from standard input (asked "
+                             "for at a terminal); the BMC gets it in the URL, no job record "
+                             "or output shows it")
     update.set_defaults(func=update_handler)
 
 
@@ -28,7 +37,13 @@ def list_handler(args, ctx) -> int:
 
 
 def update_handler(args, ctx) -> int:
-    params = {"image": args.image, "timeout": args.timeout or operations.FIRMWARE_UPDATE_TIMEOUT}
+    image = args.image
+    if args.image_password_stdin:  # the URL's checks first: nothing asked for in vain
+        check_firmware_url(image)
+        user = user_without_password(image)
+        password = ctx.read_secret(f"password of {user} for {without_credentials(image)}")
+        image = with_password(image, password)
+    params = {"image": image, "timeout": args.timeout or operations.FIRMWARE_UPDATE_TIMEOUT}
     return run_job_and_print(args, ctx, JobKind.FIRMWARE_UPDATE, params, "firmware update")
 
 

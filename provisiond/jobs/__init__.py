@@ -16,7 +16,6 @@ import math
 import time
 from collections.abc import Callable
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 from provisiond import audit
 from provisiond.config import Config
@@ -24,7 +23,7 @@ from provisiond.errors import ExitCode, InvalidInput, ProvisiondError
 from provisiond.images.recipe import find_recipe
 from provisiond.inventory import load_nodes
 from provisiond.jobs import runner, store
-from provisiond.jobs.model import Job, OverlayBuildParams, parse_params
+from provisiond.jobs.model import Job, OverlayBuildParams, parse_params, split_secret
 from provisiond.power.fanout import NodeResult
 from provisiond.power.operations import select_nodes
 from provisiond.states import JobKind, JobState
@@ -65,9 +64,9 @@ def _create(config: Config, kind: JobKind | str, names: list[str], params: dict,
     checked = parse_params(kind, params)
     targets = _targets(config, kind, names, checked)
     job = store.create(config, kind, targets, checked.model_dump(mode="json"), actor)
-    try:
+    try:  # the record's params: a URL's credentials are in the job's secret file only
         audit.record(config, actor, f"job.{kind.value}", job.target,
-                     {"job": job.id, **_shown(job.params)})
+                     {"job": job.id, **job.params})
     except (OSError, ValueError) as exc:
         _fail_to_start(config, job, exc)
     return job
@@ -122,18 +121,9 @@ def list_jobs(config: Config, limit: int = 100, before: int | None = None,
 
 def _document(job: Job) -> dict:
     """The job as the API and `provisiond job` show it: its params as the audit record
-    has them (the runner reads the stored record, whole)."""
-    return {**job.model_dump(mode="json"), "params": _shown(job.params)}
-
-
-def _shown(params: dict) -> dict:
-    """The params for the audit record and the job's readers: a URL without the user and
-    password it may hold."""
-    shown = dict(params)
-    if "image" in shown:
-        url = urlsplit(shown["image"])
-        shown["image"] = url._replace(netloc=url.netloc.rpartition("@")[2]).geturl()
-    return shown
+    has them (a URL without its user and password, also in the record of an active job
+    an older release started, whose runner reads it whole)."""
+    return {**job.model_dump(mode="json"), "params": split_secret(job.params)[0]}
 
 
 def _kind(kind: JobKind | str) -> JobKind:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from provisiond.config import bounded
 from provisiond.errors import InvalidInput
 from provisiond.inventory.store import describe_validation_error
+from provisiond.power.firmware_url import has_credentials, without_credentials
 from provisiond.power.operations import (FIRMWARE_UPDATE_TIMEOUT, TIMEOUT_RANGE,
                                          firmware_update)
 from provisiond.states import BootDevice, JobKind, JobState, PowerAction
@@ -20,6 +21,9 @@ from provisiond.states import BootDevice, JobKind, JobState, PowerAction
 Seconds = Annotated[float, bounded(*TIMEOUT_RANGE)]
 POWER_STATUS = "status"
 POWER_VERBS = (*(action.value for action in PowerAction), POWER_STATUS)
+URL_PARAMS = ("image",)
+"""Params holding a URL, which may hold a user and password, or a query that is a credential
+(a pre-signed URL's signature): firmware-update's image."""
 
 
 class _Params(BaseModel):
@@ -44,7 +48,10 @@ class BootdevParams(_Params):
 
 class FirmwareUpdateParams(_Params):
     image: str = Field(max_length=2048)
-    """http(s) URL of the firmware image, reachable by the BMCs."""
+    """http(s) URL of the firmware image, reachable by the BMCs. A user and password in it
+    (https://USER:PASSWORD@host/...) and its query (a pre-signed URL's signature) reach the
+    BMCs only: the job, its results and errors show the URL without them (the query as
+    `?***`)."""
     timeout: Seconds = FIRMWARE_UPDATE_TIMEOUT
 
     @field_validator("image")
@@ -94,6 +101,18 @@ def parse_params(kind: JobKind, params: dict) -> _Params:
         raise InvalidInput(describe_validation_error(exc)) from None
 
 
+def split_secret(params: dict) -> tuple[dict, dict]:
+    """The params as a job's record keeps them and everyone may read them (URLs without
+    their user and password, their query hidden), and the params taken out of them whole
+    (kept apart, 0600)."""
+    shown, secret = dict(params), {}
+    for key in URL_PARAMS:
+        value = params.get(key)
+        if isinstance(value, str) and has_credentials(value):
+            shown[key], secret[key] = without_credentials(value), value
+    return shown, secret
+
+
 class JobResult(BaseModel):
     """What happened to one target (a node, or the image an image build makes)."""
 
@@ -112,6 +131,9 @@ class Job(BaseModel):
     """The targets folded into one range (n[01-04]), or the image's name."""
     names: list[str]
     params: dict
+    secret_params: list[str] = []
+    """Params held without their credentials here, and whole in `<state>/jobs/<id>.secret`
+    (0600) while the job is pending or running: the runner reads them from there."""
     actor: str
     """Who asked: `token:NAME` through the API, `cli:USER` from the command line."""
     state: JobState

@@ -4,6 +4,8 @@
 jobs/index.json   {"next_id": N, "active": {"<id>": ["node/n01", ...]}}: the claims
 jobs/<id>.json    the Job record (provisiond.jobs.model.Job)
 jobs/<id>.log     the runner's stdout and stderr
+jobs/<id>.secret  0600: the params the record holds without their credentials (a firmware
+                  URL's user and password, its query), whole; removed when the job ends
 jobs/.lock        held while the index changes or a record changes hands
 ```
 
@@ -14,11 +16,18 @@ recorded holds its claims SPAWN_GRACE seconds. Whoever looks next (a new job, a 
 marks a job whose runner died failed and frees its claims: a crash holds nothing forever.
 The history keeps the jobs that ended last (by their records' last write), within
 MAX_HISTORY and MAX_HISTORY_BYTES; deleting one takes its log first, then its record.
+
+A record is readable by every local user who can reach the state directory, so no secret is
+in it: a URL's user, password and query go to the job's `.secret` file (0600, written before the
+record, removed as the job ends; one whose job is not active, left by a crash or a record
+deleted by hand, by the next writer). Records an older release wrote with them are rewritten
+without them by the first writer that finds them (once; an active one once it ended).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -29,9 +38,9 @@ from pydantic import BaseModel, ValidationError
 
 from provisiond.atomic import locked, write_atomic
 from provisiond.config import Config
-from provisiond.errors import Conflict, JobNotFound
+from provisiond.errors import Conflict, JobNotFound, ProvisiondError
 from provisiond.inventory.ranges import names_text
-from provisiond.jobs.model import POWER_STATUS, Job
+from provisiond.jobs.model import POWER_STATUS, Job, split_secret
 from provisiond.state.layout import Layout
 from provisiond.states import JobKind, JobState
 
@@ -49,6 +58,8 @@ CLAIM_WORDS = {"node": "node {}", "image": "image {}", "overlays": "the overlays
 class Index(BaseModel):
     next_id: int = 1
     active: dict[int, list[str]] = {}
+    no_legacy_secrets: bool = False
+    """No record holds a URL's credentials any more (see _take_out_legacy_secrets)."""
 
 
 def job_path(config: Config, job_id: int) -> Path:
@@ -57,6 +68,10 @@ def job_path(config: Config, job_id: int) -> Path:
 
 def log_path(config: Config, job_id: int) -> Path:
     return Layout.of(config).job_log(str(job_id))
+
+
+def secret_path(config: Config, job_id: int) -> Path:
+    return Layout.of(config).job_secret(str(job_id))
 
 
 def claims_of(kind: JobKind, names: list[str], params: dict) -> list[str]:
@@ -69,20 +84,50 @@ def claims_of(kind: JobKind, names: list[str], params: dict) -> list[str]:
 
 
 def create(config: Config, kind: JobKind, names: list[str], params: dict, actor: str) -> Job:
-    """A new pending job holding claims on `names`; Conflict if one is claimed already."""
+    """A new pending job holding claims on `names`; Conflict if one is claimed already.
+    A URL's credentials in `params` go to the job's secret file, not to its record."""
     wanted = claims_of(kind, names, params)
+    params, secret = split_secret(params)
     with _locked(config):
         index = _read_index(config)
         _reap(config, index)
         _check_free(config, index, wanted)
         job = Job(id=index.next_id, kind=kind, target=_target(kind, names), names=names,
-                  params=params, actor=actor, state=JobState.PENDING, created=time.time())
+                  params=params, secret_params=sorted(secret), actor=actor,
+                  state=JobState.PENDING, created=time.time())
         index.next_id += 1
         index.active[job.id] = wanted
-        save(config, job, durable=True)
-        _prune(config, index)
-        _write_index(config, index)
+        try:
+            if secret:
+                write_atomic(secret_path(config, job.id), json.dumps(secret), mode=0o600)
+            save(config, job, durable=True)
+            _prune(config, index)
+            _write_index(config, index)
+        except BaseException:
+            # no index holds it (a full disk): no runner starts, no reaper would see it
+            for path in (secret_path(config, job.id), job_path(config, job.id)):
+                path.unlink(missing_ok=True)
+            raise
     return job
+
+
+def params_of(config: Config, job: Job) -> dict:
+    """The job's params whole: its record's, with those its secret file holds (the runner's
+    view; never stored in a record, nor shown)."""
+    if not job.secret_params:
+        return dict(job.params)
+    path = secret_path(config, job.id)
+    try:
+        secret = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ProvisiondError(f"job {job.id}: the credentials of its "
+                              f"{', '.join(job.secret_params)} cannot be read from {path}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
+    return {**job.params, **{key: secret[key] for key in job.secret_params if key in secret}}
+
+
+def _forget_secret(config: Config, job_id: int) -> None:
+    secret_path(config, job_id).unlink(missing_ok=True)
 
 
 def record_runner(config: Config, job_id: int, pid: int) -> None:
@@ -110,6 +155,7 @@ def finish(config: Config, job: Job) -> None:
     """Store the ended job and free its claims."""
     with _locked(config):
         save(config, job, durable=True)
+        _forget_secret(config, job.id)
         index = _read_index(config)
         index.active.pop(job.id, None)
         _prune(config, index)
@@ -224,6 +270,7 @@ def _reap(config: Config, index: Index) -> None:
                            f"no runner started within {SPAWN_GRACE:g} s")
             save(config, job, durable=True)
             log.warning("job %s failed: %s", job_id, job.message)
+        _forget_secret(config, job_id)
         del index.active[job_id]
 
 
@@ -232,12 +279,26 @@ def _prune(config: Config, index: Index) -> None:
     MAX_HISTORY_BYTES of them (the newest MIN_HISTORY always stay)."""
     kept_bytes = 0
     for position, (job_id, record) in enumerate(_ended_last_first(config, index)):
-        paths = (job_path(config, job_id), log_path(config, job_id))
-        kept_bytes += record.st_size + _size(paths[1])
+        kept_bytes += record.st_size + _size(log_path(config, job_id))
         if position >= MAX_HISTORY or (position >= MIN_HISTORY and
                                        kept_bytes > MAX_HISTORY_BYTES):
-            for path in reversed(paths):  # the log first: the records list the history
-                path.unlink(missing_ok=True)
+            for path in (log_path(config, job_id), job_path(config, job_id)):
+                path.unlink(missing_ok=True)  # the log first: the records list the history
+    _forget_stray_secrets(config, index)
+
+
+def _forget_stray_secrets(config: Config, index: Index) -> None:
+    """Remove the secret files of the jobs that are not active: an ended job's whose removal
+    a crash stopped, or one whose record went (by hand) while it was active. A job the
+    index lacks but whose record is active and runner alive keeps its own."""
+    for path in Layout.of(config).jobs.glob("*.secret"):
+        if not path.stem.isdigit() or int(path.stem) in index.active:
+            continue
+        with contextlib.suppress(JobNotFound):
+            job = read(config, int(path.stem))
+            if job.active and runner_alive(job):
+                continue
+        path.unlink(missing_ok=True)
 
 
 def _ended_last_first(config: Config, index: Index) -> list[tuple[int, os.stat_result]]:
@@ -270,7 +331,42 @@ def _read_index(config: Config) -> Index:
         index = _rebuilt_index(config)
     ids = job_ids(config)
     index.next_id = max(index.next_id, ids[0] + 1 if ids else 1)
+    if not index.no_legacy_secrets:
+        index.no_legacy_secrets = _take_out_legacy_secrets(config, ids)
     return index
+
+
+def _take_out_legacy_secrets(config: Config, ids: list[int]) -> bool:
+    """Rewrite the ended records an older release wrote with a URL's user and password
+    in them (0644: readable by every local user) without those, their last-write time kept
+    (the history's order); True if none is left. An active one is its runner's: left to be
+    done once it ended."""
+    left = False
+    for job_id in ids:
+        path = job_path(config, job_id)
+        try:
+            before = path.stat()
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"@" not in data and b"?" not in data:  # the quick look: no userinfo, no query
+            continue
+        try:
+            job = Job.model_validate_json(data)
+        except ValidationError:
+            continue
+        params, secret = split_secret(job.params)
+        if not secret:
+            continue
+        if job.active:
+            left = True
+            continue
+        job.params = params
+        save(config, job, durable=True)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        log.warning("job %s: took the credentials of its %s out of its record %s", job_id,
+                    ", ".join(sorted(secret)), path)
+    return not left
 
 
 def _rebuilt_index(config: Config) -> Index:

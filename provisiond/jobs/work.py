@@ -14,12 +14,13 @@ from provisiond.config import Config
 from provisiond.errors import BuildFailed
 from provisiond.events import emit
 from provisiond.jobs import store
-from provisiond.jobs.model import (POWER_STATUS, BootdevParams, FirmwareUpdateParams,
-                                   ImageBuildParams, Job, JobResult, OverlayBuildParams,
-                                   PowerParams, ReprovisionParams)
+from provisiond.jobs.model import (POWER_STATUS, BootdevParams, ImageBuildParams, Job,
+                                   JobResult, OverlayBuildParams, PowerParams,
+                                   ReprovisionParams, parse_params)
 from provisiond.overlays.batch import OverlayBuildFailed
 from provisiond.power import operations
 from provisiond.power.fanout import NodeResult
+from provisiond.power.firmware_url import credentials_hidden_in_logs
 from provisiond.power.reprovision import reprovision
 from provisiond.states import JobKind, PowerAction
 
@@ -121,9 +122,12 @@ def _bootdev(config: Config, job: Job, progress: Progress) -> list[JobResult]:
 
 
 def _firmware_update(config: Config, job: Job, progress: Progress) -> list[JobResult]:
-    params = FirmwareUpdateParams.model_validate(job.params)
-    return _fan_out(config, job, operations.firmware_update(params.image), params.timeout,
-                    progress)
+    # the URL whole (its credentials are kept apart); a refusal is InvalidInput, whose
+    # message never quotes the URL with them
+    params = parse_params(job.kind, store.params_of(config, job))
+    with credentials_hidden_in_logs(params.image):
+        return _fan_out(config, job, operations.firmware_update(params.image),
+                        params.timeout, progress)
 
 
 def _reprovision(config: Config, job: Job, progress: Progress) -> list[JobResult]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from provisiond.config import CONTROL_RE, Config
+from provisiond.config import Config
 from provisiond.errors import InvalidInput, NodeNotFound
 from provisiond.inventory import load_nodes
 from provisiond.inventory.merge import Node
@@ -13,6 +13,8 @@ from provisiond.inventory.ranges import expand, fold
 from provisiond.metrics import record_outcomes
 from provisiond.power import pending
 from provisiond.power.base import Driver
+from provisiond.power.firmware_url import (check_firmware_url, credentials_hidden,
+                                          hide_credentials)
 from provisiond.power.fanout import NodeResult, fan_out
 from provisiond.power.settings import node_timeout, resolve_settings
 from provisiond.states import BmcDriver, BootDevice, PowerAction
@@ -130,14 +132,13 @@ def firmware_list(driver: Driver) -> list[dict]:
 def firmware_update(image_url: str) -> Operation:
     """Have the BMC fetch `image_url` (http or https: what SimpleUpdate is given here) and
     apply it; a URL that is neither, or holds a blank or control character, is InvalidInput
-    before any BMC is contacted."""
-    scheme, _, rest = image_url.partition("://")
-    if scheme.lower() not in ("http", "https") or not rest or CONTROL_RE.search(image_url) \
-            or " " in image_url:
-        raise InvalidInput(f"firmware image {image_url!r}: not an http(s) URL")
+    before any BMC is contacted. The URL's password is in no result nor error: a BMC may
+    quote the URL it refused or could not fetch."""
+    check_firmware_url(image_url)
 
     def operation(driver: Driver) -> str:
-        return driver.update_firmware(image_url)
+        with credentials_hidden(image_url):  # the fan-out reports an error: without them
+            return hide_credentials(driver.update_firmware(image_url), image_url)
 
     return operation
 

@@ -18,6 +18,7 @@ from sushy.auth import BasicAuth
 from provisiond.errors import BmcError, BmcUnreachable, InvalidInput, UnsupportedOperation
 from provisiond.inventory.values import REDFISH_PORTS
 from provisiond.power.base import BmcBusy, Driver, FirmwareComponent, bmc_call, cached_per_driver
+from provisiond.power.firmware_url import credentials_hidden
 from provisiond.states import BootDevice, PowerAction, PowerState
 
 POWER_STATES = {
@@ -147,11 +148,14 @@ class RedfishDriver(Driver):
 
     @_bmc_call
     def update_firmware(self, image_url: str) -> str:
-        service = self._root.get_update_service()
-        protocol = "HTTPS" if image_url.lower().startswith("https:") else "HTTP"
-        monitor = service.simple_update(image_url, targets=[self._system.path],
-                                        transfer_protocol=protocol)
-        return self._follow_task(monitor)
+        # a BMC's refusal may quote the URL: its password goes before translate_error cuts
+        # the message to one line (a cut inside it would leave its start)
+        with credentials_hidden(image_url):
+            service = self._root.get_update_service()
+            protocol = "HTTPS" if image_url.lower().startswith("https:") else "HTTP"
+            monitor = service.simple_update(image_url, targets=[self._system.path],
+                                            transfer_protocol=protocol)
+            return self._follow_task(monitor)
 
     @cached_per_driver
     def _root(self) -> sushy.Sushy:

@@ -7,6 +7,7 @@ from provisiond.state.store import ABSENT
 
 SECRET_FILES = frozenset({"secrets.yaml", "tokens.json"})
 SECRET_DIRS = ("secrets/",)
+SECRET_SUFFIXES = {"jobs/": ".secret"}  # a job's params with a URL's credentials
 """Keys whose values are secret: their files are 0600 (as provisiond wrote them before the
 store), and the etcd backend encrypts their values (provisiond.state.crypt)."""
 
@@ -38,7 +39,9 @@ def check_prefix(prefix: str) -> str:
 
 
 def is_secret(key: str) -> bool:
-    return key in SECRET_FILES or key.startswith(SECRET_DIRS)
+    return key in SECRET_FILES or key.startswith(SECRET_DIRS) or any(
+        key.startswith(folder) and key.endswith(suffix)
+        for folder, suffix in SECRET_SUFFIXES.items())
 
 
 def file_mode(key: str) -> int:

@@ -411,6 +411,12 @@ class Layout:
     def job_log(self, job_id: str):
         return self.jobs / f"{job_id}.log"
 
+    @entry("jobs/<job_id>.secret", "0600: the params its record holds without their "
+           "credentials (a firmware URL's user and password, its query), whole, until the "
+           "job ends")
+    def job_secret(self, job_id: str):
+        return self.jobs / f"{job_id}.secret"
+
     @property
     @entry("jobs/index.json", "the next id and the claims of active jobs (node/N, image/N, "
            "overlays/N; provisiond.jobs.store.Index)")

@@ -12,6 +12,7 @@ ends is tested against the stand-in BMC of tests/unit/power/test_redfish.py inst
 from __future__ import annotations
 
 import base64
+import io
 import json
 import socket
 import ssl
@@ -155,6 +156,21 @@ def test_firmware_update_reads_the_task_sushy_tools_reports_completed(redfish_no
     listed = json.loads(redfish_node("firmware", "list", "r1", "--json").out)[0]["value"]
     assert {"name": "BIOS", "version": f"{major}.{int(minor) + 1}.{patch}",
             "updateable": None} in listed
+
+
+def test_firmware_update_with_a_login_in_the_url(redfish_node, config, monkeypatch):
+    """The password of the image server, from stdin, reaches sushy-tools (which takes the
+    update) and no job record nor output (sushy-tools keeps no ImageURI to compare: the
+    stand-in BMC of tests/unit/jobs/test_job_secrets.py checks the URL it gets)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("fw-S3cret\n"))
+    result = redfish_node("firmware", "update", "r1", "--image",
+                          "http://fw@127.0.0.1:9/bios-2.0.bin", "--image-password-stdin",
+                          "--json")
+    assert result.code == 0, result.out + result.err
+    assert detail(result) == "task 42 Completed"
+    record = (config.state_dir / "jobs" / "1.json").read_text()
+    assert "S3cret" not in result.out + result.err + record
+    assert json.loads(record)["params"]["image"] == "http://127.0.0.1:9/bios-2.0.bin"
 
 
 def test_tls_verification_settings(redfish_node):

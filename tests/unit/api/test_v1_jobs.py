@@ -91,6 +91,26 @@ def test_bad_requests_are_one_error_and_store_nothing(api, path, body, status, c
     assert store.job_ids(api.config) == []
 
 
+def test_a_refused_firmware_url_is_shown_without_its_password(api):
+    for image in ("ftp://fw:pw-S3cret@h/f.bin", "http://fw:pw-S3cret@h/a\nb.bin"):
+        response = post(api, "/api/v1/firmware/update", {"names": "n01", "image": image})
+        error = assert_error(response, 400, "invalid_input", "image")
+        assert "not an http(s) URL" in error["message"]
+        assert "S3cret" not in response.get_data(as_text=True)
+    assert store.job_ids(api.config) == []
+
+
+def test_a_firmware_job_keeps_the_urls_password_off_its_record(api):
+    response = post(api, "/api/v1/firmware/update",
+                    {"names": "n01", "image": "http://fw:pw-S3cret@127.0.0.1/f.bin"})
+    assert response.status_code == 202, response.json
+    done = wait_done(api, response.json["id"])
+    assert done["state"] == "finished" and done["params"]["image"] == "http://127.0.0.1/f.bin"
+    assert "S3cret" not in store.job_path(api.config, done["id"]).read_text()
+    listed = api.call(Role.READER, "GET", "/api/v1/jobs")
+    assert "S3cret" not in repr([response.json, done, listed.get_data(as_text=True)])
+
+
 def test_roles(api):
     body = {"names": "n01", "action": "on"}
     assert_error(post(api, "/api/v1/power", body, role=None), 401, "unauthenticated")

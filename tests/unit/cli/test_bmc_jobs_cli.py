@@ -4,6 +4,9 @@ journal as the API's jobs are, and refused while an API job holds a node."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
 
 from provisiond import audit, events, jobs
@@ -107,3 +110,43 @@ def test_bad_params_are_one_line_and_store_nothing(nodes, config):
     assert result.code == ExitCode.INVALID_INPUT
     assert result.err.strip() == "provisiond: error: timeout: 0.0 is outside 0.1-86400"
     assert store.job_ids(config) == [] and audit.read(config, action="job.power") == []
+
+
+def test_a_firmware_urls_password_from_stdin_reaches_the_bmc_only(nodes, config, monkeypatch):
+    """--image-password-stdin: the password never in argv (`ps`), percent-encoded into the
+    URL the BMC gets, and in no output nor record."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("pw/S3cret@x:y\n"))
+    result = nodes("firmware", "update", "n3", "--image", "http://fw@127.0.0.1/b.bin",
+                   "--image-password-stdin", "--json")
+    assert result.code == 0, result.err
+    assert read_fake_bmcs(config.state_dir / "power" / "fake-bmcs.json")["n3"][
+        "last_image"] == "http://fw:pw%2FS3cret%40x%3Ay@127.0.0.1/b.bin"
+    assert "S3cret" not in result.out + result.err + store.job_path(config, 1).read_text()
+    assert jobs.get(config, 1)["params"]["image"] == "http://127.0.0.1/b.bin"
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://127.0.0.1/b.bin", "'http://127.0.0.1/b.bin': a password needs a user in the URL "
+     "(https://USER@host/file)"),
+    ("http://fw:S3cret@127.0.0.1/b.bin",
+     "'http://127.0.0.1/b.bin': the URL holds a password already: give it once"),
+    ("ftp://fw@127.0.0.1/b.bin", "'ftp://127.0.0.1/b.bin': not an http(s) URL"),
+    ("http://127.0.0.1/b.bin?sig=S3cret", "'http://127.0.0.1/b.bin?***': a password needs a "
+     "user in the URL (https://USER@host/file)"),
+])
+def test_a_url_the_stdin_password_cannot_go_to_is_refused_before_reading_it(
+        nodes, config, monkeypatch, url, message):
+    monkeypatch.setattr("sys.stdin", io.StringIO("never-read"))
+    result = nodes("firmware", "update", "n3", "--image", url, "--image-password-stdin")
+    assert result.code == ExitCode.INVALID_INPUT
+    assert result.err == f"provisiond: error: firmware image {message}\n"
+    assert sys.stdin.read() == "never-read" and store.job_ids(config) == []
+
+
+def test_an_empty_stdin_password_names_the_url_without_its_query(nodes, config, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    result = nodes("firmware", "update", "n3", "--image", "http://fw@127.0.0.1/b.bin?sig=S3cret",
+                   "--image-password-stdin")
+    assert result.code == ExitCode.INVALID_INPUT
+    assert result.err == ("provisiond: error: password of fw for http://127.0.0.1/b.bin?***: "
+                          "read an empty value from stdin\n")

@@ -42,6 +42,11 @@ class FakeBmcState:
         self.raw: dict[str, bytes] = {}  # path -> a body answered with 200 (not Redfish's)
         self.hung = threading.Event()  # set once a request hangs
         self.release = threading.Event()
+        # a BMC quoting the ImageURI it was given: in a 400 refusing it, in the task's end
+        self.refuse_update: str | None = None  # the refusal's message, {uri} the ImageURI
+        self.refuse_status = 400  # 500: a server-side error, which sushy logs and retries
+        self.task_message: str | None = None  # the ended task's message, {uri} the same
+        self.image_uri = ""
 
     def documents(self) -> dict[str, dict]:
         docs = {"/redfish/v1": load("captured/service_root.json"),
@@ -113,7 +118,7 @@ class Handler(BaseHTTPRequestHandler):
         if method == "POST" and path == SYSTEM + "/Actions/ComputerSystem.Reset":
             return self._reset(body["ResetType"])
         if method == "POST" and path == UPDATE["path"]:
-            return self._send(UPDATE["status"], None, {"Location": TASK})
+            return self._simple_update(body)
         self._send(404, load("captured/error_not_found.json"))
 
     def _reset(self, reset_type: str) -> None:
@@ -121,12 +126,24 @@ class Handler(BaseHTTPRequestHandler):
         self.state.system["PowerState"] = "Off" if off else "On"
         self._send(204, None)
 
+    def _simple_update(self, body: dict) -> None:
+        self.state.image_uri = body["ImageURI"]
+        if self.state.refuse_update is None:
+            return self._send(UPDATE["status"], None, {"Location": TASK})
+        refusal = load("captured/error_bad_request.json")  # sushy-tools's 400, reworded
+        refusal["error"]["message"] = self.state.refuse_update.format(uri=body["ImageURI"])
+        self._send(self.state.refuse_status, refusal)
+
     def _task(self) -> None:
         """Running (202, as a Redfish task monitor answers) for some polls, then the end."""
         if self.state.task_polls_running > 0:
             self.state.task_polls_running -= 1
             return self._send(202, load("derived/task_running.json"))
-        self._send(200, load(self.state.task_end))
+        task = load(self.state.task_end)
+        if self.state.task_message is not None:
+            task["Messages"] = [{"Message": self.state.task_message.format(
+                uri=self.state.image_uri), "Severity": "OK"}]
+        self._send(200, task)
 
     def _send_raw(self, data: bytes) -> None:
         self.send_response(200)

@@ -29,17 +29,21 @@ def test_values_are_the_files_and_secrets_stay_private(store, root):
     store.put("secrets.yaml", b"nodes: {n1: {munge.key: x}}\n")
     store.put("secrets/nodes/n1.json", b"{}")
     store.put("tokens.json", b"{}")
+    store.put("jobs/3.secret", b"{}")  # a job's URL credentials (an export, imported)
+    store.put("jobs/3.json", b"{}")
     assert (root / "inventory.yaml").read_bytes() == b"nodes: {}\n"
-    assert stat.S_IMODE(os.stat(root / "inventory.yaml").st_mode) == 0o644
-    for name in ("secrets.yaml", "secrets/nodes/n1.json", "tokens.json"):
+    for name in ("inventory.yaml", "jobs/3.json"):
+        assert stat.S_IMODE(os.stat(root / name).st_mode) == 0o644, name
+    for name in ("secrets.yaml", "secrets/nodes/n1.json", "tokens.json", "jobs/3.secret"):
         assert stat.S_IMODE(os.stat(root / name).st_mode) == 0o600, name
 
 
 def test_the_change_log_holds_no_secret(store, root):
     store.put("secrets.yaml", b"password: hunter2\n")
+    store.put("jobs/3.secret", b'{"image": "http://u:hunter3@h/f.bin"}')
     store.put("status/n1.json", b'{"phase": "up"}')
     log = (root / ".store" / "changes.jsonl").read_text()
-    assert "hunter2" not in log and '\\"up\\"' in log
+    assert "hunter2" not in log and "hunter3" not in log and '\\"up\\"' in log
     assert stat.S_IMODE(os.stat(root / ".store" / "changes.jsonl").st_mode) == 0o600
     assert (root / ".store" / ".gitignore").read_text() == "*\n"
 
