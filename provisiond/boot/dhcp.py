@@ -57,7 +57,8 @@ class DhcpServer(UdpServer):
         self.leases: dict[str, tuple[str, float]] = {}
         self._dirty = False
         self._saved = 0.0
-        self._load_leases()
+        if not dhcp.proxy:  # a proxyDHCP leases nothing
+            self._load_leases()
 
     @classmethod
     def proxy_port(cls, config: Config, table: BootTable, phases) -> "DhcpServer":

@@ -149,9 +149,11 @@ class DiscoveryPool:
                     lease[1] > (time.time() if now is None else now))
 
     def release(self, mac: str) -> None:
-        self.full = None
         lease = self.leases.pop(mac, None)
-        if lease and self.holders.get(lease[0]) == mac:
+        if lease is None:
+            return  # nothing freed: a full pool stays full (every node's ACK releases)
+        self.full = None
+        if self.holders.get(lease[0]) == mac:
             del self.holders[lease[0]]
 
     def _take(self, mac: str, address: str, now: float) -> None:

@@ -155,3 +155,18 @@ def test_the_pool_restores_only_unexpired_leases_of_its_own_addresses(pool_confi
     assert pool.current(now=60) == {"a": ("10.99.9.2", 60 + pool.seconds),
                                     "e": ("10.99.9.1", 60 + pool.seconds),
                                     "f": ("10.99.9.3", 60 + pool.seconds)}
+
+
+def test_a_node_ack_keeps_a_full_pool_full(pool_config):
+    """Every node's ACK now gives up its MAC's pool lease: one without any must not drop
+    the pool's "full" mark (a flood of new MACs would scan the pool again per node ACK)."""
+    from provisiond.boot.discovery import DiscoveryPool
+
+    pool, reserved = DiscoveryPool(pool_config), {}
+    for mac in ("a", "b", "c"):
+        assert pool.offer(mac, reserved, now=0) is not None
+    assert pool.offer("d", reserved, now=0) is None and pool.full is not None
+    pool.release(mac_of(1))
+    assert pool.full is not None
+    pool.release("a")
+    assert pool.full is None and pool.offer("d", reserved, now=0) == "10.99.9.1"
