@@ -1,7 +1,9 @@
 """provisiond's DHCP server: reserved addresses and boot files for known MACs only.
 
 One UDP loop answers from precomputed parts (`dhcp_reply.Answers`); phases and discovery
-go through `events`; leases are kept in a dict and written at most every few seconds.
+go through `events`; leases are kept in a dict and written at most every few seconds, and
+read back at start: a restart must not offer a new machine the pool address a waiting one
+still holds.
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ import socket
 import struct
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from provisiond.atomic import write_atomic
 from provisiond.boot import dhcp_packet as p
 from provisiond.boot.dhcp_reply import Answers, client_kind
-from provisiond.boot.discovery import DiscoveryLog, DiscoveryPool, enlisting
+from provisiond.boot.discovery import DiscoveryLog, DiscoveryPool, enlisting, hold_waiting
 from provisiond.boot.phases import PhaseProcess, PhaseRecorder
 from provisiond.boot.table import BootTable
 from provisiond.boot.udp import UdpServer, open_udp
 from provisiond.config import Config
+from provisiond.errors import ProvisiondError
 from provisiond.state.layout import Layout
-from provisiond.state.models import Lease, Leases
+from provisiond.state.models import Lease, Leases, parse
 from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
@@ -53,6 +57,8 @@ class DhcpServer(UdpServer):
         self.leases: dict[str, tuple[str, float]] = {}
         self._dirty = False
         self._saved = 0.0
+        if not dhcp.proxy:  # a proxyDHCP leases nothing
+            self._load_leases()
 
     @classmethod
     def proxy_port(cls, config: Config, table: BootTable, phases) -> "DhcpServer":
@@ -103,6 +109,8 @@ class DhcpServer(UdpServer):
 
     def _lease(self, mac: str, ipaddr: str) -> None:
         self.leases[mac] = (ipaddr, time.time() + self.config.dhcp.lease_seconds)
+        if self.pool is not None:
+            self.pool.release(mac)  # approved: it gave its pool address up for its own
         self._dirty = True
 
     def _nak(self, request: p.Request, answers: Answers) -> None:
@@ -152,6 +160,7 @@ class DhcpServer(UdpServer):
             self._nak(request, answers)
             return
         self.pool.offer(request.mac, self.reserved)  # renews it
+        self._dirty = True
         self._send(request, answers.pool_reply(request, p.ACK, asked), "ack")
 
     def _send(self, request: p.Request, reply: bytes, kind: str) -> None:
@@ -171,17 +180,48 @@ class DhcpServer(UdpServer):
             self.save_leases()
 
     def save_leases(self) -> None:
-        """Write the unexpired leases atomically (at most every 5 s, and on close); a write
-        that fails leaves them dirty, so the next tick or close() tries again."""
+        """Write the unexpired leases, the nodes' and the pool's, atomically (at most every
+        5 s, and on close); a write that fails leaves them dirty, so the next tick or
+        close() tries again."""
         self._saved = time.monotonic()
         now = time.time()
         self.leases = {mac: lease for mac, lease in self.leases.items() if lease[1] > now}
-        data = Leases({mac: Lease(ip=ip, expires=round(exp))
-                       for mac, (ip, exp) in self.leases.items()})
+        held = {**(self.pool.current(now) if self.pool is not None else {}), **self.leases}
+        data = Leases({mac: Lease(ip=ip, expires=round(exp)) for mac, (ip, exp) in held.items()})
         write_atomic(Layout.of(self.config).leases, data.text())
         self._dirty = False
 
+    def _load_leases(self) -> None:
+        """The unexpired leases the last run saved: a pool address's to the pool (while it
+        runs no other machine gets that address), a node's to `leases`. A file that cannot
+        be read is one error line, and the pool then holds the addresses of the machines the
+        discovery book has waiting (hold_waiting), as it does on a first start."""
+        path, now = Layout.of(self.config).leases, time.time()
+        try:
+            saved = parse(Leases, Path(path).read_bytes(), path).root
+        except FileNotFoundError:
+            saved = None
+        except (OSError, ProvisiondError) as exc:
+            log.error("dhcp: leases not read back, starting without them: %s", exc)
+            saved = None
+        if saved is None:
+            if self.pool is not None:
+                hold_waiting(self.config, self.pool, now)
+            return
+        for mac, lease in saved.items():
+            if lease.expires <= now:
+                continue
+            if self.pool is not None and lease.ip in self.pool:
+                self.pool.restore(mac, lease.ip, lease.expires, now)
+            else:
+                self.leases[mac] = (lease.ip, float(lease.expires))
+
     def close(self) -> None:
+        """Stop, and save the leases a last time; a write that fails then is one error line
+        (the other servers still stop), not a traceback."""
         super().close()
         if self._dirty:
-            self.save_leases()
+            try:
+                self.save_leases()
+            except OSError as exc:
+                log.error("dhcp: leases not saved at stop: %s", exc)

@@ -9,6 +9,7 @@ import os
 import time
 
 from provisiond.config import Config
+from provisiond.discovery.machines import MachineState, read_book
 from provisiond.state.layout import Layout
 from provisiond.state.models import Sighting
 
@@ -97,6 +98,7 @@ class DiscoveryPool:
         settings = config.discovery
         first, last = settings.pool_range
         self.addresses = [str(ipaddress.IPv4Address(a)) for a in range(int(first), int(last) + 1)]
+        self._members = frozenset(self.addresses)
         self.seconds = settings.lease_seconds
         self.leases: dict[str, tuple[str, float]] = {}   # mac -> (address, expiry)
         self.holders: dict[str, str] = {}                 # address -> mac
@@ -124,6 +126,22 @@ class DiscoveryPool:
                                    default=now + self.seconds))
         return None
 
+    def __contains__(self, address: str) -> bool:
+        return address in self._members
+
+    def restore(self, mac: str, address: str, expires: float, now: float) -> bool:
+        """Hold a lease made before a restart (read back from the lease file): kept if it
+        is unexpired, of an address of this pool and of no other restored lease."""
+        if expires <= now or address in self.holders or address not in self._members:
+            return False
+        self.holders[address] = mac
+        self.leases[mac] = (address, expires)
+        return True
+
+    def current(self, now: float) -> dict[str, tuple[str, float]]:
+        """The unexpired leases (offers not taken up yet included), by MAC."""
+        return {mac: lease for mac, lease in self.leases.items() if lease[1] > now}
+
     def holds(self, mac: str, address: str, now: float | None = None) -> bool:
         """Whether `mac` has an unexpired lease of `address`."""
         lease = self.leases.get(mac)
@@ -131,9 +149,11 @@ class DiscoveryPool:
                     lease[1] > (time.time() if now is None else now))
 
     def release(self, mac: str) -> None:
-        self.full = None
         lease = self.leases.pop(mac, None)
-        if lease and self.holders.get(lease[0]) == mac:
+        if lease is None:
+            return  # nothing freed: a full pool stays full (every node's ACK releases)
+        self.full = None
+        if self.holders.get(lease[0]) == mac:
             del self.holders[lease[0]]
 
     def _take(self, mac: str, address: str, now: float) -> None:
@@ -143,3 +163,17 @@ class DiscoveryPool:
             self.leases.pop(old, None)
         self.holders[address] = mac
         self.leases[mac] = (address, now + self.seconds)
+
+
+def hold_waiting(config: Config, pool: DiscoveryPool, now: float) -> int:
+    """Without saved leases (a first start, a lost or damaged lease file): hold, for one
+    lease time from `now`, the pool address each machine waiting in the discovery book
+    reported from; it may hold it still. How many were held. A machine between its lease
+    and its first report is not in the book: a new machine may be offered its address."""
+    try:
+        machines = read_book(config).machines.values()
+    except OSError as exc:
+        log.error("dhcp: discovery book not read (%s): no pool address held for it", exc)
+        return 0
+    return sum(pool.restore(m.mac, m.address, now + pool.seconds, now) for m in machines
+               if m.state is MachineState.PENDING)

@@ -329,7 +329,8 @@ class Layout:
         return self.status_dir / f"{node}.json"
 
     @property
-    @entry("dhcp-leases.json", "the DHCP server's unexpired pool leases, by MAC",
+    @entry("dhcp-leases.json", "the DHCP server's unexpired leases by MAC, the nodes' and "
+           "the discovery pool's (written at most every 5 s and at stop, read back at start)",
            "Leases")
     def leases(self):
         return self.root / "dhcp-leases.json"

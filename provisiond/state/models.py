@@ -226,7 +226,8 @@ class Lease(Document):
 
 
 class Leases(Written, RootModel[dict[str, Lease]]):
-    """dhcp-leases.json: the unexpired pool leases by MAC."""
+    """dhcp-leases.json: the unexpired leases by MAC (a discovery pool lease is one of a
+    `discovery.pool` address; serve reads them back at start)."""
 
     FORMAT: ClassVar[dict[str, Any]] = {"sort_keys": True}
 

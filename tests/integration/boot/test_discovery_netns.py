@@ -86,10 +86,11 @@ def wait_for(check, what: str, seconds: float, *procs: subprocess.Popen):
         time.sleep(0.5)
 
 
-def lease_of_another_mac(link, folder: Path) -> str:
+def lease_of_another_mac(link, folder: Path, suffix: str = "x") -> str:
     """The address the pool offers a second machine now: busybox udhcpc on a macvlan (a MAC
-    of its own) of the client's link, in a namespace of its own."""
-    other = f"{link.client_ns}x"
+    of its own) of the client's link, in a namespace of its own (`suffix` names it). udhcpc
+    quits holding the lease (no RELEASE without -R)."""
+    other = f"{link.client_ns}{suffix}"
     ip("netns", "add", other)
     try:
         ip("-n", link.client_ns, "link", "add", "mv0", "link", link.client_if, "type",
@@ -161,3 +162,18 @@ def test_a_waiting_machine_keeps_its_pool_address(discovery_lan, tmp_path):
     finally:
         loop.kill()
         loop.wait(10)
+
+
+def test_a_restarted_serve_gives_a_new_machine_another_address(discovery_lan, tmp_path):
+    """The pool's leases were kept in memory only: after a restart of serve, the next new
+    machine was offered the address a machine had leased before it (two machines, one
+    address)."""
+    link, state, serve = discovery_lan
+    first = lease_of_another_mac(link, tmp_path, "a")
+    assert stop_serve(serve) == 0
+    again = start_serve(state, "--no-tftp", "--no-dns", netns=link.server_ns,
+                        log_path=tmp_path / "serve-again.log")
+    try:
+        assert lease_of_another_mac(link, tmp_path, "b") != first
+    finally:
+        stop_serve(again)
