@@ -139,9 +139,14 @@ class OverlayFiles:
         self._snapshot: Snapshot | None = None
 
     def path(self, node: str, kind: str) -> Path:
+        """The node's current `kind` build. Its "system" part needs its shared part too (a
+        node boots both): while that fails to build, so does the system part, not served
+        without the overlays the shared one holds."""
         builder = self._current()
         if node not in builder.snapshot.nodes:
             raise NodeNotFound(f"no node named {node!r}")
+        if kind == "system":
+            build_node(builder, node, "shared")
         build_node(builder, node, kind)
         path = output_path(self.config, builder, node, kind)
         if not path.is_file():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from provisiond import overlays
+from provisiond.errors import ExitCode
 from provisiond.inventory.ranges import expand
 from provisiond.service.overlays import list_overlays, render_file, show_overlay
 
@@ -13,7 +14,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("overlay", help="list, inspect, render and build overlays")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     listing = verbs.add_parser("list", help="overlays on the search path (site ones shadow "
-                               "shipped ones)")
+                               "shipped ones; one that cannot be read is listed with its "
+                               "error, and the exit is 2)")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=cmd_list)
     show = verbs.add_parser("show", help="an overlay's files, templates and origin")
@@ -33,14 +35,21 @@ def register(subparsers) -> None:
 
 
 def cmd_list(args, ctx) -> int:
+    """Every overlay; one that cannot be read is a row (USE `broken`) and its error line on
+    stderr, and the exit is 2 (invalid input), as the power verbs list every node and exit
+    non-zero when one failed."""
     data = list_overlays(ctx.config)
     if args.json:
         ctx.print_json(data)
     else:
         ctx.print_table(["NAME", "FILES", "TEMPLATES", "USE", "PATH", "DESCRIPTION"],
-                        [[o["name"], o["files"], o["templates"], o["kind"], o["path"],
-                          o["description"]] for o in data])
-    return 0
+                        [[o["name"], o["files"], o["templates"], o["kind"] or "broken",
+                          o["path"], o["description"] or o["error"]] for o in data])
+    broken = [o for o in data if o["error"]]
+    for overlay in broken:
+        ctx.print_line(f"provisiond: error: overlay {overlay['name']}: {overlay['error']}",
+                       file=sys.stderr)
+    return ExitCode.INVALID_INPUT if broken else 0
 
 
 def cmd_show(args, ctx) -> int:

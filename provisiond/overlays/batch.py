@@ -26,6 +26,7 @@ from provisiond.overlays.render import KINDS, Builder
 
 IN_PROCESS_LIMIT = 64  # below this many nodes a pool costs more than it saves
 _WORKER_BUILDER: Builder | None = None
+_WORKER_SKIP: frozenset[str] = frozenset()  # nodes whose "system" part is not built
 
 
 class OverlayBuildFailed(BuildFailed):
@@ -80,9 +81,10 @@ def _build(config, snapshot, names, progress, kinds, started: float, read: float
     kinds = _with_shared(kinds)
     node_kinds = tuple(k for k in kinds if k != "shared")
     results = _build_shared(builder, names, full) if "shared" in kinds else []
+    unshared = frozenset(r[0] for r in results if r[2] not in ("rebuilt", "reused"))
     stale = [n for n in names if not all(is_built(builder, n, k) for k in node_kinds)]
     results += [(n, k, "reused") for n in set(names) - set(stale) for k in node_kinds]
-    results += _run(builder, stale, node_kinds, progress, _worker_count(config))
+    results += _run(builder, stale, node_kinds, progress, _worker_count(config), unshared)
     if "runtime" in node_kinds and stale:
         sync_new_keys()  # before anyone is told the build is done
     summary = _summarise(names, kinds, results, time.monotonic() - started)
@@ -137,10 +139,14 @@ def _worker_count(config: Config) -> int:
 
 
 def _build_chunk(names: list[str], kinds: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """(node, kind, "rebuilt" | "reused" | error text) for each node and kind."""
+    """(node, kind, "rebuilt" | "reused" | error text) for each node and kind; a node whose
+    shared part failed gets no new "system" part (it boots both: the node's failure is the
+    shared one's, as a failed node part of its own leaves the previous build in place)."""
     results = []
     for name in names:
         for kind in kinds:
+            if kind == "system" and name in _WORKER_SKIP:
+                continue
             try:
                 state = "rebuilt" if build_node(_WORKER_BUILDER, name, kind) else "reused"
             except ProvisiondError as exc:
@@ -149,15 +155,17 @@ def _build_chunk(names: list[str], kinds: tuple[str, ...]) -> list[tuple[str, st
     return results
 
 
-def _run(builder, names, kinds, progress, workers) -> list[tuple[str, str, str]]:
+def _run(builder, names, kinds, progress, workers,
+         unshared: frozenset[str] = frozenset()) -> list[tuple[str, str, str]]:
     """Build `names` with the builder inherited by forked workers (dropped afterwards, so
-    the snapshot it holds is freed with the next one)."""
-    global _WORKER_BUILDER
-    _WORKER_BUILDER = builder
+    the snapshot it holds is freed with the next one); `unshared`: the nodes whose shared
+    part failed (their "system" part is not built)."""
+    global _WORKER_BUILDER, _WORKER_SKIP
+    _WORKER_BUILDER, _WORKER_SKIP = builder, unshared
     try:
         return _run_chunks(names, kinds, progress, workers)
     finally:
-        _WORKER_BUILDER = None
+        _WORKER_BUILDER, _WORKER_SKIP = None, frozenset()
 
 
 def _run_chunks(names, kinds, progress, workers) -> list[tuple[str, str, str]]:

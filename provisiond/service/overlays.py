@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from provisiond import overlays
 from provisiond.config import Config
-from provisiond.errors import InvalidInput, NodeNotFound
+from provisiond.errors import InvalidInput, NodeNotFound, ProvisiondError
 from provisiond.overlays.context import take_snapshot
 from provisiond.overlays.hostkeys import host_key_types
 from provisiond.overlays.render import Builder
@@ -14,16 +14,29 @@ __all__ = ["list_overlays", "show_overlay", "render_file"]
 
 
 def list_overlays(config: Config) -> list[dict]:
-    """Each overlay on the search path: where it is, what it shadows, its files."""
+    """Each overlay on the search path: where it is, what it shadows, its files; one that
+    cannot be read (overlay.yaml, a template, a file name) is listed with its one-line
+    `error` (and no files, templates, kind or description), the others as ever."""
     found = []
     for name, (root, shadowed) in overlays.list_overlay_dirs(config).items():
-        overlay = overlays.load_overlay(config, name)
-        found.append({"name": name, "path": str(root), "shadows": [str(p) for p in shadowed],
-                      "files": sum(f.kind != "dir" for f in overlay.files),
+        listed = {"name": name, "path": str(root), "shadows": [str(p) for p in shadowed]}
+        try:
+            overlay = overlays.load_overlay(config, name)
+        except (ProvisiondError, OSError) as exc:
+            found.append({**listed, "files": None, "templates": None, "kind": None,
+                          "description": None, "error": _error_text(exc)})
+            continue
+        found.append({**listed, "files": sum(f.kind != "dir" for f in overlay.files),
                       "templates": sum(f.kind == "template" for f in overlay.files),
                       "kind": "runtime only" if overlay.runtime_only else "any",
-                      "description": overlay.description})
+                      "description": overlay.description, "error": None})
     return found
+
+
+def _error_text(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
+    return str(exc)
 
 
 def show_overlay(config: Config, name: str) -> dict:

@@ -15,10 +15,13 @@ class Overlay(BaseModel):
     name: str
     path: str
     shadows: list[str]
-    files: int
-    templates: int
-    kind: str = Field(description="'runtime only' when it holds secrets, else 'any'")
+    files: int | None = Field(description="null when the overlay cannot be read (`error`)")
+    templates: int | None
+    kind: str | None = Field(description="'runtime only' when it holds secrets, else 'any'; "
+                             "null when the overlay cannot be read")
     description: str | None
+    error: str | None = Field(description="why the overlay cannot be read (its overlay.yaml, "
+                              "a template, a file name), in one line; null when it can")
 
 
 class OverlayFile(BaseModel):
@@ -50,8 +53,8 @@ class OverlayName(BaseModel):
     name: str = Field(pattern=f"^{OVERLAY_RE.pattern}$", max_length=255)
 
 
-@route("/overlays", "GET", role=Role.READER, summary="Overlays on the search path",
-       response=Page[Overlay])
+@route("/overlays", "GET", role=Role.READER, summary="Overlays on the search path (one that "
+       "cannot be read is listed with its `error`)", response=Page[Overlay])
 def list_overlays(principal, body, query):
     return {"items": overlays.list_overlays(config()), "continue": None}
 

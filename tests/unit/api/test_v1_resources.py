@@ -207,3 +207,17 @@ def test_token_and_audit_cli(cli, config):
     assert log[0]["actor"].startswith("cli:") and log[0]["target"] == "token:netbox-sync"
     table = cli("audit", "--actor", log[0]["actor"])
     assert table.code == 0 and "token.revoke" in table.out
+
+
+def test_overlays_list_answers_200_with_a_broken_overlays_error(api, config):
+    """One overlay that cannot be read (here its overlay.yaml) made the listing a 500."""
+    folder = config.state_dir / "overlays" / "odd"
+    (folder / "etc").mkdir(parents=True)
+    (folder / "etc/motd").write_text("hi\n")
+    (folder / "overlay.yaml").write_text("modes: {etc/motd: rw}\n")
+    response = api.call(Role.READER, "GET", "/api/v1/overlays")
+    assert response.status_code == 200, response.json
+    listed = {o["name"]: o for o in response.json["items"]}
+    assert "not an octal mode" in listed["odd"]["error"] and listed["odd"]["files"] is None
+    assert listed["hosts"]["error"] is None and listed["hosts"]["kind"] == "any"
+    assert_error(api.call(Role.READER, "GET", "/api/v1/overlays/odd"), 400, "invalid_input")

@@ -317,3 +317,31 @@ def test_a_damaged_manifest_is_named_in_the_nodes_retry_script(client, config):
     # named by its store key: with etcd there is no file
     assert "images/tiny/manifest.json: kernel: Field required" in text, (response.status_code,
                                                                       text)
+
+
+def test_an_overlay_that_fails_to_build_is_an_error_logged_and_in_the_status(client, config,
+                                                                               caplog):
+    """A shared overlay's template failing: its node's shared part is an error, and so is
+    its system part, even one built before (served alone it would boot the node without
+    that overlay); the log and the node's status say why."""
+    from provisiond.inventory import InventoryStore
+
+    folder = config.state_dir / "overlays" / "site" / "etc"
+    folder.mkdir(parents=True)
+    (folder / "motd.j2").write_text("Welcome\n")
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"].system_overlays = ["hostname", "site"]
+    services = client.application.extensions["provisiond"]
+    services.watcher.interval = services.overlays.interval = 0
+    assert client.get("/overlays/n1/system").status_code == 200
+    (folder / "motd.j2").write_text("{{ 1 // 0 }}\n")
+    for kind in ("shared", "system"):
+        response = client.get(f"/overlays/n1/{kind}")
+        assert response.status_code == 500 and response.json["error"]["code"] == "build_failed"
+        assert response.json["error"]["message"].startswith("overlay site, file etc/motd.j2")
+    assert "n1 system-overlay failed: overlay site, file etc/motd.j2" in caplog.text
+    services.phases.flush()
+    status = read_status(config, "n1")
+    assert status["phase"] == "failed"
+    assert status["detail"].startswith("shared overlay: overlay site, file etc/motd.j2, line 1")
+    assert client.get("/overlays/n2/system").status_code == 200

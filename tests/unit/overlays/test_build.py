@@ -400,3 +400,31 @@ def test_a_build_that_cannot_be_written_fails_that_node_only(cfg, monkeypatch):
     assert str(caught.value) == "overlay build of n2 (runtime): No space left on device"
     assert caught.value.summary["failed"].keys() == {"n2"}
     assert caught.value.summary["rebuilt"] == {"shared": 1, "system": 3, "runtime": 2}
+
+
+def test_a_shared_overlay_that_fails_fails_its_nodes_and_builds_no_node_part(state_dir):
+    """A template of a node-independent overlay failing fails every node listing it, as a
+    node-specific one does: no system part written for them (it was, and such a node's
+    boot lacked the overlay), runtime parts and the other nodes built, the previous system
+    part left in place."""
+    write_inventory(state_dir, system=["hostname"])
+    data = yaml.safe_load((state_dir / "inventory.yaml").read_text())
+    for node in ("n1", "n2"):
+        data["nodes"][node]["system_overlays"] = ["broken"]
+    (state_dir / "inventory.yaml").write_text(yaml.safe_dump(data))
+    _site_overlay(state_dir, "Welcome\n")
+    cfg = load_config(state_dir)
+    build_overlays(cfg)
+    builds = Layout.of(cfg).overlay_builds
+    previous = (builds / "n1" / "system.cpio.zst").read_bytes()
+    (builds / "n2" / "system.cpio.zst").unlink()
+    _site_overlay(state_dir, "line one\n{{ 1 // 0 }}\n")
+    with pytest.raises(OverlayBuildFailed) as caught:
+        build_overlays(cfg)
+    assert str(caught.value).startswith("overlay broken, file etc/motd.j2, line 2, ")
+    assert "ZeroDivisionError" in str(caught.value) and "\n" not in str(caught.value)
+    assert caught.value.summary["failed"].keys() == {"n1", "n2"}
+    assert not (builds / "n2" / "system.cpio.zst").exists()
+    assert (builds / "n1" / "system.cpio.zst").read_bytes() == previous
+    assert (builds / "n2" / "runtime.cpio.gz").is_file()
+    assert files_of(builds / "n3" / "system.cpio.zst")["etc/hostname"] == b"n3\n"

@@ -231,3 +231,35 @@ def test_a_symlink_target_follows_the_links_target_rule(cli, state_dir, target, 
     ], result.err
     built = state_dir / "overlay-builds"
     assert (built / "n1/system.cpio.zst").is_file()
+
+
+def _broken_overlays(state_dir) -> None:
+    """Three site overlays that cannot be read, each in its own way."""
+    for name, (rel, text) in {"badmeta": ("overlay.yaml", "modes: [etc/motd]\n"),
+                              "badsyntax": ("etc/motd.j2", "{% if node.name %}\n"),
+                              "badname": ("etc/mo\ttd", "hi\n")}.items():
+        path = state_dir / "overlays" / name / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_list_shows_every_overlay_and_the_broken_ones_with_their_error(cli, state_dir):
+    """One overlay that cannot be read failed the whole listing, in one line naming it."""
+    _broken_overlays(state_dir)
+    result = cli("overlay", "list", "--json")
+    assert result.code == 2
+    listed = {o["name"]: o for o in json.loads(result.out)}
+    assert {"init", "hostname", "hosts", "ssh", "badmeta", "badsyntax", "badname"} <= set(
+        listed)
+    assert listed["hostname"]["error"] is None and listed["hostname"]["files"] == 1
+    assert "modes: expected a mapping" in listed["badmeta"]["error"]
+    assert "overlay badsyntax, file etc/motd.j2, line" in listed["badsyntax"]["error"]
+    assert "a control character" in listed["badname"]["error"]
+    assert all(listed[n]["files"] is None and listed[n]["kind"] is None
+               for n in ("badmeta", "badsyntax", "badname"))
+    assert result.err.count("\n") == 3 and "overlay badname: " in result.err
+    text = cli("overlay", "list")
+    assert text.code == 2 and text.err == result.err
+    rows = {line.split()[0]: line for line in text.out.splitlines()[1:]}
+    assert set(listed) == set(rows) and " broken " in rows["badmeta"]
+    assert " any " in rows["hostname"]
