@@ -6,16 +6,20 @@ from __future__ import annotations
 import logging
 import time
 
-from flask import Blueprint, send_file
+from flask import Blueprint, request, send_file
 from werkzeug.http import http_date
 
-from provisiond.api.services import log_step, require_credential, services
-from provisiond.errors import NodeNotFound, NotFound, ProvisiondError
+from provisiond.api.services import client_address, log_step, require_credential, services
+from provisiond.errors import (BuildFailed, InvalidInput, NodeNotFound, NotFound,
+                               OverlayNotFound, ProvisiondError)
 from provisiond.states import NodePhase
 
 log = logging.getLogger("provisiond.boot")
 bp = Blueprint("overlays", __name__)
 KINDS = ("shared", "system", "runtime")
+# the overlay's own faults, which a retry does not mend (OverlayUnavailable, a NotFound too,
+# is a build replaced while it was asked for: the retry gets the new one)
+OVERLAY_FAULTS = (BuildFailed, InvalidInput, OverlayNotFound)
 PREFIX = "/overlays/"
 RULE = PREFIX + "<node>/<kind>"
 
@@ -40,15 +44,50 @@ def overlay(node: str, kind: str):
 
 def _built(svc, node: str, kind: str):
     """The node's `kind` overlay; one that cannot be built fails the request (the node's
-    iPXE script retries) with its reason in the log and as the node's failed phase."""
+    iPXE script retries), logged, and for a booting node recorded as its failed phase."""
     try:
         return svc.overlays.path(node, kind)
     except NodeNotFound:
         raise
     except ProvisiondError as exc:
-        log.warning("%s %s-overlay failed: %s", node, kind, exc)
-        svc.phases.record(node, NodePhase.FAILED, f"{kind} overlay: {exc}")
+        _failed(svc, node, kind, exc)
         raise
+
+
+def _failed(svc, node: str, kind: str, exc: ProvisiondError) -> None:
+    """A node booting, its own address asking for its shared or system part, whose overlay
+    cannot be built (its template, overlay.yaml, a missing overlay) is `failed` with the
+    reason, as a warning (once per phase writer's quiet time for the node). Nobody else's
+    request changes the node's phase, nor does a runtime overlay the agent of a running node
+    refreshes (the agent reports a failed fetch at boot itself) or a passing error (a build
+    replaced meanwhile, the store away): those are logged, a warning a second at most."""
+    asker = svc.table.node_for_ip(client_address(request.environ))
+    booting = (kind != "runtime" and isinstance(exc, OVERLAY_FAULTS)
+               and asker is not None and asker.name == node)
+    if booting and svc.phases.record(node, NodePhase.FAILED, f"{kind} overlay: {exc}"):
+        log.warning("%s %s-overlay failed: %s", node, kind, exc)
+    elif _WARNINGS.allow():
+        log.warning("%s %s-overlay failed (asked by %s): %s", node, kind,
+                    client_address(request.environ), exc)
+    else:
+        log.debug("%s %s-overlay failed: %s", node, kind, exc)
+
+
+class _OncePer:
+    """True at most once every `seconds` (in one worker)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self._last = seconds, -1e9
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+_WARNINGS = _OncePer(1.0)
 
 
 def whole_overlay(svc, environ: dict, rest: str) -> tuple | None:

@@ -137,9 +137,11 @@ def _read_meta(root: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise InvalidInput(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path}: not UTF-8 (byte {exc.start})") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"{path}: expected a mapping")
     return data

@@ -10,6 +10,7 @@ import pytest
 from bootdata import (add_image, add_nodes, add_overlay, credential, ip_of, mac_of,
                       node_env, token_in)
 from provisiond.api import create_app
+from provisiond.states import NodePhase
 from provisiond.status import read_status
 
 
@@ -323,7 +324,7 @@ def test_an_overlay_that_fails_to_build_is_an_error_logged_and_in_the_status(cli
                                                                                caplog):
     """A shared overlay's template failing: its node's shared part is an error, and so is
     its system part, even one built before (served alone it would boot the node without
-    that overlay); the log and the node's status say why."""
+    that overlay); the log and, when the node itself asks, its status say why."""
     from provisiond.inventory import InventoryStore
 
     folder = config.state_dir / "overlays" / "site" / "etc"
@@ -336,12 +337,41 @@ def test_an_overlay_that_fails_to_build_is_an_error_logged_and_in_the_status(cli
     assert client.get("/overlays/n1/system").status_code == 200
     (folder / "motd.j2").write_text("{{ 1 // 0 }}\n")
     for kind in ("shared", "system"):
-        response = client.get(f"/overlays/n1/{kind}")
+        response = client.get(f"/overlays/n1/{kind}", environ_base=node_env(1))
         assert response.status_code == 500 and response.json["error"]["code"] == "build_failed"
         assert response.json["error"]["message"].startswith("overlay site, file etc/motd.j2")
-    assert "n1 system-overlay failed: overlay site, file etc/motd.j2" in caplog.text
+    assert "n1 shared-overlay failed: overlay site, file etc/motd.j2" in caplog.text
     services.phases.flush()
     status = read_status(config, "n1")
     assert status["phase"] == "failed"
     assert status["detail"].startswith("shared overlay: overlay site, file etc/motd.j2, line 1")
     assert client.get("/overlays/n2/system").status_code == 200
+
+
+def test_only_the_booting_node_itself_is_marked_failed_by_a_broken_overlay(client, config):
+    """Another address asking for n1's parts (anyone may: they hold no secret), or n1's
+    agent refreshing its runtime overlay while the node runs, leaves n1's phase alone: a
+    broken overlay is logged, it does not mark a cluster of running nodes failed."""
+    from provisiond.inventory import InventoryStore
+    from provisiond.status import record_phase
+
+    folder = config.state_dir / "overlays" / "site" / "etc"
+    folder.mkdir(parents=True)
+    (folder / "motd.j2").write_text("{{ 1 // 0 }}\n")
+    with InventoryStore(config).edit() as inv:
+        inv.nodes["n1"].system_overlays = ["hostname", "site"]
+        inv.nodes["n2"].runtime_overlays = ["site"]
+    services = client.application.extensions["provisiond"]
+    agent = credential(client, 2)  # as n2's agent got it at boot (its iPXE script first)
+    services.phases.flush()
+    for name in ("n1", "n2"):
+        record_phase(config, name, NodePhase.READY, "node ready")
+    services.watcher.interval = services.overlays.interval = 0
+    for kind in ("shared", "system"):
+        assert client.get(f"/overlays/n1/{kind}",
+                          environ_base=node_env(2)).status_code == 500
+    refresh = client.get("/overlays/n2/runtime", environ_base=node_env(2), headers=agent)
+    assert refresh.status_code in (400, 500), refresh.json
+    services.phases.flush()
+    assert read_status(config, "n1")["phase"] == "ready"
+    assert read_status(config, "n2")["phase"] == "ready"

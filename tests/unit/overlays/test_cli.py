@@ -263,3 +263,14 @@ def test_list_shows_every_overlay_and_the_broken_ones_with_their_error(cli, stat
     rows = {line.split()[0]: line for line in text.out.splitlines()[1:]}
     assert set(listed) == set(rows) and " broken " in rows["badmeta"]
     assert " any " in rows["hostname"]
+
+
+def test_an_overlay_yaml_that_is_not_utf8_is_one_broken_row_not_a_traceback(cli, state_dir):
+    folder = state_dir / "overlays" / "latin1"
+    folder.mkdir(parents=True)
+    (folder / "overlay.yaml").write_bytes(b"description: caf\xe9\n")
+    result = cli("overlay", "list", "--json")
+    assert result.code == 2, result.err
+    listed = {o["name"]: o for o in json.loads(result.out)}
+    assert "overlay.yaml: not UTF-8 (byte 16)" in listed["latin1"]["error"]
+    assert listed["hostname"]["error"] is None
