@@ -186,7 +186,9 @@ class DhcpServer(UdpServer):
         self._saved = time.monotonic()
         now = time.time()
         self.leases = {mac: lease for mac, lease in self.leases.items() if lease[1] > now}
-        held = {**(self.pool.current(now) if self.pool is not None else {}), **self.leases}
+        # a MAC in the pool now (a deleted node enlisting again) keeps its pool lease, not
+        # the node address it held before
+        held = {**self.leases, **(self.pool.current(now) if self.pool is not None else {})}
         data = Leases({mac: Lease(ip=ip, expires=round(exp)) for mac, (ip, exp) in held.items()})
         write_atomic(Layout.of(self.config).leases, data.text())
         self._dirty = False
@@ -194,8 +196,9 @@ class DhcpServer(UdpServer):
     def _load_leases(self) -> None:
         """The unexpired leases the last run saved: a pool address's to the pool (while it
         runs no other machine gets that address), a node's to `leases`. A file that cannot
-        be read is one error line, and the pool then holds the addresses of the machines the
-        discovery book has waiting (hold_waiting), as it does on a first start."""
+        be read is one error line. Then the pool also holds the addresses of the machines the
+        discovery book has waiting that no saved lease names (hold_waiting): all of them on
+        a first start, after a damaged file, or from a release that saved none."""
         path, now = Layout.of(self.config).leases, time.time()
         try:
             saved = parse(Leases, Path(path).read_bytes(), path).root
@@ -204,23 +207,23 @@ class DhcpServer(UdpServer):
         except (OSError, ProvisiondError) as exc:
             log.error("dhcp: leases not read back, starting without them: %s", exc)
             saved = None
-        if saved is None:
-            if self.pool is not None:
-                hold_waiting(self.config, self.pool, now)
-            return
-        for mac, lease in saved.items():
+        for mac, lease in (saved or {}).items():
             if lease.expires <= now:
                 continue
             if self.pool is not None and lease.ip in self.pool:
                 self.pool.restore(mac, lease.ip, lease.expires, now)
             else:
                 self.leases[mac] = (lease.ip, float(lease.expires))
+        if self.pool is not None:  # a file of a release that saved no pool lease too
+            hold_waiting(self.config, self.pool, now)
 
     def close(self) -> None:
         """Stop, and save the leases a last time; a write that fails then is one error line
         (the other servers still stop), not a traceback."""
         super().close()
-        if self._dirty:
+        if self._dirty and self._thread is not None and self._thread.is_alive():
+            log.error("dhcp: leases not saved at stop: a request still being handled")
+        elif self._dirty:
             try:
                 self.save_leases()
             except OSError as exc:

@@ -131,8 +131,10 @@ class DiscoveryPool:
 
     def restore(self, mac: str, address: str, expires: float, now: float) -> bool:
         """Hold a lease made before a restart (read back from the lease file): kept if it
-        is unexpired, of an address of this pool and of no other restored lease."""
-        if expires <= now or address in self.holders or address not in self._members:
+        is unexpired, of an address of this pool, and neither its address nor its MAC has
+        another restored lease."""
+        if (expires <= now or address in self.holders or mac in self.leases
+                or address not in self._members):
             return False
         self.holders[address] = mac
         self.leases[mac] = (address, expires)
@@ -166,9 +168,10 @@ class DiscoveryPool:
 
 
 def hold_waiting(config: Config, pool: DiscoveryPool, now: float) -> int:
-    """Without saved leases (a first start, a lost or damaged lease file): hold, for one
-    lease time from `now`, the pool address each machine waiting in the discovery book
-    reported from; it may hold it still. How many were held. A machine between its lease
+    """After the saved leases are read back (none: a first start, a lost or damaged lease
+    file, or a release that saved no pool lease): hold, for one lease time from `now`, the
+    pool address each machine waiting in the discovery book reported from, unless a saved
+    lease holds that address or that machine; it may hold it still. How many were held. A machine between its lease
     and its first report is not in the book: a new machine may be offered its address."""
     try:
         machines = read_book(config).machines.values()
