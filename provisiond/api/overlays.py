@@ -10,6 +10,7 @@ from flask import Blueprint, request, send_file
 from werkzeug.http import http_date
 
 from provisiond.api.services import client_address, log_step, require_credential, services
+from provisiond.discovery.limits import AddressWindow
 from provisiond.errors import (BuildFailed, InvalidInput, NodeNotFound, NotFound,
                                OverlayNotFound, ProvisiondError)
 from provisiond.states import NodePhase
@@ -20,6 +21,8 @@ KINDS = ("shared", "system", "runtime")
 # the overlay's own faults, which a retry does not mend (OverlayUnavailable, a NotFound too,
 # is a build replaced while it was asked for: the retry gets the new one)
 OVERLAY_FAULTS = (BuildFailed, InvalidInput, OverlayNotFound)
+# overlay failures not recorded as a node's phase: a warning a second (per worker) at most
+_WARNINGS = AddressWindow(limit=1, window=1.0, addresses=1)
 PREFIX = "/overlays/"
 RULE = PREFIX + "<node>/<kind>"
 
@@ -66,28 +69,12 @@ def _failed(svc, node: str, kind: str, exc: ProvisiondError) -> None:
                and asker is not None and asker.name == node)
     if booting and svc.phases.record(node, NodePhase.FAILED, f"{kind} overlay: {exc}"):
         log.warning("%s %s-overlay failed: %s", node, kind, exc)
-    elif _WARNINGS.allow():
+    elif _WARNINGS.allow("overlays", time.monotonic()):
         log.warning("%s %s-overlay failed (asked by %s): %s", node, kind,
                     client_address(request.environ), exc)
     else:
         log.debug("%s %s-overlay failed: %s", node, kind, exc)
 
-
-class _OncePer:
-    """True at most once every `seconds` (in one worker)."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self._last = seconds, -1e9
-
-    def allow(self) -> bool:
-        now = time.monotonic()
-        if now - self._last < self.seconds:
-            return False
-        self._last = now
-        return True
-
-
-_WARNINGS = _OncePer(1.0)
 
 
 def whole_overlay(svc, environ: dict, rest: str) -> tuple | None:
